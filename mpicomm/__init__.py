@@ -1,0 +1,52 @@
+"""mpicomm: MPI message passing for Python you can see, choose and trust.
+
+``import mpicomm`` does not start MPI; the first use of a name that needs MPI
+(``mpicomm.Comm``, ``mpicomm.Request``...) imports ``mpi4py.MPI``, which
+initializes it. So ``mpicomm.launcher`` and ``mpicomm.device`` can run before
+``MPI_Init`` (to pick a GPU from the launcher's local rank, for instance).
+
+Main names:
+
+* :class:`Comm` - an ``mpi4py.MPI.Intracomm`` with topology (``local_rank``,
+  ``node``, ``nodes``, ``host``...), typed push (``send_array``/``recv_array``),
+  pull (``expose`` → :class:`Window`, ``rendezvous`` → :class:`Rendezvous`) and
+  barrier algorithms;
+* :class:`Request` - pending operations (``Wait``/``Test``/``Waitall``);
+* :func:`algorithms` - registered algorithm names per collective;
+* :func:`launch_info` - rank layout from the launcher's environment, without MPI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Comm": ("mpicomm.comm", "Comm"),
+    "Request": ("mpicomm.requests", "Request"),
+    "Window": ("mpicomm.rma", "Window"),
+    "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
+    "RemoteError": ("mpicomm.p2p", "RemoteError"),
+    "algorithms": ("mpicomm.registry", "algorithms"),
+    "launch_info": ("mpicomm.launcher", "from_environment"),
+    "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
+    "bind_device": ("mpicomm.device", "bind"),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'mpicomm' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,60 @@
+"""``python -m mpicomm info``: what this installation sees (MPI library, CUDA-awareness, GPUs, ranks).
+
+Run it once after pointing mpi4py at a cluster's MPI, or under the launcher
+(``mpiexec -n 4 python -m mpicomm info``) to see every rank's placement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def info() -> int:
+    import mpi4py
+
+    import mpicomm
+    from mpicomm import buffers, config, device
+    from mpicomm.launcher import from_environment
+
+    launch = from_environment()  # before MPI starts, as a program would
+    from mpi4py import MPI
+
+    comm = mpicomm.Comm()
+    rows = comm.gather((comm.rank, comm.local_rank, comm.local_size, comm.node, comm.host, comm.device), root=0)
+    if comm.rank != 0:
+        return 0
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+              MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    cupy = device.cupy_module()
+    forced = config.cuda_aware_setting()
+    lines = [
+        f"mpicomm        {mpicomm.__version__}",
+        f"mpi4py         {mpi4py.__version__}",
+        f"MPI library    {MPI.Get_library_version().splitlines()[0].strip()}",
+        f"MPI standard   {'.'.join(map(str, MPI.Get_version()))}, thread level {levels.get(MPI.Query_thread(), '?')}",
+        f"CUDA-aware     {buffers.library_cuda_support()} (library)"
+        + ("" if forced is None else f", forced {forced} by MPICOMM_CUDA_AWARE"),
+        f"CuPy           {cupy.__version__ + f', {device.visible_devices()} GPU(s) visible' if cupy else 'not installed'}",
+        f"launcher       {launch.launcher} (rank {launch.rank} of {launch.size} from the environment)",
+        f"ranks          {comm.size} on {comm.nodes} node(s)",
+        "",
+        f"{'rank':>5} {'local':>7} {'node':>5}  {'host':<20} gpu",
+    ]
+    lines += [f"{r:>5} {lr:>3}/{ls:<3} {node:>5}  {host:<20} {dev}" for r, lr, ls, node, host, dev in rows]
+    print("\n".join(lines))
+    return 0
+
+
+COMMANDS = {"info": info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpicomm", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=sorted(COMMANDS), help="info: report the MPI library, GPUs and rank layout")
+    args = parser.parse_args(argv)
+    return COMMANDS[args.command]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""``mpicomm.Comm``: an mpi4py ``Intracomm`` that also knows its topology, and speaks push/pull.
+
+``Comm(mpi_comm)`` wraps the *same* MPI communicator (no copy): every mpi4py
+method keeps working and talks to the same peers. What mpicomm adds is built
+once per MPI communicator, collectively, and cached on it as an MPI attribute,
+so wrapping the same communicator twice costs nothing and both wrappers share
+one state:
+
+* topology - ``local_rank``, ``local_size``, ``node``, ``nodes``, ``host``, and
+  the node-local and node-leader sub-communicators, derived from
+  ``Split_type(COMM_TYPE_SHARED)``;
+* a private duplicate for collectives (``library_comm``) and a typed-message
+  :class:`~mpicomm.p2p.Channel`, so library traffic never matches user messages;
+* per-communicator algorithm defaults and the collective sequence number.
+
+Constructing a ``Comm`` is therefore collective over ``mpi_comm`` the first time.
+All topology values are computed then, never lazily, so reading
+``comm.local_rank`` on one rank only cannot hang.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import config, p2p, registry
+from . import device as _device
+from .buffers import array_module
+from .requests import Request, run
+
+__all__ = ["Comm"]
+
+
+class _State:
+    """What mpicomm keeps per MPI communicator (built collectively, once)."""
+
+    def __init__(self, comm: MPI.Intracomm):
+        config.check()  # a bad MPICOMM_* value fails here, on every rank, before any collective
+        comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
+        rank = comm.Get_rank()
+        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.local_rank = self.node_comm.Get_rank()
+        self.local_size = self.node_comm.Get_size()
+        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=rank)
+        self.leader_comm: MPI.Intracomm | None = None if leaders == MPI.COMM_NULL else leaders
+        where = np.zeros(2, np.int64)
+        if self.leader_comm is not None:
+            where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size()
+        self.node_comm.Bcast(where, root=0)
+        self.node, self.nodes = int(where[0]), int(where[1])
+        self.host = MPI.Get_processor_name()
+        self.library_comm = p2p.private_dup(comm)
+        self.channel = p2p.Channel(comm)
+        self.tag_ub = self.channel.tag_ub
+        self.tag_modulus = min(self.tag_ub + 1, 1 << 20)
+        self.collectives = 0  # sequence number of the next library collective
+        self.defaults: dict[str, str] = {}
+
+    def free(self) -> None:
+        for c in (self.node_comm, self.leader_comm, self.library_comm):
+            if c is not None and c != MPI.COMM_NULL:
+                c.Free()
+        self.channel.free()
+
+
+def _delete_state(comm: MPI.Comm, keyval: int, state: _State) -> None:
+    # MPI calls this when the communicator is freed (or at MPI_Finalize).
+    if not MPI.Is_finalized():
+        state.free()
+
+
+_keyval: list[int] = []
+
+
+def _state_of(comm: MPI.Intracomm) -> _State:
+    if not _keyval:
+        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_delete_state))
+    state = comm.Get_attr(_keyval[0])
+    if state is None:
+        state = _State(comm)
+        comm.Set_attr(_keyval[0], state)
+    return state
+
+
+class Comm(MPI.Intracomm):
+    """An ``MPI.Intracomm`` with topology, typed push, one-sided and rendezvous pull, and algorithm choice.
+
+    ``Comm()`` wraps ``MPI.COMM_WORLD``; ``Comm(sub)`` wraps any intracommunicator.
+    Collective over the communicator the first time it is wrapped.
+    """
+
+    def __new__(cls, mpi_comm: MPI.Intracomm | None = None) -> "Comm":
+        base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        if isinstance(base, MPI.Comm) and base == MPI.COMM_NULL:
+            raise ValueError("mpi_comm is MPI.COMM_NULL; this rank is not in that communicator")
+        if not isinstance(base, MPI.Intracomm):
+            raise TypeError(
+                f"mpi_comm must be an mpi4py Intracomm (e.g. MPI.COMM_WORLD), got {type(base).__qualname__}"
+            )
+        return super().__new__(cls, base)
+
+    def __init__(self, mpi_comm: MPI.Intracomm | None = None):
+        self._state = _state_of(self)
+
+    # ------------------------------------------------------------ topology
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in this communicator (``Get_size()``)."""
+        return self.Get_size()
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among the ranks of its node (0 … local_size−1)."""
+        return self._state.local_rank
+
+    @property
+    def local_size(self) -> int:
+        """Ranks of this communicator on this node."""
+        return self._state.local_size
+
+    @property
+    def node(self) -> int:
+        """This node's index (0 … nodes−1), nodes numbered by their lowest rank."""
+        return self._state.node
+
+    @property
+    def nodes(self) -> int:
+        """Nodes this communicator spans."""
+        return self._state.nodes
+
+    @property
+    def host(self) -> str:
+        """This process's host name (``MPI_Get_processor_name``)."""
+        return self._state.host
+
+    @property
+    def is_leader(self) -> bool:
+        """True on each node's lowest rank (local_rank 0)."""
+        return self._state.local_rank == 0
+
+    @property
+    def node_comm(self) -> MPI.Intracomm:
+        """The ranks of this node (``Split_type(COMM_TYPE_SHARED)``), ordered by rank."""
+        return self._state.node_comm
+
+    @property
+    def leader_comm(self) -> MPI.Intracomm | None:
+        """One rank per node (the leaders), ordered by node; None on non-leaders."""
+        return self._state.leader_comm
+
+    @property
+    def library_comm(self) -> MPI.Intracomm:
+        """mpicomm's private duplicate for collectives; user messages never match it."""
+        return self._state.library_comm
+
+    @property
+    def device(self) -> int | None:
+        """The GPU this rank uses: ``local_rank % visible GPUs``, ``MPICOMM_DEVICE`` if set; None without GPUs."""
+        return _device.device_for(self.local_rank, _device.visible_devices())
+
+    def bind_device(self, device: int | None = None) -> int | None:
+        """Make :attr:`device` (or *device*) CuPy's current device; return the ordinal."""
+        return _device.bind(self.local_rank, device)
+
+    def collective_tag(self) -> int:
+        """Tag for the next library collective on :attr:`library_comm` (advances the sequence number).
+
+        Every rank calls collectives in the same order, so ranks agree on it,
+        and concurrent nonblocking collectives never match each other's messages.
+        """
+        state = self._state
+        tag = state.collectives % state.tag_modulus
+        state.collectives += 1
+        return tag
+
+    # ------------------------------------------------------------ push: typed point-to-point
+
+    def isend_array(self, x: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending array *x* to rank *dest*; the request completes when *x* may be reused."""
+        p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
+        return Request(p2p.send_steps(self._state.channel, x, dest, tag), "isend_array")
+
+    def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
+        """Send array *x* (NumPy or CuPy, C-contiguous) to rank *dest*; the receiver learns dtype and shape."""
+        p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
+        run(p2p.send_steps(self._state.channel, x, dest, tag))
+
+    def irecv_array(
+        self, buf: Any = None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *, xp: ModuleType = np
+    ) -> Request:
+        """Start receiving an array; ``request.wait()`` returns it (see :meth:`recv_array`)."""
+        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub)
+        return Request(p2p.recv_steps(self._state.channel, buf, source, tag, xp, "irecv_array"), "irecv_array")
+
+    def recv_array(
+        self,
+        buf: Any = None,
+        source: int = MPI.ANY_SOURCE,
+        tag: int = MPI.ANY_TAG,
+        *,
+        status: MPI.Status | None = None,
+        xp: ModuleType = np,
+    ) -> Any:
+        """Receive an array sent with :meth:`send_array` and return it.
+
+        With *buf*, the message must match its dtype and element count (else
+        ValueError on this rank; the sender is not left waiting); without, a new
+        array of the sender's dtype and shape is allocated with module *xp*
+        (NumPy by default; pass ``xp=cupy`` for device memory). *status* gets
+        the source, tag and element count.
+        """
+        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub)
+        return run(p2p.recv_steps(self._state.channel, buf, source, tag, xp), status)
+
+    def sendrecv_array(
+        self,
+        x: Any,
+        dest: int,
+        source: int = MPI.ANY_SOURCE,
+        buf: Any = None,
+        sendtag: int = 0,
+        recvtag: int = MPI.ANY_TAG,
+        *,
+        status: MPI.Status | None = None,
+        xp: ModuleType | None = None,
+    ) -> Any:
+        """Send *x* to *dest* and receive from *source* at once (no deadlock in rings); return the received array.
+
+        Without *buf* the received array uses *x*'s array module unless *xp* says otherwise.
+        """
+        size, tag_ub = self.Get_size(), self._state.tag_ub
+        p2p.check_send(x, dest, sendtag, size, tag_ub)
+        p2p.check_recv(buf, source, recvtag, size, tag_ub)
+        module = xp if xp is not None else array_module(x)
+        channel = self._state.channel
+        receive = Request(p2p.recv_steps(channel, buf, source, recvtag, module, "sendrecv_array"), "sendrecv_array")
+        send = Request(p2p.send_steps(channel, x, dest, sendtag), "sendrecv_array")
+        Request.Waitall([receive, send])
+        return receive.wait(status)
+
+    # ------------------------------------------------------------ pull
+
+    def expose(self, buf: Any):
+        """Expose array *buf* in an RMA window that other ranks ``get`` from and ``put`` to (collective).
+
+        Returns a :class:`mpicomm.Window`; free it with ``win.Free()`` or a ``with`` block.
+        """
+        from .rma import Window
+
+        return Window(self, buf)
+
+    def rendezvous(self):
+        """A :class:`mpicomm.Rendezvous` over this communicator: owners publish, pullers ask (collective)."""
+        from .rendezvous import Rendezvous
+
+        return Rendezvous(self)
+
+    # ------------------------------------------------------------ barrier and algorithm choice
+
+    def set_algorithm(self, collective: str, name: str | None) -> None:
+        """This communicator's default algorithm for *collective* (None or ``"auto"`` clears it)."""
+        if name is None or name == "auto":
+            self._state.defaults.pop(collective, None)
+            return
+        registry.lookup(collective, name)  # raises, listing the names, if unknown
+        self._state.defaults[collective] = name
+
+    def get_algorithm(self, collective: str) -> str | None:
+        """This communicator's default algorithm for *collective*, or None."""
+        return self._state.defaults.get(collective)
+
+    def _algorithm(self, collective: str, requested: str | None) -> registry.Algorithm:
+        return registry.select(collective, requested, self._state.defaults.get(collective))
+
+    def Barrier(self, *, algorithm: str | None = None) -> None:
+        """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
+        run(self._algorithm("barrier", algorithm).steps(self))
+
+    def Ibarrier(self, *, algorithm: str | None = None) -> Request:
+        """Nonblocking barrier; the request completes once every rank has called it."""
+        chosen = self._algorithm("barrier", algorithm)
+        return Request(chosen.steps(self), f"Ibarrier/{chosen.name}")
+
+    # ------------------------------------------------------------ communicator constructors
+
+    def Dup(self, info: MPI.Info | None = None) -> "Comm":
+        """Duplicate (collective); the copy is a ``Comm`` with its own private state."""
+        return Comm(MPI.Intracomm.Dup(self, info))
+
+    def Dup_with_info(self, info: MPI.Info) -> "Comm":
+        """Duplicate with *info* (collective); the copy is a ``Comm``."""
+        return Comm(MPI.Intracomm.Dup_with_info(self, info))
+
+    def Clone(self) -> "Comm":
+        """Same as :meth:`Dup`."""
+        return self.Dup()
+
+    def Idup(self, info: MPI.Info | None = None) -> tuple[MPI.Intracomm, MPI.Request]:
+        """Nonblocking duplicate: returns a plain ``MPI.Intracomm``; wrap it in ``Comm`` after the request completes."""
+        new, request = MPI.Intracomm.Idup(self, info)
+        return MPI.Intracomm(new), request
+
+    def __repr__(self) -> str:
+        s = self._state
+        return (
+            f"<mpicomm.Comm rank {self.Get_rank()}/{self.Get_size()}, local {s.local_rank}/{s.local_size}, "
+            f"node {s.node}/{s.nodes} ({s.host})>"
+        )

@@ -1,0 +1,80 @@
+"""Settings read from the environment, in one place, each checked with a clear error.
+
+| variable | values | default | effect |
+|---|---|---|---|
+| ``MPICOMM_CUDA_AWARE`` | ``auto``, ``1``, ``0`` | ``auto`` | whether MPI may be handed device pointers (``auto`` asks the library) |
+| ``MPICOMM_TRANSFER`` | ``auto``, ``staged`` | ``auto`` | ``staged`` copies every buffer through reusable host buffers, NumPy included (to exercise the GPU staging path on a CPU machine) |
+| ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
+| ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
+
+Values are read when used, so a test or a program may change them at run time.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "choice", "optional_int", "cuda_aware_setting", "transfer_mode", "device_override", "algorithm_setting", "check",
+]
+
+
+def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    """Return environment variable *name*, which must be one of *allowed*."""
+    raw = os.environ.get(name)
+    if not raw:  # the common case, on every message: keep it cheap
+        return default
+    value = raw.strip().lower() or default
+    if value not in allowed:
+        raise ValueError(
+            f"environment variable {name}={os.environ[name]!r} is not one of "
+            f"{', '.join(allowed)}; set it to one of those or unset it"
+        )
+    return value
+
+
+def optional_int(name: str) -> int | None:
+    """Return environment variable *name* as a non-negative int, or None when unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(
+            f"environment variable {name}={value!r} is not a non-negative integer; fix or unset it"
+        )
+    return number
+
+
+def cuda_aware_setting() -> bool | None:
+    """``MPICOMM_CUDA_AWARE``: True/False when forced, None to ask the MPI library."""
+    value = choice("MPICOMM_CUDA_AWARE", ("auto", "1", "0", "yes", "no", "true", "false"), "auto")
+    if value == "auto":
+        return None
+    return value in ("1", "yes", "true")
+
+
+def transfer_mode() -> str:
+    """``MPICOMM_TRANSFER``: ``auto`` or ``staged``."""
+    return choice("MPICOMM_TRANSFER", ("auto", "staged"), "auto")
+
+
+def device_override() -> int | None:
+    """``MPICOMM_DEVICE``: the GPU ordinal forced for this process, if any."""
+    return optional_int("MPICOMM_DEVICE")
+
+
+def algorithm_setting(collective: str) -> str | None:
+    """``MPICOMM_<COLLECTIVE>_ALGORITHM``, or None when unset."""
+    value = os.environ.get(f"MPICOMM_{collective.upper()}_ALGORITHM", "").strip()
+    return value or None
+
+
+def check() -> None:
+    """Read every setting once, so a bad value fails at start-up rather than on first use."""
+    cuda_aware_setting()
+    transfer_mode()
+    device_override()

@@ -1,0 +1,346 @@
+"""Requests: pending mpicomm operations, and the progress engine that completes them.
+
+An mpicomm operation is a *step generator*: it posts nonblocking MPI
+operations and yields the list of their requests; once all of them complete it
+is resumed with their statuses, posts the next step, and so on; its return
+value is the operation's result::
+
+    def steps():
+        (status,) = yield [comm.Irecv(header, source, tag)]   # step 1: the header
+        ...                                                    # size the payload
+        yield [comm.Irecv(payload, status.source, tag2)]       # step 2: the payload
+        return payload
+
+:class:`Request` drives one such generator. Blocking operations are the same
+generators driven to completion, so blocking and nonblocking share one code path.
+
+Progress semantics: there is no progress thread. Any ``Wait``/``Test`` on any
+mpicomm request advances *every* outstanding mpicomm request of the process
+(posting each one's next step as soon as its current step completes), and a
+blocking wait sleeps inside ``MPI_Waitany`` over all their MPI requests, so it
+costs no CPU and no request waits on another one's progress. A request whose
+generator raises completes with that error; ``Wait``/``Test`` re-raise it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator, Iterable, Sequence
+
+from mpi4py import MPI
+
+__all__ = ["Request", "Envelope", "Steps", "run", "progress", "outstanding"]
+
+#: A step generator: yields lists of MPI requests, receives their statuses.
+Steps = Generator[Sequence[MPI.Request], list[MPI.Status], Any]
+
+
+@dataclass
+class Envelope:
+    """A receive's result with its envelope; the request returns ``value`` and fills statuses."""
+
+    value: Any
+    source: int
+    tag: int
+    count: int = 0
+    datatype: Any = None
+
+
+_active: list["Request"] = []
+
+
+class Request:
+    """A pending mpicomm operation (mpi4py's ``Request`` interface: ``Wait``, ``Test``, ``Waitall``...).
+
+    ``wait()``/``test()`` (lowercase) also return the operation's result, as
+    mpi4py's lowercase methods do: the received array of an ``irecv_array``.
+    ``Request.Waitall`` accepts plain ``MPI.Request`` objects too.
+    """
+
+    __slots__ = (
+        "_gen", "_reqs", "_statuses", "_done", "_result", "_error", "_envelope", "_cancelled", "_delivered",
+        "label", "__weakref__",
+    )
+
+    def __init__(self, steps: Steps, label: str = "request"):
+        self._gen = steps
+        self._reqs: list[MPI.Request] = []
+        self._statuses: list[MPI.Status] = []
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._envelope: Envelope | None = None
+        self._cancelled = False
+        self._delivered = False  # completion reported by a wait/test (Waitany then skips it, like REQUEST_NULL)
+        self.label = label
+        self._resume(None, first=True)
+        if not self._done:
+            _active.append(self)
+
+    # ------------------------------------------------------------ engine
+
+    def _resume(self, statuses: list[MPI.Status] | None, first: bool = False) -> None:
+        if first:  # errors before the first step (argument checks) raise at the call itself
+            try:
+                step = next(self._gen)
+            except StopIteration as stop:
+                self._finish(stop.value, None)
+                return
+            self._reqs = list(step)
+            self._statuses = [MPI.Status() for _ in self._reqs]
+            return
+        try:
+            step = self._gen.send(statuses)  # type: ignore[arg-type]
+        except StopIteration as stop:
+            self._finish(stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
+            self._finish(None, exc)
+            return
+        self._reqs = list(step)
+        self._statuses = [MPI.Status() for _ in self._reqs]
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        self._done = True
+        self._reqs = []
+        self._error = error
+        if isinstance(value, Envelope):
+            self._envelope = value
+            value = value.value
+        self._result = value
+
+    def _poll(self) -> bool:
+        """Advance as far as possible without blocking; True if any step completed."""
+        progressed = False
+        while not self._done:
+            live = [i for i, r in enumerate(self._reqs) if r]
+            if live:
+                sub = [self._reqs[i] for i in live]
+                st = [MPI.Status() for _ in live]
+                if not MPI.Request.Testall(sub, st):
+                    return progressed
+                for i, s in zip(live, st):
+                    self._statuses[i] = s
+            self._resume(self._statuses)
+            progressed = True
+        return progressed
+
+    def _deliver(self, status: MPI.Status | None) -> Any:
+        self._delivered = True
+        if self._error is not None:
+            raise self._error
+        if status is not None:
+            if self._envelope is not None:
+                _fill(status, self._envelope)
+            status.Set_cancelled(self._cancelled)
+        return self._result
+
+    # ------------------------------------------------------------ mpi4py interface
+
+    @property
+    def done(self) -> bool:
+        """True once the operation has completed (successfully or with an error)."""
+        return self._done
+
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        """Advance all outstanding requests; True if this one has completed."""
+        progress()
+        if self._done:
+            self._deliver(status)
+        return self._done
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:
+        """Block until this request completes (raising its error, if any)."""
+        _wait_for([self])
+        self._deliver(status)
+        return True
+
+    def test(self, status: MPI.Status | None = None) -> tuple[bool, Any]:
+        """``(done, result)``; result is None until done."""
+        if self.Test(status):
+            return True, self._result
+        return False, None
+
+    def wait(self, status: MPI.Status | None = None) -> Any:
+        """Block until done; return the operation's result."""
+        self.Wait(status)
+        return self._result
+
+    @property
+    def delivered(self) -> bool:
+        """True once a wait or test has reported this request's completion (or error) to a caller."""
+        return self._delivered
+
+    @property
+    def cancelled(self) -> bool:
+        """True if :meth:`Cancel` stopped the operation before it matched anything."""
+        return self._cancelled
+
+    def Cancel(self) -> None:
+        """Cancel a pending receive (one that may never be matched) and complete the request.
+
+        As with ``MPI_Cancel``, a receive that has already matched is not
+        cancelled: the operation then runs to completion and delivers its data
+        (``cancelled`` stays False). Otherwise the request completes with result
+        None and ``cancelled`` True.
+        """
+        if self._done:
+            return
+        live = [i for i, r in enumerate(self._reqs) if r]
+        for i in live:
+            self._reqs[i].Cancel()
+        statuses = [MPI.Status() for _ in live]
+        if live:
+            MPI.Request.Waitall([self._reqs[i] for i in live], statuses)
+        for i, status in zip(live, statuses):
+            self._statuses[i] = status
+        cancelled = [status.Is_cancelled() for status in statuses]
+        if live and not any(cancelled):  # already matched: finish normally
+            self._resume(self._statuses)
+            _wait_for([self])
+            return
+        self._gen.close()
+        if all(cancelled):
+            self._cancelled = True
+            self._finish(None, None)
+        else:
+            self._finish(None, RuntimeError(f"{self.label}: cancelled after part of its step had matched; data may be lost"))
+        if self in _active:
+            _active.remove(self)
+
+    @staticmethod
+    def _wrap(requests: Iterable[Any]) -> list["Request"]:
+        out = []
+        for r in requests:
+            if isinstance(r, Request):
+                out.append(r)
+            elif isinstance(r, MPI.Request):
+                out.append(Request(_single(r), "MPI request"))
+            else:
+                raise TypeError(f"expected mpicomm.Request or MPI.Request, got {type(r).__qualname__}")
+        return out
+
+    @classmethod
+    def Waitall(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> bool:
+        """Wait for all *requests* (mpicomm or plain MPI); fill *statuses* if given."""
+        reqs = cls._wrap(requests)
+        _wait_for(reqs)
+        for i, r in enumerate(reqs):
+            r._deliver(statuses[i] if statuses is not None and i < len(statuses) else None)
+        return True
+
+    @classmethod
+    def waitall(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> list[Any]:
+        """Wait for all *requests*; return their results."""
+        reqs = cls._wrap(requests)
+        cls.Waitall(reqs, statuses)
+        return [r._result for r in reqs]
+
+    @classmethod
+    def Testall(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> bool:
+        """Advance everything; True (and *statuses* filled) if all *requests* have completed."""
+        reqs = cls._wrap(requests)
+        progress()
+        done = all(r._done for r in reqs)
+        if done:
+            for i, r in enumerate(reqs):
+                r._deliver(statuses[i] if statuses is not None and i < len(statuses) else None)
+        return done
+
+    @classmethod
+    def Waitany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> int:
+        """Wait until one of *requests* completes; return its index.
+
+        As in MPI, a request whose completion was already reported (by this or
+        any wait/test) counts as inactive; ``MPI.UNDEFINED`` when all are.
+        """
+        reqs = cls._wrap(requests)
+        while True:
+            progress()
+            pending = False
+            for i, r in enumerate(reqs):
+                if r._done and not r._delivered:
+                    r._deliver(status)
+                    return i
+                pending = pending or not r._done
+            if not pending:
+                return MPI.UNDEFINED
+            _block()
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else f"waiting on {sum(1 for r in self._reqs if r)} MPI request(s)"
+        return f"<mpicomm.Request {self.label}: {state}>"
+
+
+def _single(req: MPI.Request) -> Steps:
+    (status,) = yield [req]
+    return Envelope(None, status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE), MPI.BYTE)
+
+
+def progress() -> int:
+    """Advance every outstanding mpicomm request without blocking; return how many stepped."""
+    stepped = 0
+    for r in list(_active):
+        if r._poll():
+            stepped += 1
+    if stepped:
+        _active[:] = [r for r in _active if not r._done]
+    return stepped
+
+
+def outstanding() -> list[Request]:
+    """The requests of this process that have not completed yet."""
+    return list(_active)
+
+
+def _block() -> None:
+    """Sleep in MPI until some outstanding MPI request completes; keep its status."""
+    owners = [(r, i) for r in _active for i, m in enumerate(r._reqs) if m]
+    if not owners:
+        return
+    status = MPI.Status()
+    index = MPI.Request.Waitany([r._reqs[i] for r, i in owners], status)
+    if index != MPI.UNDEFINED:
+        r, i = owners[index]
+        r._statuses[i] = status
+
+
+def _wait_for(requests: Sequence[Request]) -> None:
+    while True:
+        progress()
+        if all(r._done for r in requests):
+            return
+        _block()
+
+
+def run(steps: Steps, status: MPI.Status | None = None) -> Any:
+    """Drive *steps* to completion (a blocking operation); return its result.
+
+    When no other mpicomm request is outstanding the steps run straight through
+    ``MPI_Waitall``; otherwise they join the progress engine, so a blocking call
+    never starves a pending nonblocking one (which MPI itself would progress).
+    """
+    if _active:
+        return Request(steps).wait(status)
+    try:
+        step = next(steps)
+        while True:
+            statuses = [MPI.Status() for _ in step]
+            MPI.Request.Waitall(list(step), statuses)
+            step = steps.send(statuses)
+    except StopIteration as stop:
+        value = stop.value
+    if isinstance(value, Envelope):
+        if status is not None:
+            _fill(status, value)
+        return value.value
+    return value
+
+
+def _fill(status: MPI.Status, env: Envelope) -> None:
+    """Make *status* describe a completed receive (source, tag, element count)."""
+    status.source = env.source
+    status.tag = env.tag
+    status.error = MPI.SUCCESS
+    if env.datatype is not None:
+        status.Set_elements(env.datatype, env.count)

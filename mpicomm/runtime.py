@@ -1,0 +1,56 @@
+"""Ending the whole job when one rank fails, so the others never wait forever.
+
+An uncaught exception on one rank would otherwise leave its peers blocked in
+their next receive or collective until a batch system's time limit. Programs
+started as ``python -m apps.<name>`` call :func:`main`, which turns an uncaught
+exception (or a non-zero ``sys.exit``) into ``MPI_Abort`` on ``COMM_WORLD``
+after printing the traceback with the rank that failed. ``python -m mpi4py
+script.py`` does the same for scripts.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any, Callable
+
+__all__ = ["main", "abort"]
+
+
+def abort(code: int, reason: str) -> None:
+    """Print *reason* with this rank's identity and abort every rank of the job with *code*."""
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    sys.stderr.write(f"mpicomm: rank {rank} of {size} on {MPI.Get_processor_name()}: {reason}; aborting the job\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    MPI.COMM_WORLD.Abort(code)
+
+
+def main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)``; if it raises or exits non-zero on any rank, abort the whole job.
+
+    A single-rank run exits normally with the traceback (nothing to abort).
+    """
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code and _several_ranks():
+            if not isinstance(exc.code, int) and exc.code is not None:
+                sys.stderr.write(f"{exc.code}\n")
+            abort(code, f"exit status {code}")
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported, then the job ends
+        if not _several_ranks():
+            raise
+        traceback.print_exc()
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        abort(code, f"uncaught {type(exc).__name__}")
+
+
+def _several_ranks() -> bool:
+    from mpi4py import MPI
+
+    return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1

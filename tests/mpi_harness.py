@@ -1,0 +1,141 @@
+"""pytest hooks that make multi-rank test runs safe and readable.
+
+Imported by ``tests/conftest.py`` (and by the harness's own self-test).
+
+* **Fence after every test.** Ranks exchange pass/fail after each test's
+  teardown. A rank whose test failed waits at most
+  ``MPICOMM_TEST_FENCE_TIMEOUT`` seconds (default 30) for the others; if they
+  do not arrive (they are stuck in a collective the failed rank left), it
+  prints why and calls ``MPI_Abort`` - no hang. If they arrive, a test that
+  failed anywhere is reported failed everywhere, with every failing rank's
+  traceback in rank 0's report.
+* **One voice.** Under ``mpiexec -n N`` (N > 1) only rank 0 prints the pytest
+  report; ranks > 0 write theirs (timeout stack dumps included) to
+  ``$MPICOMM_TEST_LOG_DIR/rank<r>.log`` (default: ``<tmp>/mpicomm-test-logs``),
+  which ``python -m tests`` prints when a run fails. ``MPICOMM_TEST_ALL_RANKS=1``
+  keeps every rank on the terminal.
+* **Launching tests run once.** Tests marked ``launches`` start their own MPI
+  job; they are skipped inside a multi-rank run (the serial pass runs them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+__all__ = ["pytest_configure", "pytest_collection_modifyitems", "pytest_runtest_makereport"]
+
+_FAILED = pytest.StashKey[list]()
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _several() -> bool:
+    return _world().Get_size() > 1
+
+
+class _Fence:
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.failed_timeout = float(os.environ.get("MPICOMM_TEST_FENCE_TIMEOUT", "30"))
+
+    def exchange(self, nodeid: str, failure: str | None) -> list[str | None]:
+        """Every rank's failure text (None where it passed) for test *nodeid*."""
+        import numpy as np
+        from mpi4py import MPI
+
+        mine = np.array([failure is not None], np.int8)
+        flags = np.zeros(self.comm.Get_size(), np.int8)
+        request = self.comm.Iallgather(mine, flags)
+        deadline = time.monotonic() + self.failed_timeout if failure is not None else None
+        pause = 1e-4
+        while not request.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                rank = self.comm.Get_rank()
+                sys.stderr.write(
+                    f"\nmpicomm test harness: {nodeid} failed on rank {rank}, and the other ranks did not finish "
+                    f"it within {self.failed_timeout:.0f} s (they are probably waiting for this rank inside the "
+                    f"test); aborting the job.\n--- failure on rank {rank} ---\n{failure}\n"
+                )
+                sys.stderr.flush()
+                MPI.COMM_WORLD.Abort(1)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        if not flags.any():
+            return [None] * len(flags)
+        return self.comm.allgather(failure)
+
+
+_fence: list[_Fence] = []
+
+
+def log_dir() -> str:
+    """Where ranks > 0 write their pytest reports."""
+    return os.environ.get("MPICOMM_TEST_LOG_DIR") or os.path.join(tempfile.gettempdir(), "mpicomm-test-logs")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "launches: starts its own MPI job; runs only outside multi-rank runs")
+    if not (config.getoption("--with-mpi", False) or config.getoption("--only-mpi", False)):
+        return
+    if not _several():
+        return
+    _fence.append(_Fence())
+    rank = _world().Get_rank()
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or os.environ.get("MPICOMM_TEST_ALL_RANKS") == "1":
+        return
+    if rank == 0:
+        reporter.write_line(f"mpicomm: ranks 1..{_world().Get_size() - 1} report to {log_dir()}/rank<r>.log")
+        return
+    os.makedirs(log_dir(), exist_ok=True)
+    log = open(os.path.join(log_dir(), f"rank{rank}.log"), "w", buffering=1)  # noqa: SIM115 - lives with the session
+    config.pluginmanager.unregister(reporter)
+    config.pluginmanager.register(pytest.TerminalReporter(config, log), "terminalreporter")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _fence:
+        return
+    skip = pytest.mark.skip(reason="starts its own MPI job: runs in the serial pass, not inside an N-rank run")
+    for item in items:
+        if "launches" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    if not _fence:
+        return
+    report = outcome.get_result()
+    failures = item.stash.setdefault(_FAILED, [])
+    if report.failed:
+        failures.append(f"[{report.when}] {report.longreprtext}")
+    if call.when != "teardown":
+        return
+    texts = _fence[0].exchange(item.nodeid, "\n".join(failures) if failures else None)
+    rank = _world().Get_rank()
+    others = [(r, t) for r, t in enumerate(texts) if t is not None and r != rank]
+    if not others:
+        return
+    names = ", ".join(str(r) for r, _ in others)
+    if rank == 0:
+        detail = "\n".join(f"--- rank {r} ---\n{t}" for r, t in others)
+        text = f"failed on rank(s) {names}:\n{detail}"
+    else:
+        text = f"failed on rank(s) {names} (see rank 0's report)"
+    report.outcome = "failed"
+    report.longrepr = text

@@ -1,0 +1,107 @@
+"""Start MPI jobs from tests and from the suite's runner: one place for the launcher command line.
+
+Every job gets a wall-clock limit twice over: hydra's ``MPIEXEC_TIMEOUT``
+(which kills all ranks and reports it) and a hard kill of the launcher's whole
+process group a few seconds later, should the launcher itself hang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+__all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "Result"]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Variables a launcher sets for its ranks; a job started from inside a rank must not inherit them.
+_LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "MPIEXEC_")
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` of this Python's environment (the PyPI MPICH/Open MPI), else the one on PATH."""
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
+    if not found:
+        raise FileNotFoundError(
+            "no mpiexec found next to this Python or on PATH; install an MPI runtime: pip install -e '.[mpich]'"
+        )
+    return found
+
+
+def flavor() -> str:
+    """``"hydra"`` (MPICH, Intel MPI) or ``"openmpi"``."""
+    try:
+        out = subprocess.run([mpiexec_path(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "hydra"
+    return "openmpi" if ("Open MPI" in out or "OpenRTE" in out or "PRRTE" in out or "prterun" in out) else "hydra"
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without the enclosing launcher's per-rank variables, plus *extra*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra or {})
+    return env
+
+
+def command(n: int, argv: list[str], hosts: str | None = None, launcher: str | None = None) -> list[str]:
+    """The launcher command line for *n* ranks running *argv* (``hosts``: hydra ``-hosts`` list)."""
+    cmd = [mpiexec_path()]
+    if flavor() == "openmpi":
+        cmd += ["--oversubscribe"]
+    if launcher:
+        cmd += ["-launcher", launcher]
+    if hosts:
+        cmd += ["-hosts", hosts]
+    return cmd + ["-n", str(n)] + argv
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool
+
+
+def run(
+    n: int,
+    argv: list[str],
+    *,
+    timeout: float = 120,
+    hosts: str | None = None,
+    launcher: str | None = None,
+    env: dict[str, str] | None = None,
+    capture: bool = True,
+) -> Result:
+    """Run an MPI job of *n* ranks; never longer than *timeout* seconds (plus a few to clean up)."""
+    import time
+
+    full_env = clean_env(env)
+    full_env["MPIEXEC_TIMEOUT"] = str(int(timeout))
+    cmd = command(n, argv, hosts, launcher)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        text=True,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout + 15)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return Result(proc.returncode, out or "", err or "", time.monotonic() - start, timed_out)

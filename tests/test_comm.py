@@ -1,0 +1,167 @@
+"""mpicomm.comm: the Intracomm subclass, its topology, caching and constructors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicomm
+from tests import mpirun
+
+
+@pytest.mark.mpi
+def test_is_an_mpi4py_intracomm_over_the_same_communicator(comm):
+    assert isinstance(comm, MPI.Intracomm)
+    assert comm == MPI.COMM_WORLD  # same handle, not a copy
+    assert comm.Compare(MPI.COMM_WORLD) == MPI.IDENT
+    assert (comm.rank, comm.size, comm.world_size) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, MPI.COMM_WORLD.size)
+
+
+@pytest.mark.mpi
+def test_mpi4py_methods_keep_working(comm):
+    # uppercase buffer methods and lowercase pickle methods, as written for mpi4py
+    x = np.arange(4, dtype=np.int64) + comm.rank * 1_000_000
+    total = np.empty_like(x)
+    comm.Allreduce(x, total, op=MPI.SUM)
+    assert np.array_equal(total, sum(np.arange(4) + r * 1_000_000 for r in range(comm.size)))
+    assert comm.allgather(comm.rank) == list(range(comm.size))
+    assert comm.bcast({"from": "root"} if comm.rank == 0 else None, root=0) == {"from": "root"}
+
+
+@pytest.mark.mpi
+def test_topology_is_consistent_across_ranks(comm):
+    rows = comm.allgather((comm.rank, comm.local_rank, comm.local_size, comm.node, comm.nodes, comm.host))
+    assert all(r[4] == rows[0][4] for r in rows)  # one node count
+    nodes = {}
+    for rank, local_rank, local_size, node, _, host in rows:
+        nodes.setdefault(node, []).append((rank, local_rank, local_size))
+    assert sorted(nodes) == list(range(comm.nodes))
+    for node, members in nodes.items():
+        assert [lr for _, lr, _ in members] == list(range(len(members)))  # local ranks 0..k-1 in rank order
+        assert all(ls == len(members) for _, _, ls in members)
+    lowest = [min(r for r, _, _ in members) for _, members in sorted(nodes.items())]
+    assert lowest == sorted(lowest)  # nodes numbered by their lowest rank
+    assert comm.node_comm.Get_size() == comm.local_size
+    assert comm.node_comm.Get_rank() == comm.local_rank
+
+
+@pytest.mark.mpi
+def test_leader_comm(comm):
+    assert comm.is_leader == (comm.local_rank == 0)
+    if comm.is_leader:
+        assert comm.leader_comm.Get_size() == comm.nodes
+        assert comm.leader_comm.Get_rank() == comm.node
+    else:
+        assert comm.leader_comm is None
+
+
+@pytest.mark.mpi
+def test_state_is_built_once_per_communicator(comm):
+    again = mpicomm.Comm(MPI.COMM_WORLD)
+    assert again._state is comm._state
+    assert again.library_comm is comm.library_comm
+    assert comm.library_comm != MPI.COMM_WORLD
+    assert comm.library_comm.Compare(MPI.COMM_WORLD) == MPI.CONGRUENT
+
+
+@pytest.mark.mpi
+def test_dup_is_a_comm_with_its_own_state(comm):
+    dup = comm.Dup()
+    try:
+        assert isinstance(dup, mpicomm.Comm)
+        assert dup.Compare(comm) == MPI.CONGRUENT
+        assert dup._state is not comm._state
+        assert (dup.local_rank, dup.node, dup.nodes) == (comm.local_rank, comm.node, comm.nodes)
+        dup.Barrier(algorithm="dissemination")
+    finally:
+        dup.Free()
+
+
+@pytest.mark.mpi
+def test_free_releases_the_private_communicators(comm):
+    dup = mpicomm.Comm(MPI.COMM_WORLD.Dup())
+    state = dup._state
+    dup.Free()
+    assert state.library_comm == MPI.COMM_NULL
+    assert state.node_comm == MPI.COMM_NULL
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wraps_a_sub_communicator(comm):
+    half = comm.Split(comm.rank % 2, key=comm.rank)
+    assert type(half) is MPI.Intracomm  # mpi4py's behaviour is kept
+    sub = mpicomm.Comm(half)
+    try:
+        assert sub.size == len(range(comm.rank % 2, comm.size, 2))
+        assert sub.nodes >= 1 and 0 <= sub.local_rank < sub.local_size
+        sub.Barrier(algorithm="dissemination")
+    finally:
+        sub.Free()
+
+
+@pytest.mark.mpi
+def test_idup_returns_a_plain_intracomm(comm):
+    new, request = comm.Idup()
+    request.Wait()
+    assert type(new) is MPI.Intracomm
+    new.Free()
+
+
+@pytest.mark.mpi
+def test_collective_tags_agree_and_advance(comm):
+    first = comm.collective_tag()
+    second = comm.collective_tag()
+    assert second == (first + 1) % comm._state.tag_modulus
+    assert comm.allgather(first) == [first] * comm.size
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(TypeError, match="Intracomm"):
+        mpicomm.Comm("world")
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        mpicomm.Comm(MPI.COMM_NULL)
+
+
+@pytest.mark.mpi
+def test_set_algorithm(comm):
+    dup = comm.Dup()
+    try:
+        dup.set_algorithm("barrier", "dissemination")
+        assert dup.get_algorithm("barrier") == "dissemination"
+        assert comm.get_algorithm("barrier") is None  # per communicator
+        with pytest.raises(ValueError, match="registered: dissemination, native"):
+            dup.set_algorithm("barrier", "nope")
+        dup.set_algorithm("barrier", "auto")
+        assert dup.get_algorithm("barrier") is None
+    finally:
+        dup.Free()
+
+
+def test_repr(comm):
+    assert repr(comm).startswith(f"<mpicomm.Comm rank {comm.rank}/{comm.size}")
+
+
+@pytest.mark.launches
+def test_two_simulated_nodes():
+    """4 ranks as hydra hosts nodeA:2,nodeB:2: MPI's shared-memory split sees two nodes."""
+    if mpirun.flavor() != "hydra":
+        pytest.skip("simulated hosts use hydra's -launcher fork -hosts (MPICH)")
+    result = mpirun.run(4, [sys.executable, "-m", "tests.programs", "topology"],
+                        launcher="fork", hosts="nodeA:2,nodeB:2", timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    assert [r["nodes"] for r in rows] == [2, 2, 2, 2]
+    assert [r["node"] for r in rows] == [0, 0, 1, 1]
+    assert [r["local_rank"] for r in rows] == [0, 1, 0, 1]
+    assert [r["local_size"] for r in rows] == [2, 2, 2, 2]
+    assert [r["is_leader"] for r in rows] == [True, False, True, False]
+    assert [r["leader_size"] for r in rows] == [2, None, 2, None]
+    for r in rows:  # the launcher's environment agrees with MPI
+        assert r["env"]["launcher"] == "hydra"
+        assert (r["env"]["rank"], r["env"]["size"]) == (r["rank"], 4)
+        assert (r["env"]["local_rank"], r["env"]["local_size"]) == (r["local_rank"], r["local_size"])

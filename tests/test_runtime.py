@@ -1,0 +1,109 @@
+"""Failures end the whole job: a killed rank, an uncaught exception, a non-zero exit, a failing test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import mpirun
+
+pytestmark = pytest.mark.launches
+
+
+def test_a_rank_killed_with_sigkill_ends_the_job():
+    result = mpirun.run(3, [sys.executable, "-m", "tests.programs", "sigkill"], timeout=60)
+    assert not result.timed_out
+    assert result.returncode != 0
+    assert result.seconds < 30, f"the job took {result.seconds:.1f} s to end after a rank was killed"
+
+
+def test_an_uncaught_exception_aborts_every_rank():
+    result = mpirun.run(3, [sys.executable, "-m", "tests.programs", "uncaught"], timeout=60)
+    assert not result.timed_out and result.seconds < 30
+    assert result.returncode != 0
+    assert "rank 1 fails on purpose" in result.stderr
+    assert "mpicomm: rank 1 of 3" in result.stderr and "aborting the job" in result.stderr
+
+
+def test_a_nonzero_exit_on_one_rank_aborts_every_rank():
+    result = mpirun.run(3, [sys.executable, "-m", "tests.programs", "exits"], timeout=60)
+    assert not result.timed_out and result.seconds < 30
+    assert result.returncode != 0
+    assert "mpicomm: rank 2 of 3" in result.stderr and "exit status 3" in result.stderr
+
+
+def test_single_rank_failure_is_an_ordinary_exit():
+    result = mpirun.run(1, [sys.executable, "-c", "from mpicomm.runtime import main\nmain(lambda: 1/0)"], timeout=60)
+    assert result.returncode == 1
+    assert "ZeroDivisionError" in result.stderr and "aborting" not in result.stderr
+
+
+def test_the_harness_aborts_a_test_that_fails_on_one_rank_while_others_wait(tmp_path):
+    """A test failing on rank 1 while rank 0 waits for it: the job ends, and the report says why."""
+    (tmp_path / "conftest.py").write_text("from tests.mpi_harness import *  # noqa\n")
+    (tmp_path / "test_sample.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(min_size=2)
+        def test_fails_on_rank_1_only():
+            comm = MPI.COMM_WORLD
+            if comm.rank == 1:
+                assert 1 + 1 == 3, "rank 1 is wrong"
+            comm.Recv(np.empty(1), source=1)  # rank 0 would wait forever
+
+        @pytest.mark.mpi(min_size=2)
+        def test_fails_on_rank_1_and_all_arrive():
+            assert MPI.COMM_WORLD.rank != 1, "rank 1 disagrees"
+    """))
+    argv = [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-p", "no:cacheprovider",
+            "-o", "timeout=120", "--rootdir", str(tmp_path), str(tmp_path)]
+    env = {"MPICOMM_TEST_FENCE_TIMEOUT": "3", "MPICOMM_TEST_LOG_DIR": str(tmp_path / "logs")}
+
+    first = mpirun.run(2, argv + ["-k", "only"], timeout=90, env=env)
+    assert not first.timed_out and first.seconds < 60
+    assert first.returncode != 0
+    assert "failed on rank 1" in first.stderr and "aborting the job" in first.stderr
+    assert "rank 1 is wrong" in first.stderr
+
+    second = mpirun.run(2, argv + ["-k", "all_arrive"], timeout=90, env=env)
+    assert second.returncode != 0
+    assert "failed on rank(s) 1" in second.stdout and "rank 1 disagrees" in second.stdout  # in rank 0's report
+
+
+def test_demo_runs_and_checks_itself():
+    result = mpirun.run(3, [sys.executable, "-m", "apps.demo", "--count", "1001", "--iters", "5"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(": ok") == 3
+    assert "all checks passed" in result.stdout
+    assert "3 ranks on 1 node(s)" in result.stdout
+
+
+def test_demo_refuses_bad_arguments():
+    result = mpirun.run(1, [sys.executable, "-m", "apps.demo", "--count", "-4"], timeout=60)
+    assert result.returncode == 2
+    assert "--count -4: must be >= 0" in result.stderr
+
+
+def test_demo_batch_script_runs_outside_slurm():
+    env = mpirun.clean_env({"MPICOMM_NTASKS": "2", "PYTHON": sys.executable,
+                            "PATH": os.path.dirname(mpirun.mpiexec_path()) + os.pathsep + os.environ.get("PATH", "")})
+    env.pop("SLURM_JOB_ID", None)
+    out = subprocess.run(["bash", "jobs/demo.sbatch", "--count", "10", "--iters", "3"], cwd=mpirun.REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "2 ranks" in out.stdout and "all checks passed" in out.stdout
+
+
+def test_info_command():
+    two_hosts = mpirun.flavor() == "hydra"  # hydra can pretend to be two hosts
+    result = mpirun.run(2, [sys.executable, "-m", "mpicomm", "info"], timeout=60,
+                        launcher="fork" if two_hosts else None, hosts="a:1,b:1" if two_hosts else None)
+    assert result.returncode == 0, result.stderr
+    assert f"ranks          2 on {2 if two_hosts else 1} node(s)" in result.stdout
+    assert "CUDA-aware" in result.stdout
