@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config, p2p, registry
+from . import config, launcher, p2p, registry
 from . import device as _device
 from .buffers import array_module
 from .requests import Request, run
@@ -41,10 +41,11 @@ class _State:
         config.check()  # a bad MPICOMM_* value fails here, on every rank, before any collective
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
         rank = comm.Get_rank()
-        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
-        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=rank)
+        first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
+        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
         self.leader_comm: MPI.Intracomm | None = None if leaders == MPI.COMM_NULL else leaders
         where = np.zeros(2, np.int64)
         if self.leader_comm is not None:
@@ -64,6 +65,28 @@ class _State:
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self.channel.free()
+
+
+def _local_order(comm: MPI.Intracomm) -> int:
+    """The key that orders ranks within a node: the launcher's local rank where it describes *comm*.
+
+    Launchers number local ranks their own way (Open MPI maps by package, for
+    instance), and programs bind GPUs from that number before MPI starts; using
+    it here makes ``local_rank`` agree with it. For a sub-communicator, or when
+    the environment does not describe this job, ranks keep their order.
+    """
+    rank = comm.Get_rank()
+    try:
+        env = launcher.from_environment()
+    except ValueError:  # a malformed variable: not ours to fail on here, inside a collective
+        return rank
+    describes = (
+        env.local_rank is not None
+        and env.size == comm.Get_size()
+        and env.rank == MPI.COMM_WORLD.Get_rank()
+        and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT)
+    )
+    return env.local_rank if describes else rank
 
 
 def _delete_state(comm: MPI.Comm, keyval: int, state: _State) -> None:
@@ -114,7 +137,11 @@ class Comm(MPI.Intracomm):
 
     @property
     def local_rank(self) -> int:
-        """This rank's index among the ranks of its node (0 … local_size−1)."""
+        """This rank's index among the ranks of its node (0 … local_size−1).
+
+        The launcher's local rank when the communicator is the whole job (so it
+        agrees with what a program read before MPI started), else rank order.
+        """
         return self._state.local_rank
 
     @property

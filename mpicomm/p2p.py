@@ -66,7 +66,7 @@ class Channel:
         self.header = private_dup(comm)
         self.payload = private_dup(comm)
         self.size = comm.Get_size()
-        self.tag_ub = int(comm.Get_attr(MPI.TAG_UB))
+        self.tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # MPI attaches TAG_UB to COMM_WORLD only
         self.seq_modulus = min(self.tag_ub + 1, 1 << 24)
         self._next_seq: defaultdict[int, int] = defaultdict(int)
 

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if n == 1:
             try:
                 code = subprocess.run(
-                    [sys.executable, *pytest_argv], cwd=mpirun.REPO, env=mpirun.clean_env(env), timeout=args.timeout
+                    [sys.executable, *pytest_argv], cwd=mpirun.REPO, env=mpirun.job_env(env), timeout=args.timeout
                 ).returncode
                 timed_out = False
             except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ process group a few seconds later, should the launcher itself hang.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -14,12 +15,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-__all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "Result"]
+__all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "job_env", "Result"]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Variables a launcher sets for its ranks; a job started from inside a rank must not inherit them.
-_LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_", "PRTE_", "MPIEXEC_")
+_LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPI_LOCAL", "OMPI_COMM_WORLD", "OMPI_MCA_", "PRTE_", "MPIEXEC_")
 
 
 def mpiexec_path() -> str:
@@ -33,6 +34,7 @@ def mpiexec_path() -> str:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def flavor() -> str:
     """``"hydra"`` (MPICH, Intel MPI) or ``"openmpi"``."""
     try:
@@ -50,11 +52,26 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def command(n: int, argv: list[str], hosts: str | None = None, launcher: str | None = None) -> list[str]:
+def job_env(extra: dict[str, str] | None = None, timeout: float | None = None) -> dict[str, str]:
+    """The environment for a launcher started by a test: :func:`clean_env`, limits, Open MPI as root."""
+    env = clean_env(extra)
+    if timeout:
+        env["MPIEXEC_TIMEOUT"] = str(int(timeout))  # hydra's limit (Open MPI gets --timeout)
+    if flavor() == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")  # CI containers run as root
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def command(
+    n: int, argv: list[str], hosts: str | None = None, launcher: str | None = None, timeout: float | None = None
+) -> list[str]:
     """The launcher command line for *n* ranks running *argv* (``hosts``: hydra ``-hosts`` list)."""
     cmd = [mpiexec_path()]
     if flavor() == "openmpi":
-        cmd += ["--oversubscribe"]
+        cmd += ["--oversubscribe"]  # more ranks than cores is fine for tests
+        if timeout:
+            cmd += ["--timeout", str(int(timeout))]
     if launcher:
         cmd += ["-launcher", launcher]
     if hosts:
@@ -84,9 +101,8 @@ def run(
     """Run an MPI job of *n* ranks; never longer than *timeout* seconds (plus a few to clean up)."""
     import time
 
-    full_env = clean_env(env)
-    full_env["MPIEXEC_TIMEOUT"] = str(int(timeout))
-    cmd = command(n, argv, hosts, launcher)
+    full_env = job_env(env, timeout)
+    cmd = command(n, argv, hosts, launcher, timeout)
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,

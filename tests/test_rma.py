@@ -195,7 +195,7 @@ def test_out_of_range_and_bad_arguments_raise_locally_before_any_rma(comm, path)
                 win.put(rank_data(p + r, 1, np.int64), t, True)
             with pytest.raises(TypeError, match="count must be an integer, got '2'"):
                 win.get(t, 0, "2")
-        for bad in (p, -2, 1 << 40):
+        for bad in (p, -7, MPI.ANY_SOURCE, 1 << 40):
             with pytest.raises(ValueError, match=f"target={bad} is not a rank of this communicator of size {p}"):
                 win.get(bad)
             with pytest.raises(ValueError, match=f"target={bad} is not a rank"):

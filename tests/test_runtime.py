@@ -91,8 +91,9 @@ def test_demo_refuses_bad_arguments():
 
 
 def test_demo_batch_script_runs_outside_slurm():
-    env = mpirun.clean_env({"MPICOMM_NTASKS": "2", "PYTHON": sys.executable,
-                            "PATH": os.path.dirname(mpirun.mpiexec_path()) + os.pathsep + os.environ.get("PATH", "")})
+    env = mpirun.job_env({"MPICOMM_NTASKS": "2", "PYTHON": sys.executable,
+                          "PATH": os.path.dirname(mpirun.mpiexec_path()) + os.pathsep + os.environ.get("PATH", "")},
+                         timeout=100)
     env.pop("SLURM_JOB_ID", None)
     out = subprocess.run(["bash", "jobs/demo.sbatch", "--count", "10", "--iters", "3"], cwd=mpirun.REPO,
                          env=env, capture_output=True, text=True, timeout=120)
