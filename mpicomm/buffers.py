@@ -41,6 +41,7 @@ from mpi4py.util import dtlib
 
 from . import config
 from .device import cupy_module
+from .validate import check_span
 
 __all__ = [
     "DTYPES",
@@ -160,12 +161,7 @@ def element_view(x: Any, offset: int, count: int, name: str = "buf"):
     """A flat view of *count* elements of *x* starting at element *offset* (no copy)."""
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous, so a flat view of it would be a copy; pass a contiguous array")
-    size = x.size
-    if offset < 0 or count < 0 or offset + count > size:
-        raise ValueError(
-            f"elements [{offset}, {offset + count}) are outside {name}, which has {size} elements; "
-            f"use 0 <= offset and offset + count <= {size}"
-        )
+    check_span(offset, count, x.size, name)
     return x.reshape(-1)[offset : offset + count]
 
 
@@ -214,33 +210,42 @@ class ArrayOps:
 
     The NumPy instance is the "do-nothing stream": synchronize is a no-op and
     host copies are plain copies, so code written against ArrayOps runs the
-    same on both.
+    same on both. Device operations run on the array's own device (its current
+    stream there), whatever device is current.
     """
 
     def __init__(self, xp: ModuleType, on_device: bool, alloc_host: Callable[[int], np.ndarray]):
         self.xp = xp
         self.on_device = on_device
+        self.alloc_host = alloc_host  # pinned memory for CuPy: fast copies, and MPI may read it
         self.pool = HostPool(alloc_host)
 
-    def synchronize(self) -> None:
-        """Wait for queued work on the current stream (device writes to a buffer MPI will read)."""
+    def synchronize(self, x: Any) -> None:
+        """Wait for queued work on *x*'s device (kernels writing a buffer MPI will read or overwrite)."""
         if self.on_device:
-            self.xp.cuda.get_current_stream().synchronize()
+            with x.device:
+                self.xp.cuda.get_current_stream().synchronize()
 
     def to_host(self, src: Any, dst: np.ndarray) -> None:
         """Copy array *src* into host array *dst* (same shape and dtype); returns when done."""
         if self.on_device:
-            src.get(out=dst)  # blocking on the current stream
+            with src.device:
+                src.get(out=dst)  # blocking
         else:
             np.copyto(dst, src)
 
     def from_host(self, src: np.ndarray, dst: Any) -> None:
         """Copy host array *src* into array *dst*; returns when done (so *src* may be reused)."""
         if self.on_device:
-            dst.set(src)
-            self.synchronize()  # the copy from pinned memory is asynchronous
+            with dst.device:
+                dst.set(src)
+                self.xp.cuda.get_current_stream().synchronize()  # from pinned memory the copy is asynchronous
         else:
             np.copyto(dst, src)
+
+    def bytes_of(self, x: Any) -> Any:
+        """A flat uint8 view of contiguous array *x* (no copy)."""
+        return x.reshape(-1).view(self.xp.uint8)
 
 
 def _pinned(nbytes: int) -> np.ndarray:
@@ -265,14 +270,18 @@ def ops_for(xp: ModuleType) -> ArrayOps:
 
 
 class HostPool:
-    """Reusable host buffers for staging, in power-of-two size classes (4 KiB up).
+    """Reusable host buffers for staging, in size classes.
 
-    ``acquire`` hands out a free buffer of the class, allocating only when none
-    is free; ``release`` returns it. Steady-state traffic therefore allocates
-    nothing (pinned allocation is slow: it maps pages for the GPU).
+    Classes are powers of two from 4 KiB to 64 MiB, then multiples of 64 MiB
+    (so a large array pins at most 64 MiB more than it needs). ``acquire``
+    hands out a free buffer of the class, allocating only when none is free;
+    ``release`` returns it; ``clear`` drops the free ones. Steady-state traffic
+    therefore allocates nothing (pinned allocation is slow: it maps pages for
+    the GPU).
     """
 
     MIN_BYTES = 4096
+    LARGE_STEP = 64 << 20
 
     def __init__(self, alloc: Callable[[int], np.ndarray]):
         self._alloc = alloc
@@ -281,6 +290,8 @@ class HostPool:
 
     @classmethod
     def size_class(cls, nbytes: int) -> int:
+        if nbytes > cls.LARGE_STEP:
+            return -(-nbytes // cls.LARGE_STEP) * cls.LARGE_STEP
         return max(cls.MIN_BYTES, 1 << max(0, nbytes - 1).bit_length())
 
     def acquire(self, nbytes: int) -> np.ndarray:
@@ -311,16 +322,18 @@ def _nothing() -> None:
 class Transfer:
     """An array made ready for MPI.
 
-    ``buf`` is the buffer specification to hand MPI (``[obj, nbytes, MPI.BYTE]``);
-    ``finish()`` must run once MPI has completed the operation (it copies a
-    staged receive back to the device and returns host buffers to the pool).
+    ``buf`` is the buffer specification to hand MPI (``[obj, nbytes, MPI.BYTE]``).
+    Once MPI has completed the operation, ``finish()`` must run (it copies a
+    staged receive back to the device and returns host buffers to the pool);
+    if the operation is abandoned instead, ``abandon()`` (no copy-back).
     """
 
-    __slots__ = ("buf", "finish")
+    __slots__ = ("buf", "finish", "abandon")
 
-    def __init__(self, buf: list, finish: Callable[[], None] = _nothing):
+    def __init__(self, buf: list, finish: Callable[[], None] = _nothing, abandon: Callable[[], None] | None = None):
         self.buf = buf
         self.finish = finish
+        self.abandon = finish if abandon is None else abandon
 
 
 def _bytes_spec(obj: Any, nbytes: int) -> list:
@@ -345,7 +358,7 @@ def send_buffer(x: Any) -> Transfer:
     """Make contiguous array *x* ready to be read by MPI (a send, a put)."""
     ops = ops_for(array_module(x))
     if transfer_path(x) == "direct":
-        ops.synchronize()
+        ops.synchronize(x)
         return Transfer(_bytes_spec(x, x.nbytes))
     raw, host = _host_view(ops, x)
     ops.to_host(x, host)
@@ -356,7 +369,7 @@ def recv_buffer(x: Any) -> Transfer:
     """Make contiguous array *x* ready to be written by MPI (a receive, a get)."""
     ops = ops_for(array_module(x))
     if transfer_path(x) == "direct":
-        ops.synchronize()  # kernels still writing x must finish before MPI does
+        ops.synchronize(x)  # kernels still using x must finish before MPI writes it
         return Transfer(_bytes_spec(x, x.nbytes))
     raw, host = _host_view(ops, x)
 
@@ -364,4 +377,4 @@ def recv_buffer(x: Any) -> Transfer:
         ops.from_host(host, x)
         ops.pool.release(raw)
 
-    return Transfer(_bytes_spec(raw, x.nbytes), finish)
+    return Transfer(_bytes_spec(raw, x.nbytes), finish, functools.partial(ops.pool.release, raw))

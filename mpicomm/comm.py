@@ -29,7 +29,7 @@ from mpi4py import MPI
 from . import config, launcher, p2p, registry
 from . import device as _device
 from .buffers import array_module
-from .requests import Request, run
+from .requests import Request, barrier, run
 
 __all__ = ["Comm"]
 
@@ -38,8 +38,9 @@ class _State:
     """What mpicomm keeps per MPI communicator (built collectively, once)."""
 
     def __init__(self, comm: MPI.Intracomm):
-        config.check()  # a bad MPICOMM_* value fails here, on every rank, before any collective
+        config.check()  # a bad MPICOMM_* value fails here, before any collective
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
+        barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
         rank = comm.Get_rank()
         self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
         self.local_rank = self.node_comm.Get_rank()
@@ -90,7 +91,8 @@ def _local_order(comm: MPI.Intracomm) -> int:
 
 
 def _delete_state(comm: MPI.Comm, keyval: int, state: _State) -> None:
-    # MPI calls this when the communicator is freed (or at MPI_Finalize).
+    # MPI calls this when the communicator is freed (Comm.Free); at MPI_Finalize,
+    # MPICH does not call it for COMM_WORLD, and the library frees everything itself.
     if not MPI.Is_finalized():
         state.free()
 
@@ -132,7 +134,7 @@ class Comm(MPI.Intracomm):
 
     @property
     def world_size(self) -> int:
-        """Ranks in this communicator (``Get_size()``)."""
+        """Ranks in this communicator (``Get_size()``): the "world" of whoever works on it."""
         return self.Get_size()
 
     @property
@@ -186,12 +188,19 @@ class Comm(MPI.Intracomm):
 
     @property
     def device(self) -> int | None:
-        """The GPU this rank uses: ``local_rank % visible GPUs``, ``MPICOMM_DEVICE`` if set; None without GPUs."""
-        return _device.device_for(self.local_rank, _device.visible_devices())
+        """The GPU this process uses: its node-local rank in the job % visible GPUs (``MPICOMM_DEVICE``
+        overrides); None without GPUs. A property of the process, the same whichever communicator asks."""
+        return _device.device_for(self._process_local_rank(), _device.visible_devices())
 
     def bind_device(self, device: int | None = None) -> int | None:
         """Make :attr:`device` (or *device*) CuPy's current device; return the ordinal."""
-        return _device.bind(self.local_rank, device)
+        return _device.bind(self._process_local_rank(), device)
+
+    def _process_local_rank(self) -> int:
+        info = launcher.from_environment()
+        if info.local_rank is not None and info.size == MPI.COMM_WORLD.Get_size():
+            return info.local_rank
+        return self._state.local_rank  # no launcher information: this communicator's
 
     def collective_tag(self) -> int:
         """Tag for the next library collective on :attr:`library_comm` (advances the sequence number).
@@ -220,7 +229,7 @@ class Comm(MPI.Intracomm):
         self, buf: Any = None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *, xp: ModuleType = np
     ) -> Request:
         """Start receiving an array; ``request.wait()`` returns it (see :meth:`recv_array`)."""
-        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub)
+        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
         return Request(p2p.recv_steps(self._state.channel, buf, source, tag, xp, "irecv_array"), "irecv_array")
 
     def recv_array(
@@ -240,7 +249,7 @@ class Comm(MPI.Intracomm):
         (NumPy by default; pass ``xp=cupy`` for device memory). *status* gets
         the source, tag and element count.
         """
-        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub)
+        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
         return run(p2p.recv_steps(self._state.channel, buf, source, tag, xp), status)
 
     def sendrecv_array(
@@ -261,8 +270,8 @@ class Comm(MPI.Intracomm):
         """
         size, tag_ub = self.Get_size(), self._state.tag_ub
         p2p.check_send(x, dest, sendtag, size, tag_ub)
-        p2p.check_recv(buf, source, recvtag, size, tag_ub)
         module = xp if xp is not None else array_module(x)
+        p2p.check_recv(buf, source, recvtag, size, tag_ub, module)
         channel = self._state.channel
         receive = Request(p2p.recv_steps(channel, buf, source, recvtag, module, "sendrecv_array"), "sendrecv_array")
         send = Request(p2p.send_steps(channel, x, dest, sendtag), "sendrecv_array")

@@ -4,6 +4,7 @@
 |---|---|---|---|
 | ``MPICOMM_CUDA_AWARE`` | ``auto``, ``1``, ``0`` | ``auto`` | whether MPI may be handed device pointers (``auto`` asks the library) |
 | ``MPICOMM_TRANSFER`` | ``auto``, ``staged`` | ``auto`` | ``staged`` copies every buffer through reusable host buffers, NumPy included (to exercise the GPU staging path on a CPU machine) |
+| ``MPICOMM_CUDA_AWARE_RMA`` | ``0``, ``1`` | ``0`` | expose device arrays in RMA windows directly (many CUDA-aware MPIs support point-to-point but not one-sided on device memory); otherwise through a pinned host mirror |
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "choice", "optional_int", "cuda_aware_setting", "transfer_mode", "device_override", "algorithm_setting", "check",
+    "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "check",
 ]
 
 
@@ -57,6 +58,11 @@ def cuda_aware_setting() -> bool | None:
     return value in ("1", "yes", "true")
 
 
+def cuda_aware_rma() -> bool:
+    """``MPICOMM_CUDA_AWARE_RMA``: whether device arrays may back RMA windows directly."""
+    return choice("MPICOMM_CUDA_AWARE_RMA", ("0", "1"), "0") == "1"
+
+
 def transfer_mode() -> str:
     """``MPICOMM_TRANSFER``: ``auto`` or ``staged``."""
     return choice("MPICOMM_TRANSFER", ("auto", "staged"), "auto")
@@ -76,5 +82,6 @@ def algorithm_setting(collective: str) -> str | None:
 def check() -> None:
     """Read every setting once, so a bad value fails at start-up rather than on first use."""
     cuda_aware_setting()
+    cuda_aware_rma()
     transfer_mode()
     device_override()

@@ -1,23 +1,25 @@
 """Push: typed point-to-point messages of NumPy/CuPy arrays.
 
-A message is two MPI messages on a :class:`Channel` (two private duplicates of
-the user's communicator, so they never match the user's own messages):
+Messages travel on a :class:`Channel` (two private duplicates of the user's
+communicator, so they never match the user's own messages). Every message
+starts with a **header** - kind, dtype, shape, a per-destination sequence
+number - sent on ``channel.header`` with the caller's tag:
 
-* a small **header** on ``channel.header`` with the caller's tag: kind, dtype,
-  shape and a per-destination sequence number;
-* the **payload** on ``channel.payload``, tagged with that sequence number
-  (omitted for empty arrays).
+* **inline** (payload ≤ ``INLINE_BYTES``, 16 KiB): the payload follows the
+  header in the same message. One message, one α; the receiver's buffer for it
+  is posted when the receive starts, so it completes with MPI's own progress.
+* **two-part** (larger): the payload follows as a second message on
+  ``channel.payload``, tagged with the sequence number, straight from (or into)
+  the array. The receiver posts the payload receive once the header has told
+  it size and source, i.e. the next time this rank waits or tests on any
+  mpicomm request (see :mod:`mpicomm.requests`).
 
 The receiver matches headers exactly as MPI would match the payloads (same
-source/tag rules, same order), then fetches the payload by sequence number, so
-concurrent nonblocking receives never swap payloads. Because the receiver
-knows dtype and shape first it can allocate the array itself
-(``recv_array()``) or refuse a mismatched buffer with a clear error, after
-draining the payload so the sender is never left waiting.
-
-Cost: one extra message of ``HEADER_BYTES`` per transfer, i.e. about α more
-than a bare ``MPI_Send`` (measured by the benchmarks); use mpi4py's
-``Send``/``Recv`` on the same communicator when every microsecond matters.
+source/tag rules, same order), and fetches a two-part payload by its sequence
+number, so concurrent nonblocking receives never swap payloads. Knowing dtype
+and shape first, it can allocate the array itself (``recv_array()``) or refuse
+a mismatched buffer with a clear error - after draining the payload, so the
+sender is never left waiting.
 """
 
 from __future__ import annotations
@@ -30,17 +32,32 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import check_array, dtype_code, dtype_from_code, mpi_datatype, recv_buffer, send_buffer
+from .buffers import (
+    array_module,
+    check_array,
+    dtype_code,
+    dtype_from_code,
+    mpi_datatype,
+    ops_for,
+    recv_buffer,
+    send_buffer,
+)
+from .device import cupy_module
 from .requests import Envelope, Steps
 from .validate import check_peer, check_tag
 
-__all__ = ["Channel", "RemoteError", "HEADER_LEN", "MAX_NDIM", "ARRAY", "ERROR", "send_steps", "recv_steps", "check_send", "check_recv", "private_dup"]
+__all__ = [
+    "Channel", "RemoteError", "MAX_NDIM", "INLINE_BYTES", "ARRAY", "ERROR",
+    "send_steps", "recv_steps", "check_send", "check_recv", "private_dup",
+]
 
 MAGIC = 0x6D70636F6D6D  # "mpcomm"
 MAX_NDIM = 32
-HEADER_LEN = 6 + MAX_NDIM  # magic, kind, dtype code, sequence, ndim, reserved, shape...
-HEADER_BYTES = HEADER_LEN * 8
+FIXED_WORDS = 6  # magic, kind, dtype code, sequence, ndim, flags; then ndim shape words
+INLINE_BYTES = 16384
+RECEIVE_BYTES = (FIXED_WORDS + MAX_NDIM) * 8 + INLINE_BYTES  # the largest inline message
 ARRAY, ERROR = 0, 1
+INLINE = 1  # flag: the payload follows the header in the same message
 
 
 class RemoteError(RuntimeError):
@@ -65,9 +82,8 @@ class Channel:
     def __init__(self, comm: MPI.Intracomm):
         self.header = private_dup(comm)
         self.payload = private_dup(comm)
-        self.size = comm.Get_size()
         self.tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # MPI attaches TAG_UB to COMM_WORLD only
-        self.seq_modulus = min(self.tag_ub + 1, 1 << 24)
+        self.seq_modulus = self.tag_ub + 1  # payload tags: sequence numbers modulo this
         self._next_seq: defaultdict[int, int] = defaultdict(int)
 
     def next_seq(self, dest: int) -> int:
@@ -81,77 +97,103 @@ class Channel:
                 c.Free()
 
 
-def make_header(kind: int, dtype: Any, shape: tuple[int, ...], seq: int) -> np.ndarray:
-    """The header of one message (shape has at most MAX_NDIM dimensions: checked by check_send)."""
-    values = [MAGIC, kind, dtype_code(dtype), seq, len(shape), 0, *shape]
-    return np.array(values + [0] * (HEADER_LEN - len(values)), np.int64)
+def make_header(kind: int, dtype: Any, shape: tuple[int, ...], seq: int, flags: int) -> np.ndarray:
+    """The header words of one message (at most MAX_NDIM dimensions: checked by check_send)."""
+    return np.array([MAGIC, kind, dtype_code(dtype), seq, len(shape), flags, *shape], np.int64)
 
 
-def parse_header(header: np.ndarray, source: int) -> tuple[int, np.dtype, tuple[int, ...], int]:
-    values = header.tolist()
-    if values[0] != MAGIC:
-        raise ValueError(f"message from rank {source} is not an mpicomm header; was it sent with send_array?")
-    kind, code, seq, ndim = values[1:5]
-    return kind, dtype_from_code(code), tuple(values[6 : 6 + ndim]), seq
+def parse_header(message: np.ndarray, nbytes: int, source: int) -> tuple[int, np.dtype, tuple[int, ...], int, int, int]:
+    """(kind, dtype, shape, seq, flags, header bytes) of a received message of *nbytes*."""
+    words = message[: min(nbytes, RECEIVE_BYTES - INLINE_BYTES) // 8 * 8].view(np.int64).tolist()
+    if len(words) < FIXED_WORDS or words[0] != MAGIC or len(words) < FIXED_WORDS + words[4]:
+        raise ValueError(f"a message from rank {source} is not an mpicomm header; was it sent with send_array?")
+    _, kind, code, seq, ndim, flags = words[:FIXED_WORDS]
+    return kind, dtype_from_code(code), tuple(words[FIXED_WORDS : FIXED_WORDS + ndim]), seq, flags, (FIXED_WORDS + ndim) * 8
 
 
 def send_steps(channel: Channel, x: Any, dest: int, tag: int, kind: int = ARRAY) -> Steps:
-    """Send array *x* (already checked) to *dest*: header, then payload."""
+    """Send array *x* (already checked) to *dest*: inline, or header then payload."""
     if dest == MPI.PROC_NULL:
         return None
     seq = channel.next_seq(dest)
-    header = make_header(kind, x.dtype, x.shape, seq)
-    reqs = [channel.header.Isend(header, dest, tag)]
-    transfer = None
-    if x.nbytes:
-        transfer = send_buffer(x)
-        reqs.append(channel.payload.Isend(transfer.buf, dest, seq))
+    if x.nbytes <= INLINE_BYTES:
+        header = make_header(kind, x.dtype, x.shape, seq, INLINE)
+        message = np.empty(header.nbytes + x.nbytes, np.uint8)
+        message[: header.nbytes] = header.view(np.uint8)
+        if x.nbytes:
+            ops = ops_for(array_module(x))
+            ops.to_host(ops.bytes_of(x), message[header.nbytes :])
+        yield [channel.header.Isend(message, dest, tag)]
+        return None
+    transfer = send_buffer(x)  # first: if staging fails, nothing has been sent
+    header = make_header(kind, x.dtype, x.shape, seq, 0)
     try:
-        yield reqs
+        yield [channel.header.Isend(header, dest, tag), channel.payload.Isend(transfer.buf, dest, seq)]
     finally:
-        if transfer is not None:
-            transfer.finish()
+        transfer.finish()
+    return None
 
 
 def _describe(dtype: np.dtype, shape: tuple[int, ...]) -> str:
     return f"{dtype} of shape {shape}"
 
 
+def _destination(buf: Any, xp: ModuleType, dtype: np.dtype, shape: tuple[int, ...], what: str, src: int, tag: int) -> Any:
+    """*buf* if it matches the message, else a ValueError; a new array of module *xp* without *buf*."""
+    count = math.prod(shape)
+    if buf is None:
+        return xp.empty(shape, dtype)
+    if buf.dtype != dtype or buf.size != count:
+        raise ValueError(
+            f"{what}: the message from rank {src} (tag {tag}) holds {_describe(dtype, shape)} "
+            f"({count} elements) but buf is {_describe(buf.dtype, buf.shape)} ({buf.size} elements); "
+            f"pass a {dtype} buffer of {count} elements, or omit buf to receive a new array"
+        )
+    return buf
+
+
 def recv_steps(channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType, what: str = "recv_array") -> Steps:
     """Receive one array from *source*/*tag* into *buf* (checked) or a new array of module *xp*."""
     if source == MPI.PROC_NULL:
-        return Envelope(buf, MPI.PROC_NULL, MPI.ANY_TAG, 0)
-    header = np.empty(HEADER_LEN, np.int64)
-    (status,) = yield [channel.header.Irecv(header, source, tag)]
-    src, utag = status.Get_source(), status.Get_tag()
-    kind, dtype, shape, seq = parse_header(header, src)
+        return Envelope(buf, MPI.PROC_NULL, MPI.ANY_TAG, 0, MPI.BYTE)
+    message = np.empty(RECEIVE_BYTES, np.uint8)
+    (status,) = yield [channel.header.Irecv(message, source, tag)]
+    src, utag, received = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+    kind, dtype, shape, seq, flags, at = parse_header(message, received, src)
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
 
-    if kind == ERROR:
-        message = np.empty(nbytes, np.uint8)
+    if flags & INLINE:
+        if received != at + nbytes:
+            raise ValueError(f"{what}: a message from rank {src} (tag {utag}) is {received} bytes, expected {at + nbytes}")
+        data = message[at : at + nbytes]
+        if kind == ERROR:
+            raise RemoteError(f"rank {src} answered with an error: {data.tobytes().decode('utf-8', 'replace')}")
+        out = _destination(buf, xp, dtype, shape, what, src, utag)
         if nbytes:
-            yield [channel.payload.Irecv(message, src, seq)]
-        raise RemoteError(f"rank {src} answered with an error: {message.tobytes().decode('utf-8', 'replace')}")
+            ops = ops_for(array_module(out))
+            ops.from_host(data, ops.bytes_of(out))
+        return Envelope(out, src, utag, count, mpi_datatype(dtype))
 
-    if buf is None:
-        out = xp.empty(shape, dtype)
-    else:
-        out = buf
-        if buf.dtype != dtype or buf.size != count:
-            if nbytes:  # drain the payload so the sender completes, then report
-                yield [channel.payload.Irecv(np.empty(nbytes, np.uint8), src, seq)]
-            raise ValueError(
-                f"{what}: the message from rank {src} (tag {utag}) holds {_describe(dtype, shape)} "
-                f"({count} elements) but buf is {_describe(buf.dtype, buf.shape)} ({buf.size} elements); "
-                f"pass a {dtype} buffer of {count} elements, or omit buf to receive a new array"
-            )
-    if nbytes:
+    try:  # the sender waits for this payload: whatever fails here, drain it before raising
+        out = _destination(buf, xp, dtype, shape, what, src, utag)
         transfer = recv_buffer(out)
-        try:
-            yield [channel.payload.Irecv(transfer.buf, src, seq)]
-        finally:
-            transfer.finish()
+    except BaseException:
+        yield [channel.payload.Irecv(np.empty(nbytes, np.uint8), src, seq)]
+        raise
+    try:
+        (payload,) = yield [channel.payload.Irecv(transfer.buf, src, seq)]
+    except BaseException:
+        transfer.abandon()
+        raise
+    if payload.Get_count(MPI.BYTE) != nbytes:
+        transfer.abandon()
+        raise ValueError(
+            f"{what}: the payload from rank {src} (sequence {seq}) is {payload.Get_count(MPI.BYTE)} bytes, "
+            f"its header announced {nbytes}; more than {channel.seq_modulus} messages to this rank "
+            f"were left unreceived in between"
+        )
+    transfer.finish()
     return Envelope(out, src, utag, count, mpi_datatype(dtype))
 
 
@@ -164,9 +206,11 @@ def check_send(x: Any, dest: int, tag: int, size: int, tag_ub: int) -> None:
         raise ValueError(f"x has {x.ndim} dimensions; mpicomm messages carry at most {MAX_NDIM}; reshape it")
 
 
-def check_recv(buf: Any, source: int, tag: int, size: int, tag_ub: int) -> None:
+def check_recv(buf: Any, source: int, tag: int, size: int, tag_ub: int, xp: Any = np) -> None:
     """All checks a receive makes before anything is posted."""
     if buf is not None:
         check_array(buf, "buf", writable=True)
+    if xp is not np and (xp is None or xp is not cupy_module()):
+        raise TypeError(f"xp={xp!r}: pass the numpy or cupy module (the array module to allocate with)")
     check_peer(source, "source", size, any_source=True)
     check_tag(tag, "tag", tag_ub, any_tag=True)

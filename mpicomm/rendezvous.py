@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from . import p2p
 from .buffers import array_module, check_array, element_view
-from .requests import Request, Steps, progress, run
+from .requests import Request, Steps, barrier, progress
 from .validate import check_int, check_peer
 
 if TYPE_CHECKING:
@@ -50,15 +50,18 @@ class Rendezvous:
 
     def __init__(self, comm: "Comm"):
         self.comm = comm
+        barrier(comm.library_comm)  # peers' pending transfers to this rank keep moving meanwhile
         self._control = p2p.private_dup(comm)
         self._channel = p2p.Channel(comm)
         self._published: dict[str, Any] = {}
         self._deferred: dict[str, list[tuple[int, int, int, int]]] = {}
-        self._answers: list[Request] = []
+        self._answers: list[tuple[str, Request]] = []  # (key, the send of an answer)
+        self._asks: list[Request] = []  # sends of this rank's pull requests
         self._pulls: list[Request] = []
         self._next_id = 0
         self._closing = False
-        self._server = Request(self._serve(), "rendezvous server")
+        self._serving = True
+        self._listen()
 
     # ------------------------------------------------------------ owner
 
@@ -73,26 +76,39 @@ class Rendezvous:
             self._answer(key, *waiter)
 
     def unpublish(self, key: str) -> None:
-        """Stop offering *key* (requests arriving later wait for a new publish, or get an error at close)."""
+        """Stop offering *key*; returns once answers already being sent from it have left, so the
+        array may then be modified. Requests arriving later wait for a new publish (or get an
+        error at close)."""
         self._published.pop(key, None)
+        Request.Waitall([answer for k, answer in self._answers if k == key])
 
     @property
     def keys(self) -> list[str]:
         """Keys this rank currently offers."""
         return sorted(self._published)
 
-    def _serve(self) -> Steps:
+    def _listen(self) -> None:
+        """Post the receive of the next pull request (one request object per pull served)."""
+        self._server = Request(self._serve_one(), "rendezvous server")
+
+    def _serve_one(self) -> Steps:
         message = np.empty(_FIELDS * 8 + self.MAX_KEY_BYTES, np.uint8)
-        while True:
-            (status,) = yield [self._control.Irecv(message, MPI.ANY_SOURCE, _PULL)]
-            puller = status.Get_source()
-            request_id, offset, count, length = message[: _FIELDS * 8].view(np.int64).tolist()
-            tag = request_id % (self._channel.tag_ub + 1)
-            try:  # whatever goes wrong with one request, answer it and keep serving the others
-                key = message[_FIELDS * 8 : _FIELDS * 8 + length].tobytes().decode("utf-8")
-                self._answer(key, puller, tag, offset, count)
-            except Exception as exc:  # noqa: BLE001 - reported to the puller
-                self._send_error(puller, tag, f"rank {self.comm.Get_rank()} could not answer: {exc}")
+        (status,) = yield [self._control.Irecv(message, MPI.ANY_SOURCE, _PULL)]
+        if self._serving:
+            self._listen()
+        puller = status.Get_source()
+        request_id, offset, count, length = message[: _FIELDS * 8].view(np.int64).tolist()
+        tag = request_id % (self._channel.tag_ub + 1)
+        try:  # whatever goes wrong with one request, answer it and keep serving the others
+            key = message[_FIELDS * 8 : _FIELDS * 8 + length].tobytes().decode("utf-8")
+            self._answer(key, puller, tag, offset, count)
+        except Exception as exc:  # noqa: BLE001 - reported to the puller
+            self._send_error(puller, tag, f"rank {self.comm.Get_rank()} could not answer: {exc}")
+
+    def _stop_listening(self) -> None:
+        """Cancel the posted request receive; a request that already arrived is still answered."""
+        self._serving = False
+        self._server.Cancel()
 
     def _answer(self, key: str, puller: int, tag: int, offset: int, count: int) -> None:
         """Answer one pull of elements [offset, offset+count) of *key* (count -1: to the end)."""
@@ -115,15 +131,16 @@ class Rendezvous:
             )
             return
         piece = array if whole else element_view(array, offset, count, key)  # whole: keeps its shape
-        self._send(p2p.send_steps(self._channel, piece, puller, tag), f"answer {key!r}")
+        self._send(key, p2p.send_steps(self._channel, piece, puller, tag), f"answer {key!r}")
 
-    def _send(self, steps: Steps, label: str) -> None:
-        self._answers = [a for a in self._answers if not a.done]
-        self._answers.append(Request(steps, label))
+    def _send(self, key: str, steps: Steps, label: str) -> None:
+        self._answers = [(k, a) for k, a in self._answers if not a.done]
+        self._answers.append((key, Request(steps, label)))
 
     def _send_error(self, puller: int, tag: int, text: str) -> None:
-        payload = np.frombuffer(text.encode("utf-8"), np.uint8).copy()
-        self._send(p2p.send_steps(self._channel, payload, puller, tag, p2p.ERROR), "error answer")
+        raw = text.encode("utf-8")[: p2p.INLINE_BYTES]  # error answers always travel inline
+        payload = np.frombuffer(raw, np.uint8).copy()
+        self._send("", p2p.send_steps(self._channel, payload, puller, tag, p2p.ERROR), "error answer")
 
     def progress(self) -> int:
         """Serve pending pull requests now (also happens inside any mpicomm wait); return steps made."""
@@ -184,7 +201,10 @@ class Rendezvous:
         return raw
 
     def _pull_steps(self, message: np.ndarray, owner: int, tag: int, out: Any, xp: ModuleType) -> Steps:
-        yield [self._control.Isend(message, owner, _PULL)]
+        # The request goes out as a request object of its own, so the pull's first step is the
+        # receive of the answer: a pull can be cancelled until the answer arrives.
+        self._asks = [a for a in self._asks if not a.done]
+        self._asks.append(Request(_send_step(self._control, message, owner), "pull request"))
         return (yield from p2p.recv_steps(self._channel, out, owner, tag, xp, "pull"))
 
     def pull(self, key: str, owner: int, offset: int = 0, count: int | None = None, *, out: Any = None, xp: ModuleType = np) -> Any:
@@ -219,16 +239,14 @@ class Rendezvous:
                 if unseen:
                     errors.append(exc)
         self._pulls.clear()
-        run(self._all_done())
-        self._server.Cancel()
-        Request.Waitall(self._answers)
+        Request.Waitall(self._asks)
+        barrier(self._control)  # every rank has finished pulling; this rank served meanwhile
+        self._stop_listening()
+        Request.Waitall([answer for _, answer in self._answers])
         self._control.Free()
         self._channel.free()
         if errors:
             raise errors[0]
-
-    def _all_done(self) -> Steps:
-        yield [self._control.Ibarrier()]
 
     def __enter__(self) -> "Rendezvous":
         return self
@@ -237,4 +255,8 @@ class Rendezvous:
         if exc_type is None:  # close() is collective: not while this rank alone is unwinding an error
             self.close()
         else:
-            self._server.Cancel()
+            self._stop_listening()
+
+
+def _send_step(comm: MPI.Intracomm, message: np.ndarray, dest: int) -> Steps:
+    yield [comm.Isend(message, dest, _PULL)]

@@ -29,7 +29,7 @@ from typing import Any, Generator, Iterable, Sequence
 
 from mpi4py import MPI
 
-__all__ = ["Request", "Envelope", "Steps", "run", "progress", "outstanding"]
+__all__ = ["Request", "Envelope", "Steps", "run", "progress", "outstanding", "barrier"]
 
 #: A step generator: yields lists of MPI requests, receives their statuses.
 Steps = Generator[Sequence[MPI.Request], list[MPI.Status], Any]
@@ -58,14 +58,15 @@ class Request:
     """
 
     __slots__ = (
-        "_gen", "_reqs", "_statuses", "_done", "_result", "_error", "_envelope", "_cancelled", "_delivered",
-        "label", "__weakref__",
+        "_gen", "_reqs", "_statuses", "_step", "_done", "_result", "_error", "_envelope", "_cancelled",
+        "_delivered", "label", "__weakref__",
     )
 
     def __init__(self, steps: Steps, label: str = "request"):
         self._gen = steps
         self._reqs: list[MPI.Request] = []
         self._statuses: list[MPI.Status] = []
+        self._step = 0  # index of the current step
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -80,23 +81,17 @@ class Request:
     # ------------------------------------------------------------ engine
 
     def _resume(self, statuses: list[MPI.Status] | None, first: bool = False) -> None:
-        if first:  # errors before the first step (argument checks) raise at the call itself
-            try:
-                step = next(self._gen)
-            except StopIteration as stop:
-                self._finish(stop.value, None)
-                return
-            self._reqs = list(step)
-            self._statuses = [MPI.Status() for _ in self._reqs]
-            return
         try:
-            step = self._gen.send(statuses)  # type: ignore[arg-type]
+            step = next(self._gen) if first else self._gen.send(statuses)  # type: ignore[arg-type]
         except StopIteration as stop:
             self._finish(stop.value, None)
             return
-        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
-            self._finish(None, exc)
+        except Exception as exc:
+            if first:  # errors before the first step (argument checks) raise at the call itself
+                raise
+            self._finish(None, exc)  # later ones go to whoever waits or tests
             return
+        self._step += 0 if first else 1
         self._reqs = list(step)
         self._statuses = [MPI.Status() for _ in self._reqs]
 
@@ -179,12 +174,16 @@ class Request:
     def Cancel(self) -> None:
         """Cancel a pending receive (one that may never be matched) and complete the request.
 
-        As with ``MPI_Cancel``, a receive that has already matched is not
-        cancelled: the operation then runs to completion and delivers its data
-        (``cancelled`` stays False). Otherwise the request completes with result
-        None and ``cancelled`` True.
+        Only an operation still in its first step can be cancelled (a receive
+        whose message has not arrived). As with ``MPI_Cancel``, one that has
+        already matched - or moved past its first step - is not cancelled: it
+        runs to completion and delivers its data (``cancelled`` stays False).
+        Otherwise the request completes with result None and ``cancelled`` True.
         """
         if self._done:
+            return
+        if self._step > 0:
+            _wait_for([self])
             return
         live = [i for i, r in enumerate(self._reqs) if r]
         for i in live:
@@ -211,13 +210,14 @@ class Request:
     @staticmethod
     def _wrap(requests: Iterable[Any]) -> list["Request"]:
         out = []
-        for r in requests:
+        for r in _check_types(requests):
             if isinstance(r, Request):
                 out.append(r)
-            elif isinstance(r, MPI.Request):
-                out.append(Request(_single(r), "MPI request"))
             else:
-                raise TypeError(f"expected mpicomm.Request or MPI.Request, got {type(r).__qualname__}")
+                wrapped = Request(_single(r), "MPI request")
+                if r == MPI.REQUEST_NULL:  # already completed: inactive, as MPI treats it
+                    wrapped._delivered = True
+                out.append(wrapped)
         return out
 
     @classmethod
@@ -238,41 +238,79 @@ class Request:
 
     @classmethod
     def Testall(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> bool:
-        """Advance everything; True (and *statuses* filled) if all *requests* have completed."""
-        reqs = cls._wrap(requests)
+        """Advance everything; True (and *statuses* filled) if all *requests* have completed.
+
+        As in MPI, when it returns False no request has been completed by it.
+        """
+        ours = [r for r in requests if isinstance(r, Request)]
+        plain = [(i, r) for i, r in enumerate(requests) if not isinstance(r, Request)]
+        _check_types(requests)
         progress()
-        done = all(r._done for r in reqs)
-        if done:
-            for i, r in enumerate(reqs):
-                r._deliver(statuses[i] if statuses is not None and i < len(statuses) else None)
-        return done
+        if not all(r._done for r in ours):
+            return False
+        sub = [MPI.Status() for _ in plain]
+        if plain and not MPI.Request.Testall([r for _, r in plain], sub):
+            return False
+        plain_status = {i: st for (i, _), st in zip(plain, sub)}
+        for i, r in enumerate(requests):
+            target = statuses[i] if statuses is not None and i < len(statuses) else None
+            if isinstance(r, Request):
+                r._deliver(target)
+            elif target is not None:
+                _copy_status(plain_status[i], target)
+        return True
 
     @classmethod
     def Waitany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> int:
-        """Wait until one of *requests* completes; return its index.
+        """Wait until one of *requests* (mpicomm or plain MPI) completes; return its index.
 
         As in MPI, a request whose completion was already reported (by this or
         any wait/test) counts as inactive; ``MPI.UNDEFINED`` when all are.
         """
-        reqs = cls._wrap(requests)
+        _check_types(requests)
         while True:
             progress()
-            pending = False
-            for i, r in enumerate(reqs):
-                if r._done and not r._delivered:
+            for i, r in enumerate(requests):
+                if isinstance(r, Request) and r._done and not r._delivered:
                     r._deliver(status)
                     return i
-                pending = pending or not r._done
-            if not pending:
+            plain = [(i, r) for i, r in enumerate(requests) if not isinstance(r, Request) and r]
+            if plain:
+                st = MPI.Status()
+                j, flag = MPI.Request.Testany([r for _, r in plain], st)
+                if flag and j != MPI.UNDEFINED:
+                    if status is not None:
+                        _copy_status(st, status)
+                    return plain[j][0]
+            if not plain and all(r._done for r in requests if isinstance(r, Request)):
                 return MPI.UNDEFINED
-            _block()
+            completed = _block([r for _, r in plain])
+            if completed is not None:
+                j, st = completed
+                if status is not None:
+                    _copy_status(st, status)
+                return plain[j][0]
+
+    def __bool__(self) -> bool:
+        """Active (like a non-null ``MPI.Request``) until a wait or test has reported its completion."""
+        return not self._delivered
 
     def __repr__(self) -> str:
         state = "done" if self._done else f"waiting on {sum(1 for r in self._reqs if r)} MPI request(s)"
         return f"<mpicomm.Request {self.label}: {state}>"
 
 
+def _check_types(requests: Iterable[Any]) -> list[Any]:
+    items = list(requests)
+    for r in items:
+        if not isinstance(r, (Request, MPI.Request)):
+            raise TypeError(f"expected mpicomm.Request or MPI.Request, got {type(r).__qualname__}")
+    return items
+
+
 def _single(req: MPI.Request) -> Steps:
+    if req == MPI.REQUEST_NULL:
+        return Envelope(None, MPI.ANY_SOURCE, MPI.ANY_TAG, 0, MPI.BYTE)
     (status,) = yield [req]
     return Envelope(None, status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE), MPI.BYTE)
 
@@ -293,16 +331,32 @@ def outstanding() -> list[Request]:
     return list(_active)
 
 
-def _block() -> None:
-    """Sleep in MPI until some outstanding MPI request completes; keep its status."""
+def _block(extra: Sequence[MPI.Request] = ()) -> tuple[int, MPI.Status] | None:
+    """Sleep in MPI until some outstanding MPI request completes; keep its status.
+
+    *extra* are plain MPI requests waited on too: if one of them completes,
+    return ``(its index, its status)``.
+    """
     owners = [(r, i) for r in _active for i, m in enumerate(r._reqs) if m]
-    if not owners:
-        return
+    if not owners and not extra:
+        return None
     status = MPI.Status()
-    index = MPI.Request.Waitany([r._reqs[i] for r, i in owners], status)
-    if index != MPI.UNDEFINED:
-        r, i = owners[index]
-        r._statuses[i] = status
+    index = MPI.Request.Waitany([r._reqs[i] for r, i in owners] + list(extra), status)
+    if index == MPI.UNDEFINED:
+        return None
+    if index >= len(owners):
+        return index - len(owners), status
+    r, i = owners[index]
+    r._statuses[i] = status
+    return None
+
+
+def _copy_status(source: MPI.Status, target: MPI.Status) -> None:
+    target.source = source.Get_source()
+    target.tag = source.Get_tag()
+    target.error = source.Get_error()
+    target.Set_elements(MPI.BYTE, source.Get_count(MPI.BYTE))
+    target.Set_cancelled(source.Is_cancelled())
 
 
 def _wait_for(requests: Sequence[Request]) -> None:
@@ -344,3 +398,18 @@ def _fill(status: MPI.Status, env: Envelope) -> None:
     status.error = MPI.SUCCESS
     if env.datatype is not None:
         status.Set_elements(env.datatype, env.count)
+
+
+def barrier(comm: MPI.Intracomm) -> None:
+    """An MPI barrier on *comm* during which this rank keeps serving its mpicomm requests.
+
+    mpicomm calls it before its own blocking collective set-ups (creating a
+    ``Comm``, a window, a rendezvous): a peer blocked in a large ``send_array``
+    to this rank, whose payload receive this rank has yet to post, gets it
+    posted here instead of waiting forever.
+    """
+    run(_ibarrier(comm))
+
+
+def _ibarrier(comm: MPI.Intracomm) -> Steps:
+    yield [comm.Ibarrier()]

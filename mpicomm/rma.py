@@ -1,24 +1,35 @@
 """Pull, one-sided: expose an array in an MPI RMA window; other ranks ``get`` and ``put`` slices.
 
 Every rank exposes one array (any length, zero included; one dtype across
-ranks). Access is passive-target: each ``get``/``put`` locks the target's
-window (shared for reads, exclusive for writes), transfers, and unlocks, so the
-target takes no part and the data has arrived when the call returns.
+ranks). Access is passive-target: the window stays in one shared
+``MPI_Win_lock_all`` epoch for its life, and each ``get``/``put`` is the RMA
+call plus ``MPI_Win_flush`` of the target, so the data has arrived (or landed)
+when the call returns and the target takes no part. Concurrent puts to the same
+elements from different ranks are undefined, as in MPI.
 
-Ordering with the owner's own reads and writes is the program's business, as
-in MPI: write your array, ``win.publish()``, then a barrier, before peers get;
-after peers put, a barrier, then ``win.collect()`` before reading it::
+The owner's own reads and writes are ordered with peers' access by the program,
+as in MPI: write your array, ``win.publish()``, then a barrier, before peers
+get; after peers put, a barrier, then ``win.collect()`` before reading it::
 
     win = comm.expose(local)          # collective
     right = win.get((comm.rank + 1) % comm.size, offset=10, count=5)
     comm.Barrier()
     win.Free()                        # collective
 
-Device (CuPy) arrays: on a CUDA-aware MPI the window is the device array
-itself. Otherwise the window is a pinned host mirror of it: ``publish()``
-copies device → mirror (done once at creation) and ``collect()`` copies
-mirror → device. With NumPy arrays both are cheap memory fences
-(``MPI_Win_sync``), so code written for one runs on the other.
+Where the window memory is:
+
+* NumPy arrays, and CuPy arrays when ``MPICOMM_CUDA_AWARE_RMA=1`` on a
+  CUDA-aware MPI: the array itself. ``publish``/``collect`` are then memory
+  fences (``MPI_Win_sync``).
+* otherwise (CuPy): a pinned host **mirror** of the array. Peers read and
+  write the mirror; ``publish(offset, count)`` copies that range of the array
+  to the mirror (done for all of it at creation) and ``collect(offset, count)``
+  copies the mirror's range back into the array. Publish only what you wrote
+  and collect only what peers put: each overwrites the other side's range.
+
+Passive targets progress when the target process is inside MPI: with MPICH,
+a ``get`` from a rank busy computing outside MPI waits until it next calls
+MPI, unless ``MPIR_CVAR_ASYNC_PROGRESS=1`` gives MPICH a progress thread.
 """
 
 from __future__ import annotations
@@ -29,8 +40,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .buffers import check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
-from .validate import agree, check_int, check_peer
+from .requests import barrier
+from .validate import agree, check_int, check_peer, check_span
 
 if TYPE_CHECKING:
     from .comm import Comm
@@ -42,33 +55,33 @@ class Window:
     """An array per rank, exposed for one-sided ``get``/``put`` (create with ``comm.expose(buf)``)."""
 
     def __init__(self, comm: "Comm", buf: Any):
-        lib = comm.library_comm
-        problem = None
+        problem, layout = None, (-1, 0)
+        memory = None
         try:
             self.xp: ModuleType = check_array(buf, "buf", writable=True)
             layout = (dtype_code(buf.dtype), int(buf.size))
-        except (TypeError, ValueError) as exc:
-            problem, layout = str(exc), (-1, 0)
-        agree(lib, problem, "expose")
-        layouts = lib.allgather(layout)
-        codes = {code for code, _ in layouts}
-        if len(codes) != 1:
+            self._ops = ops_for(self.xp)
+            self.staged = transfer_path(buf) == "staged" or (self._ops.on_device and not config.cuda_aware_rma())
+            if self.staged:
+                raw = self._ops.alloc_host(max(buf.nbytes, 1))
+                self._mirror = raw[: buf.nbytes].view(buf.dtype).reshape(buf.shape)
+                self._ops.to_host(buf, self._mirror)
+                memory = self._mirror
+            else:
+                self._ops.synchronize(buf)
+                memory = buf
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it below
+            problem = str(exc)
+        layouts = agree(comm.library_comm, problem, "expose", layout)
+        if len({code for code, _ in layouts}) != 1:
             names = ", ".join(f"rank {r}: {dtype_from_code(c)}" for r, (c, _) in enumerate(layouts))
             raise ValueError(f"expose: every rank must expose the same dtype, got {names}; cast with .astype(...)")
         self.comm = comm
         self.local = buf
         self.dtype: np.dtype = buf.dtype
         self.sizes: list[int] = [n for _, n in layouts]
-        self.staged = transfer_path(buf) == "staged"
-        self._ops = ops_for(self.xp)
-        if self.staged:
-            self._mirror = np.empty(buf.shape, buf.dtype)
-            self._ops.to_host(buf, self._mirror)
-            memory = self._mirror
-        else:
-            self._ops.synchronize()
-            memory = buf
         self.win = MPI.Win.Create(memory, disp_unit=max(1, buf.itemsize), comm=comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
 
     # ------------------------------------------------------------ checks
 
@@ -76,11 +89,7 @@ class Window:
         size = self.sizes[target]
         offset = check_int(offset, "offset")
         count = size - offset if count is None else check_int(count, "count")
-        if offset < 0 or count < 0 or offset + count > size:
-            raise ValueError(
-                f"elements [{offset}, {offset + count}) are outside rank {target}'s window of {size} elements; "
-                f"use 0 <= offset and offset + count <= {size}"
-            )
+        check_span(offset, count, size, f"rank {target}'s window")
         return offset, count
 
     def _target(self, target: int) -> int:
@@ -104,23 +113,23 @@ class Window:
         offset, count = self._span(target, offset, count)
         if out is None:
             out = (xp or self.xp).empty(count, self.dtype)
-        else:
-            if out.dtype != self.dtype or out.size != count:
-                raise ValueError(
-                    f"out is {out.dtype} with {out.size} elements but the window holds {self.dtype} and "
-                    f"{count} elements were asked for; pass a matching out or omit it"
-                )
+        elif out.dtype != self.dtype or out.size != count:
+            raise ValueError(
+                f"out is {out.dtype} with {out.size} elements but the window holds {self.dtype} and "
+                f"{count} elements were asked for; pass a matching out or omit it"
+            )
         transfer = recv_buffer(out)
-        self.win.Lock(target, MPI.LOCK_SHARED)
         try:
             self.win.Get(transfer.buf, target, (offset, out.nbytes, MPI.BYTE))
-        finally:
-            self.win.Unlock(target)
+            self.win.Flush(target)
+        except BaseException:
+            transfer.abandon()
+            raise
         transfer.finish()
         return out
 
     def put(self, x: Any, target: int, offset: int = 0) -> None:
-        """Write array *x* into rank *target*'s array at element *offset*."""
+        """Write array *x* into rank *target*'s array at element *offset*; it has landed on return."""
         check_array(x, "x")
         target = self._target(target)
         if x.dtype != self.dtype:
@@ -129,38 +138,41 @@ class Window:
             return
         offset, _ = self._span(target, offset, x.size)
         transfer = send_buffer(x)
-        self.win.Lock(target, MPI.LOCK_EXCLUSIVE)
         try:
             self.win.Put(transfer.buf, target, (offset, x.nbytes, MPI.BYTE))
+            self.win.Flush(target)
         finally:
-            self.win.Unlock(target)
-        transfer.finish()
+            transfer.finish()
 
     # ------------------------------------------------------------ the owner's side
 
-    def _own_epoch(self, copy) -> None:
-        rank = self.comm.Get_rank()
-        self.win.Lock(rank, MPI.LOCK_EXCLUSIVE)
-        try:
-            if self.staged:
-                copy()
-            else:
-                self._ops.synchronize()
-                self.win.Sync()
-        finally:
-            self.win.Unlock(rank)
+    def _local_range(self, offset: int, count: int | None) -> tuple[Any, Any]:
+        offset, count = self._span(self.comm.Get_rank(), offset, count)
+        flat_local = self.local.reshape(-1)[offset : offset + count]
+        flat_mirror = self._mirror.reshape(-1)[offset : offset + count] if self.staged else None
+        return flat_local, flat_mirror
 
-    def publish(self) -> None:
-        """Make this rank's latest writes to its array visible to peers' ``get``."""
-        self._own_epoch(lambda: self._ops.to_host(self.local, self._mirror))
+    def publish(self, offset: int = 0, count: int | None = None) -> None:
+        """Make this rank's writes to elements [offset, offset+count) of its array visible to peers' ``get``."""
+        local, mirror = self._local_range(offset, count)
+        if self.staged:
+            self._ops.to_host(local, mirror)
+        else:
+            self._ops.synchronize(self.local)
+        self.win.Sync()
 
-    def collect(self) -> None:
-        """Make peers' completed ``put``s visible in this rank's array."""
-        self._own_epoch(lambda: self._ops.from_host(self._mirror, self.local))
+    def collect(self, offset: int = 0, count: int | None = None) -> None:
+        """Make peers' completed ``put``s to elements [offset, offset+count) visible in this rank's array."""
+        local, mirror = self._local_range(offset, count)
+        self.win.Sync()
+        if self.staged:
+            self._ops.from_host(mirror, local)
 
     def Free(self) -> None:
         """Free the window (collective)."""
         if self.win != MPI.WIN_NULL:
+            self.win.Unlock_all()
+            barrier(self.comm.library_comm)  # peers' pending mpicomm transfers keep moving meanwhile
             self.win.Free()
 
     def __enter__(self) -> "Window":
@@ -173,4 +185,3 @@ class Window:
     def __repr__(self) -> str:
         where = "host mirror" if self.staged else "in place"
         return f"<mpicomm.Window {self.dtype} sizes={self.sizes} ({where})>"
-

@@ -10,21 +10,29 @@ script.py`` does the same for scripts.
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
 __all__ = ["main", "abort"]
 
 
-def abort(code: int, reason: str) -> None:
-    """Print *reason* with this rank's identity and abort every rank of the job with *code*."""
+def abort(code: int, reason: str, detail: str = "") -> None:
+    """Print *detail* and *reason* with this rank's identity, then abort every rank of the job with *code*.
+
+    The report goes out in one write, and the launcher gets a moment to forward
+    it before ``MPI_Abort`` tears the job (and its output pipes) down.
+    """
     from mpi4py import MPI
 
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    sys.stderr.write(f"mpicomm: rank {rank} of {size} on {MPI.Get_processor_name()}: {reason}; aborting the job\n")
-    sys.stderr.flush()
+    message = f"{detail}mpicomm: rank {rank} of {size} on {MPI.Get_processor_name()}: {reason}; aborting the job\n"
     sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, message.encode("utf-8", "replace"))
+    time.sleep(0.5)
     MPI.COMM_WORLD.Abort(code)
 
 
@@ -38,16 +46,14 @@ def main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code and _several_ranks():
-            if not isinstance(exc.code, int) and exc.code is not None:
-                sys.stderr.write(f"{exc.code}\n")
-            abort(code, f"exit status {code}")
+            detail = "" if isinstance(exc.code, int) or exc.code is None else f"{exc.code}\n"
+            abort(code, f"exit status {code}", detail)
         raise
     except BaseException as exc:  # noqa: BLE001 - reported, then the job ends
         if not _several_ranks():
             raise
-        traceback.print_exc()
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-        abort(code, f"uncaught {type(exc).__name__}")
+        abort(code, f"uncaught {type(exc).__name__}", traceback.format_exc())
 
 
 def _several_ranks() -> bool:

@@ -11,7 +11,9 @@ import numbers
 
 from mpi4py import MPI
 
-__all__ = ["check_peer", "check_tag", "check_int", "agree"]
+from .requests import barrier
+
+__all__ = ["check_peer", "check_tag", "check_int", "check_span", "agree"]
 
 
 def check_int(value: object, name: str) -> int:
@@ -44,13 +46,25 @@ def check_tag(value: object, name: str, tag_ub: int, *, any_tag: bool = False) -
     raise ValueError(f"{name}={tag} is not a valid tag; use 0..{tag_ub} (this MPI's TAG_UB){also}")
 
 
-def agree(comm: MPI.Intracomm, problem: str | None, what: str) -> None:
-    """Collective: share each rank's local problem (None when fine); if any rank has one,
-    raise the same ValueError, naming every bad rank, on every rank.
+def check_span(offset: int, count: int, size: int, where: str) -> None:
+    """Elements [offset, offset+count) must lie inside *where*, which has *size* elements."""
+    if offset < 0 or count < 0 or offset + count > size:
+        raise ValueError(
+            f"elements [{offset}, {offset + count}) are outside {where}, which has {size} elements; "
+            f"use 0 <= offset and offset + count <= {size}"
+        )
 
-    Used before a collective operation that a local error would otherwise leave half-entered.
+
+def agree(comm: MPI.Intracomm, problem: str | None, what: str, payload: object = None) -> list:
+    """Collective: share each rank's local problem (None when fine) and *payload*.
+
+    If any rank has a problem, raise the same ValueError, naming every bad
+    rank, on every rank; else return every rank's payload. Used before a
+    collective operation that a local error would otherwise leave half-entered.
     """
-    problems = comm.allgather(problem)
-    bad = [(r, p) for r, p in enumerate(problems) if p is not None]
+    barrier(comm)  # everyone has arrived, this rank's pending requests served meanwhile
+    shared = comm.allgather((problem, payload))
+    bad = [(r, p) for r, (p, _) in enumerate(shared) if p is not None]
     if bad:
         raise ValueError(f"{what}: " + "; ".join(f"rank {r}: {p}" for r, p in bad))
+    return [payload for _, payload in shared]

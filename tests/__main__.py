@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = [a for a in args.pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
     default = [] if paths else [os.path.join(mpirun.REPO, "tests")]
-    pytest_argv = ["-m", "pytest", "--with-mpi", *default, *args.pytest_args]
+    # Every rank must collect the same tests in the same order: no per-process random order.
+    pytest_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly", *default, *args.pytest_args]
     results = []
     for n in counts:
         print(f"\n==== mpicomm tests at {n} rank{'s' if n > 1 else ''} " + "=" * 40, flush=True)

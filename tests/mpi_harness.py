@@ -2,9 +2,10 @@
 
 Imported by ``tests/conftest.py`` (and by the harness's own self-test).
 
-* **Fence after every test.** Ranks exchange pass/fail after each test's
-  teardown. A rank whose test failed waits at most
-  ``MPICOMM_TEST_FENCE_TIMEOUT`` seconds (default 30) for the others; if they
+* **Fence after every test.** Ranks exchange pass/fail, and which test they
+  ran, after each test's teardown (ranks on different tests - a collection
+  that differs by rank - abort the job with both names). A rank whose test
+  failed waits at most ``MPICOMM_TEST_FENCE_TIMEOUT`` seconds (default 60) for the others; if they
   do not arrive (they are stuck in a collective the failed rank left), it
   prints why and calls ``MPI_Abort`` - no hang. If they arrive, a test that
   failed anywhere is reported failed everywhere, with every failing rank's
@@ -47,33 +48,53 @@ class _Fence:
         from mpi4py import MPI
 
         self.comm = MPI.COMM_WORLD.Dup()
-        self.failed_timeout = float(os.environ.get("MPICOMM_TEST_FENCE_TIMEOUT", "30"))
+        self.failed_timeout = float(os.environ.get("MPICOMM_TEST_FENCE_TIMEOUT", "60"))
 
     def exchange(self, nodeid: str, failure: str | None) -> list[str | None]:
         """Every rank's failure text (None where it passed) for test *nodeid*."""
+        import zlib
+
         import numpy as np
         from mpi4py import MPI
 
-        mine = np.array([failure is not None], np.int8)
-        flags = np.zeros(self.comm.Get_size(), np.int8)
-        request = self.comm.Iallgather(mine, flags)
+        mine = np.array([failure is not None, zlib.crc32(nodeid.encode())], np.int64)
+        everyone = np.zeros((self.comm.Get_size(), 2), np.int64)
+        request = self.comm.Iallgather(mine, everyone)
         deadline = time.monotonic() + self.failed_timeout if failure is not None else None
         pause = 1e-4
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
                 rank = self.comm.Get_rank()
-                sys.stderr.write(
+                _abort(
                     f"\nmpicomm test harness: {nodeid} failed on rank {rank}, and the other ranks did not finish "
                     f"it within {self.failed_timeout:.0f} s (they are probably waiting for this rank inside the "
                     f"test); aborting the job.\n--- failure on rank {rank} ---\n{failure}\n"
                 )
-                sys.stderr.flush()
-                MPI.COMM_WORLD.Abort(1)
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
-        if not flags.any():
-            return [None] * len(flags)
+        if len(set(everyone[:, 1].tolist())) > 1:
+            names = self.comm.allgather(nodeid)
+            listing = "\n".join(f"  rank {r}: {n}" for r, n in enumerate(names))
+            _abort(
+                f"\nmpicomm test harness: ranks ran different tests (collection differs by rank; "
+                f"is a plugin reordering tests per process?):\n{listing}\naborting the job.\n"
+                if self.comm.Get_rank() == 0 else ""
+            )
+        if not everyone[:, 0].any():
+            return [None] * len(everyone)
         return self.comm.allgather(failure)
+
+
+def _abort(message: str) -> None:
+    """Write *message* in one piece, give the launcher a moment to forward it, and abort the job."""
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if message:
+        os.write(2, message.encode("utf-8", "replace"))
+    time.sleep(0.5)
+    MPI.COMM_WORLD.Abort(1)
 
 
 _fence: list[_Fence] = []

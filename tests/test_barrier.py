@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -81,15 +82,23 @@ def test_many_barriers_in_a_row_and_in_flight(comm):
 
 
 @pytest.mark.mpi
-def test_environment_and_communicator_defaults(comm, monkeypatch):
+def test_environment_and_communicator_defaults(comm, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="mpicomm")
     monkeypatch.setenv("MPICOMM_BARRIER_ALGORITHM", "dissemination")
     comm.Barrier()
     dup = comm.Dup()
     try:
         dup.set_algorithm("barrier", "native")
         dup.Barrier()
+        dup.Barrier(algorithm="dissemination")
     finally:
         dup.Free()
+    choices = [r.getMessage() for r in caplog.records if r.name == "mpicomm"]
+    assert choices == [
+        "barrier: algorithm dissemination (from the environment)",
+        "barrier: algorithm native (from the communicator)",
+        "barrier: algorithm dissemination (from the call)",
+    ]
 
 
 @pytest.mark.mpi

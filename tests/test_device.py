@@ -44,8 +44,18 @@ def test_negative_local_rank():
         device_for(-1, 2)
 
 
-def test_visible_devices_is_a_count():
-    assert visible_devices() >= 0
+def test_visible_devices_counts_cupy_devices():
+    from mpicomm.device import cupy_module
+
+    cupy = cupy_module()
+    if cupy is None:
+        assert visible_devices() == 0
+    else:
+        try:
+            expected = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001 - CuPy without a driver
+            expected = 0
+        assert visible_devices() == expected
 
 
 @pytest.mark.mpi

@@ -213,3 +213,42 @@ def test_bad_input_is_refused_before_sending(comm, call, error, message):
 
 def _host(x):
     return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_small_nonblocking_receive_completes_while_blocked_in_plain_mpi(comm):
+    """Inline messages need no mpicomm progress: a plain mpi4py Recv in between cannot starve them."""
+    plain = MPI.COMM_WORLD.Dup()
+    try:
+        if comm.rank == 0:
+            r = comm.irecv_array(source=1, tag=11)
+            token = np.empty(1)
+            plain.Recv(token, source=1)  # rank 1 sends this only after its send_array returned
+            assert np.array_equal(r.wait(), rank_data(1, 2000, np.float64))  # 16 000 bytes: inline
+        elif comm.rank == 1:
+            comm.send_array(rank_data(1, 2000, np.float64), 0, tag=11)
+            plain.Send(np.ones(1), dest=0)
+    finally:
+        plain.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_large_pending_receive_does_not_block_collective_setup(comm):
+    """A two-part receive waits for this rank's progress; mpicomm's own set-up collectives provide it."""
+    n = 1_000_000
+    if comm.rank == 0:
+        r = comm.irecv_array(source=1, tag=12)
+    if comm.rank == 1:
+        comm.send_array(rank_data(1, n, np.float64), 0, tag=12)  # returns once rank 0 posted the payload
+    with comm.expose(np.zeros(3)) as win:  # collective: rank 0 serves its receive while waiting here
+        assert win.sizes == [3] * comm.size
+    if comm.rank == 0:
+        assert np.array_equal(r.wait(), rank_data(1, n, np.float64))
+
+
+@pytest.mark.mpi
+def test_xp_must_be_an_array_module(comm):
+    with pytest.raises(TypeError, match="xp='cupy': pass the numpy or cupy module"):
+        comm.recv_array(source=comm.rank, xp="cupy")
+    with pytest.raises(TypeError, match="xp=None"):
+        comm.irecv_array(source=comm.rank, xp=None)

@@ -592,3 +592,22 @@ def test_close_answers_unpublished_pulls_even_when_every_rank_waits_for_one():
         for key, owner in (("ghost-self", rank), ("ghost-next", 1 - rank)):
             assert f"rank {rank} {key}: RemoteError: rank {owner} answered with an error: " in result.stdout
             assert f"rank {owner} never published '{key}'" in result.stdout
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unpublish_waits_for_answers_in_flight(comm):
+    """After unpublish returns, the owner may overwrite the array: pullers still get the old values."""
+    n = 400_000  # a two-part answer: it leaves only when the puller posts its receive
+    with comm.rendezvous() as rdv:
+        if comm.rank == 0:
+            data = rank_data(0, n)
+            rdv.publish("big", data)
+            comm.Barrier()  # pullers ask after this; rank 0 serves them while in the barrier below
+            comm.Barrier()
+            rdv.unpublish("big")
+            data[:] = -1
+        else:
+            comm.Barrier()
+            r = rdv.ipull("big", 0)
+            comm.Barrier()
+            assert np.array_equal(r.wait(), rank_data(0, n))

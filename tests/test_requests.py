@@ -620,3 +620,34 @@ def test_in_order_into_given_buffers(comm):
         assert results[k] is buf and r.wait() is buf
         assert np.array_equal(buf, rank_data(left * 10 + k, sizes[k])), f"message {k}"
     Request.Waitall(sends)
+
+
+@pytest.mark.mpi
+def test_waitany_over_plain_requests_ends_like_mpi(private):
+    right, left = (private.rank + 1) % private.size, (private.rank - 1) % private.size
+    bufs = [np.empty(1) for _ in range(3)]
+    receives = [private.Irecv(b, source=left, tag=t) for t, b in enumerate(bufs)]
+    sends = [private.Isend(np.full(1, float(t)), dest=right, tag=t) for t in range(3)]
+    order = []
+    while True:
+        index = Request.Waitany(receives)
+        if index == MPI.UNDEFINED:
+            break
+        order.append(index)
+    MPI.Request.Waitall(sends)
+    assert sorted(order) == [0, 1, 2]
+    assert [float(b[0]) for b in bufs] == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_cancel_after_the_first_step_completes_the_receive(comm):
+    """Once a two-part receive has its header, Cancel cannot drop the payload: it finishes the receive."""
+    n = 500_000  # two-part
+    if comm.rank == 1:
+        comm.send_array(rank_data(1, n), 0, tag=77)
+    elif comm.rank == 0:
+        r = comm.irecv_array(source=1, tag=77)
+        until(lambda: progress() >= 0 and (r._step > 0 or r.done), what="the header")
+        r.Cancel()
+        assert not r.cancelled
+        assert np.array_equal(r.wait(), rank_data(1, n))

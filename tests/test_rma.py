@@ -171,7 +171,7 @@ def test_out_of_range_and_bad_arguments_raise_locally_before_any_rma(comm, path)
     with comm.expose(local) as win:
         for t in range(p):
             n = uneven(t, p)
-            where = f"outside rank {t}'s window of {n} elements"
+            where = f"outside rank {t}'s window, which has {n} elements"
             with pytest.raises(ValueError, match=re.escape(f"elements [{n + 1}, {n}) are {where}")):
                 win.get(t, n + 1)  # count omitted: would be negative
             with pytest.raises(ValueError, match=re.escape(f"elements [{n}, {n + 1}) are {where}")):
@@ -352,9 +352,9 @@ def test_zero_length_windows_everywhere(comm, path):
         got_zero = [win.get(t, 0, 0) for t in range(p)]
         for t in range(p):
             win.put(np.empty(0, np.complex128), t)
-            with pytest.raises(ValueError, match=re.escape(f"elements [0, 1) are outside rank {t}'s window of 0 elem")):
+            with pytest.raises(ValueError, match=re.escape(f"elements [0, 1) are outside rank {t}'s window, which has 0 elem")):
                 win.get(t, 0, 1)
-            with pytest.raises(ValueError, match=re.escape(f"elements [0, 1) are outside rank {t}'s window of 0")):
+            with pytest.raises(ValueError, match=re.escape(f"elements [0, 1) are outside rank {t}'s window, which has 0")):
                 win.put(np.zeros(1, np.complex128), t)
         win.publish()
         comm.Barrier()

@@ -36,6 +36,24 @@ def test_a_nonzero_exit_on_one_rank_aborts_every_rank():
     assert "mpicomm: rank 2 of 3" in result.stderr and "exit status 3" in result.stderr
 
 
+def test_the_harness_aborts_when_ranks_run_different_tests(tmp_path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        from mpi4py import MPI
+        from tests.mpi_harness import *  # noqa
+
+        def pytest_collection_modifyitems(items):
+            if MPI.COMM_WORLD.rank == 1:
+                items.reverse()  # a per-process reordering, as a random-order plugin would do
+    """))
+    (tmp_path / "test_order.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    argv = [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-p", "no:cacheprovider",
+            "--rootdir", str(tmp_path), str(tmp_path)]
+    result = mpirun.run(2, argv, timeout=90, env={"MPICOMM_TEST_LOG_DIR": str(tmp_path / "logs")})
+    assert not result.timed_out and result.returncode != 0
+    assert "ranks ran different tests" in result.stderr, result.stdout + result.stderr
+    assert "rank 0: test_order.py::test_a" in result.stderr and "rank 1: test_order.py::test_b" in result.stderr
+
+
 def test_single_rank_failure_is_an_ordinary_exit():
     result = mpirun.run(1, [sys.executable, "-c", "from mpicomm.runtime import main\nmain(lambda: 1/0)"], timeout=60)
     assert result.returncode == 1
@@ -68,7 +86,7 @@ def test_the_harness_aborts_a_test_that_fails_on_one_rank_while_others_wait(tmp_
     first = mpirun.run(2, argv + ["-k", "only"], timeout=90, env=env)
     assert not first.timed_out and first.seconds < 60
     assert first.returncode != 0
-    assert "failed on rank 1" in first.stderr and "aborting the job" in first.stderr
+    assert "failed on rank 1" in first.stderr and "aborting the job" in first.stderr, first.stdout + first.stderr
     assert "rank 1 is wrong" in first.stderr
 
     second = mpirun.run(2, argv + ["-k", "all_arrive"], timeout=90, env=env)
