@@ -34,6 +34,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--count {args.count}: must be >= 0")
     if args.iters < 1:
         parser.error(f"--iters {args.iters}: must be >= 1")
+    if args.backend == "cupy":
+        from mpicomm.device import cupy_module, visible_devices
+
+        if cupy_module() is None or visible_devices() == 0:
+            parser.error("--backend cupy: needs CuPy and a visible GPU (pip install -e '.[cuda12]' or '.[cuda13]')")
     return args
 
 

@@ -11,7 +11,8 @@ Main names:
   ``node``, ``nodes``, ``host``...), typed push (``send_array``/``recv_array``),
   pull (``expose`` → :class:`Window`, ``rendezvous`` → :class:`Rendezvous`) and
   barrier algorithms;
-* :class:`Request` - pending operations (``Wait``/``Test``/``Waitall``);
+* :class:`Request` - pending operations (``Wait``/``Test``/``Waitall``), and
+  :func:`progress` to advance them without blocking;
 * :func:`algorithms` - registered algorithm names per collective;
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI.
 """
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Comm": ("mpicomm.comm", "Comm"),
     "Request": ("mpicomm.requests", "Request"),
+    "progress": ("mpicomm.requests", "progress"),
     "Window": ("mpicomm.rma", "Window"),
     "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
     "RemoteError": ("mpicomm.p2p", "RemoteError"),
