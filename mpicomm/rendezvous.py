@@ -23,6 +23,7 @@ so nobody waits forever.
 
 from __future__ import annotations
 
+from collections import Counter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ class Rendezvous:
         barrier(comm.library_comm)  # peers' pending transfers to this rank keep moving meanwhile
         self._control = p2p.private_dup(comm)
         self._channel = p2p.Channel(comm)
+        self.served: Counter[str] = Counter()  # answers sent (or being sent), per key
         self._published: dict[str, Any] = {}
         self._deferred: dict[str, list[tuple[int, int, int, int]]] = {}
         self._answers: list[tuple[str, Request]] = []  # (key, the send of an answer)
@@ -131,6 +133,7 @@ class Rendezvous:
             )
             return
         piece = array if whole else element_view(array, offset, count, key)  # whole: keeps its shape
+        self.served[key] += 1
         self._send(key, p2p.send_steps(self._channel, piece, puller, tag), f"answer {key!r}")
 
     def _send(self, key: str, steps: Steps, label: str) -> None:

@@ -602,12 +602,15 @@ def test_unpublish_waits_for_answers_in_flight(comm):
         if comm.rank == 0:
             data = rank_data(0, n)
             rdv.publish("big", data)
-            comm.Barrier()  # pullers ask after this; rank 0 serves them while in the barrier below
-            comm.Barrier()
+            comm.Barrier()  # pullers ask after this
+            deadline = time.monotonic() + 30
+            while rdv.served["big"] < comm.size - 1 and time.monotonic() < deadline:
+                rdv.progress()  # take every request in (the answers' payloads wait for the pullers)
+            assert rdv.served["big"] == comm.size - 1
             rdv.unpublish("big")
             data[:] = -1
         else:
             comm.Barrier()
             r = rdv.ipull("big", 0)
-            comm.Barrier()
+            time.sleep(0.1)  # the owner unpublishes while this answer is still on its way
             assert np.array_equal(r.wait(), rank_data(0, n))
