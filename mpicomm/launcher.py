@@ -5,7 +5,8 @@ Reading them needs no MPI, so a program can pick its GPU, its log file or its
 seed before ``MPI_Init`` (CUDA-aware MPI libraries want the device chosen
 first). This module never imports ``mpi4py.MPI``.
 
-Launchers are tried in the order of :data:`LAUNCHERS`: the one that started
+Launchers are tried in the order of :data:`LAUNCHERS` (a table of the variables
+each one sets): the one that started
 *this* process directly wins. Inside a Slurm allocation, ``mpiexec`` (hydra)
 starts its proxies with ``srun``, so ``SLURM_PROCID`` there is a proxy index,
 not a rank; hydra's ``PMI_RANK`` is therefore consulted before Slurm's.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 __all__ = ["LaunchInfo", "from_environment", "LAUNCHERS"]
 
@@ -75,98 +76,47 @@ def slurm_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def _slurm(env: Env) -> dict | None:
-    rank = _int(env, "SLURM_PROCID")
-    if rank is None:
+#: What each launcher sets, in the order launchers are consulted: the one that started
+#: this process directly must win. Per field, the variable names to try in turn
+#: (None: the launcher does not say). Fields: rank, size, local_rank, local_size, node, nodes.
+LAUNCHERS: dict[str, tuple[tuple[str, ...] | None, ...]] = {
+    "openmpi": (("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE",), None, None),
+    "mvapich": (("MV2_COMM_WORLD_RANK",), ("MV2_COMM_WORLD_SIZE",), ("MV2_COMM_WORLD_LOCAL_RANK",),
+                ("MV2_COMM_WORLD_LOCAL_SIZE",), None, None),
+    # MPICH's and Intel MPI's hydra. srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE too, but no local
+    # ranks: Slurm's entry, which agrees on the rank, fills them in.
+    "hydra": (("PMI_RANK",), ("PMI_SIZE",), ("MPI_LOCALRANKID",), ("MPI_LOCALNRANKS",), None, None),
+    # Slurm's local size comes from SLURM_(STEP_)TASKS_PER_NODE, read in _slurm_local_size.
+    "slurm": (("SLURM_PROCID",), ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"), ("SLURM_LOCALID",),
+              None, ("SLURM_NODEID",), ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")),
+    # A lone RANK is too common a name: torchrun counts only with LOCAL_RANK beside it.
+    "torchrun": (("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), ("GROUP_RANK",),
+                 ("GROUP_WORLD_SIZE",)),
+}
+_FIELDS = ("rank", "size", "local_rank", "local_size", "node", "nodes")
+
+
+def _read(launcher: str, env: Env) -> dict | None:
+    """The fields *launcher* sets in *env*, or None if it did not start this process."""
+    names = LAUNCHERS[launcher]
+    if _int(env, *names[0]) is None or (launcher == "torchrun" and "LOCAL_RANK" not in env):
         return None
-    node = _int(env, "SLURM_NODEID")
-    local_size = None
+    values = {field: (None if n is None else _int(env, *n)) for field, n in zip(_FIELDS, names)}
+    if launcher == "slurm":
+        values["local_size"] = _slurm_local_size(env, values["node"])
+    return values
+
+
+def _slurm_local_size(env: Env, node: int | None) -> int | None:
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    if spec and node is not None:
-        try:
-            per_node = slurm_tasks_per_node(spec)
-        except ValueError:
-            raise ValueError(
-                f"cannot parse SLURM_(STEP_)TASKS_PER_NODE={spec!r}; expected e.g. '2(x3),1'"
-            ) from None
-        if node < len(per_node):
-            local_size = per_node[node]
-    return dict(
-        rank=rank,
-        size=_int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
-        local_rank=_int(env, "SLURM_LOCALID"),
-        local_size=local_size,
-        node=node,
-        nodes=_int(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
-    )
-
-
-def _openmpi(env: Env) -> dict | None:
-    rank = _int(env, "OMPI_COMM_WORLD_RANK")
-    if rank is None:
+    if not spec or node is None:
         return None
-    return dict(
-        rank=rank,
-        size=_int(env, "OMPI_COMM_WORLD_SIZE"),
-        local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-        local_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"),
-        node=None,
-        nodes=None,
-    )
-
-
-def _mvapich(env: Env) -> dict | None:
-    rank = _int(env, "MV2_COMM_WORLD_RANK")
-    if rank is None:
-        return None
-    return dict(
-        rank=rank,
-        size=_int(env, "MV2_COMM_WORLD_SIZE"),
-        local_rank=_int(env, "MV2_COMM_WORLD_LOCAL_RANK"),
-        local_size=_int(env, "MV2_COMM_WORLD_LOCAL_SIZE"),
-        node=None,
-        nodes=None,
-    )
-
-
-def _hydra(env: Env) -> dict | None:
-    # MPICH's and Intel MPI's hydra; srun --mpi=pmi2 sets PMI_RANK/PMI_SIZE too,
-    # but not MPI_LOCALRANKID, so Slurm's entry fills the gaps below.
-    rank = _int(env, "PMI_RANK")
-    if rank is None:
-        return None
-    return dict(
-        rank=rank,
-        size=_int(env, "PMI_SIZE"),
-        local_rank=_int(env, "MPI_LOCALRANKID"),
-        local_size=_int(env, "MPI_LOCALNRANKS"),
-        node=None,
-        nodes=None,
-    )
-
-
-def _torchrun(env: Env) -> dict | None:
-    rank = _int(env, "RANK")
-    if rank is None or "LOCAL_RANK" not in env:
-        return None
-    return dict(
-        rank=rank,
-        size=_int(env, "WORLD_SIZE"),
-        local_rank=_int(env, "LOCAL_RANK"),
-        local_size=_int(env, "LOCAL_WORLD_SIZE"),
-        node=_int(env, "GROUP_RANK"),
-        nodes=_int(env, "GROUP_WORLD_SIZE"),
-    )
-
-
-#: Launchers in the order they are consulted: (name, reader).
-LAUNCHERS: list[tuple[str, Callable[[Env], dict | None]]] = [
-    ("openmpi", _openmpi),
-    ("mvapich", _mvapich),
-    ("hydra", _hydra),
-    ("slurm", _slurm),
-    ("torchrun", _torchrun),
-]
+    try:
+        per_node = slurm_tasks_per_node(spec)
+    except ValueError:
+        raise ValueError(f"cannot parse SLURM_(STEP_)TASKS_PER_NODE={spec!r}; expected e.g. '2(x3),1'") from None
+    return per_node[node] if node < len(per_node) else None
 
 
 def from_environment(environ: Env | None = None) -> LaunchInfo:
@@ -179,8 +129,8 @@ def from_environment(environ: Env | None = None) -> LaunchInfo:
     """
     env = os.environ if environ is None else environ
     found: list[tuple[str, dict]] = []
-    for name, reader in LAUNCHERS:
-        values = reader(env)
+    for name in LAUNCHERS:
+        values = _read(name, env)
         if values is not None:
             found.append((name, values))
     host = env.get("SLURMD_NODENAME") or socket.gethostname()

@@ -63,6 +63,24 @@ def rank_data(rank: int, count: int, dtype=np.float64, xp=np) -> np.ndarray:
     return xp.asarray(out)
 
 
+#: A handful of dtypes that cover the kinds (int, float, complex, bool, half).
+SOME_DTYPES = [np.int64, np.float32, np.complex128, np.bool_, np.float16]
+SOME_DTYPE_IDS = ["int64", "float32", "complex128", "bool", "float16"]
+
+
+def host(a):
+    """*a* as a NumPy array (CuPy arrays are copied to the host)."""
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
+@pytest.fixture(params=["direct", "staged"])
+def path(request):
+    """Both transfer paths: MPI on the arrays themselves, and forced host staging (the ``staged`` fixture)."""
+    if request.param == "staged":
+        request.getfixturevalue("staged")
+    return request.param
+
+
 @pytest.fixture
 def staged(monkeypatch):
     """Force every buffer through the staging path (host buffers), NumPy included."""

@@ -10,7 +10,7 @@ import mpicomm
 from mpicomm.buffers import DTYPES
 from mpicomm.requests import outstanding
 
-from .conftest import rank_data
+from .conftest import host, rank_data
 
 DTYPE_IDS = [str(d) for d in DTYPES]
 
@@ -33,7 +33,7 @@ def test_ring_every_dtype(comm, xp, dtype):
         send.Wait()
         assert type(got) is type(rank_data(left, n, dtype, xp))
         assert got.dtype == np.dtype(dtype) and got.shape == (n,)
-        assert np.array_equal(_host(got), _host(rank_data(left, n, dtype, xp)))
+        assert np.array_equal(host(got), host(rank_data(left, n, dtype, xp)))
 
 
 @pytest.mark.mpi
@@ -44,7 +44,7 @@ def test_shapes_travel_with_the_data(comm, xp):
         x = rank_data(comm.rank, n, np.int32, xp).reshape(shape)
         got = comm.sendrecv_array(x, right, left, sendtag=1, recvtag=1)
         assert got.shape == shape
-        assert np.array_equal(_host(got), _host(rank_data(left, n, np.int32, xp).reshape(shape)))
+        assert np.array_equal(host(got), host(rank_data(left, n, np.int32, xp).reshape(shape)))
 
 
 @pytest.mark.mpi
@@ -57,7 +57,7 @@ def test_into_a_given_buffer(comm, xp):
     out = comm.recv_array(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
     send.Wait()
     assert out is buf  # same count, any shape: the buffer keeps its own shape
-    assert np.array_equal(_host(buf), _host(rank_data(left, n, np.float64, xp)))
+    assert np.array_equal(host(buf), host(rank_data(left, n, np.float64, xp)))
     assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE)) == (left, 3, n)
 
 
@@ -209,10 +209,6 @@ def test_bad_input_is_refused_before_sending(comm, call, error, message):
     with pytest.raises(error, match=message):
         call(comm)
     assert len(outstanding()) == before  # nothing was posted
-
-
-def _host(x):
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 @pytest.mark.mpi(min_size=2)

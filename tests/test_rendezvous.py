@@ -21,25 +21,13 @@ from mpi4py import MPI
 import mpicomm
 from mpicomm.buffers import mpi_datatype
 from tests import mpirun
-from tests.conftest import rank_data
+from tests.conftest import SOME_DTYPE_IDS, SOME_DTYPES, host, rank_data
 
-DTYPES = [np.int64, np.float32, np.complex128, np.bool_, np.float16]
-DTYPE_IDS = ["int64", "float32", "complex128", "bool", "float16"]
+DTYPES, DTYPE_IDS = SOME_DTYPES, SOME_DTYPE_IDS
 
 TIMED_OUT = "timed out"
 
 
-@pytest.fixture(params=["direct", "staged"])
-def path(request):
-    """Both transfer paths: MPI on the arrays themselves, and forced host staging (the ``staged`` fixture)."""
-    if request.param == "staged":
-        request.getfixturevalue("staged")
-    return request.param
-
-
-def host(a):
-    """*a* as a NumPy array (CuPy arrays are copied to the host)."""
-    return a if isinstance(a, np.ndarray) else a.get()
 
 
 def within(request, seconds: float = 10.0):
