@@ -77,29 +77,21 @@ def pingpong(args: argparse.Namespace) -> list[tuple]:
     if comm.size < 2:
         raise SystemExit("pingpong needs 2 ranks: mpiexec -n 2 python -m mpicomm.bench pingpong")
     rank = comm.rank
-    peer = 1 - rank if rank < 2 else MPI_PROC_NULL  # ranks beyond the first two only wait
+    peer = 1 - rank if rank < 2 else None  # ranks beyond the first two only wait
     rows = []
     for size in args.sizes:
         iters = _iterations(size, args.iters)
         x = np.zeros(size, np.uint8)
         y = np.empty(size, np.uint8)
 
-        def native() -> None:
+        def bounce(send: Callable, recv: Callable) -> Callable[[], None]:
+            """One round trip: rank 0 sends then receives, rank 1 the other way round."""
             if rank == 0:
-                comm.Send(x, peer)
-                comm.Recv(y, peer)
-            else:
-                comm.Recv(y, peer)
-                comm.Send(x, peer)
+                return lambda: (send(x, peer), recv(y, peer))
+            return lambda: (recv(y, peer), send(x, peer))
 
-        def typed() -> None:
-            if rank == 0:
-                comm.send_array(x, peer)
-                comm.recv_array(y, peer)
-            else:
-                comm.recv_array(y, peer)
-                comm.send_array(x, peer)
-
+        native = bounce(comm.Send, comm.Recv)
+        typed = bounce(comm.send_array, comm.recv_array)
         totals = {"native": 0.0, "mpicomm": 0.0}
         if rank < 2:
             rounds = 5
@@ -120,8 +112,6 @@ def pingpong(args: argparse.Namespace) -> list[tuple]:
     comm.Barrier()
     return rows
 
-
-MPI_PROC_NULL = -1  # placeholder: those ranks never call the loops
 
 HEADER = ("Size (B)", "native MPI (us)", "mpicomm (us)", "ratio", "Iterations")
 

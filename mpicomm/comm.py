@@ -76,18 +76,22 @@ def _local_order(comm: MPI.Intracomm) -> int:
     it here makes ``local_rank`` agree with it. For a sub-communicator, or when
     the environment does not describe this job, ranks keep their order.
     """
-    rank = comm.Get_rank()
+    job_local = _job_local_rank()
+    if job_local is not None and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+        return job_local
+    return comm.Get_rank()
+
+
+def _job_local_rank() -> int | None:
+    """The launcher's local rank of this process, if its environment describes this MPI job."""
     try:
         env = launcher.from_environment()
-    except ValueError:  # a malformed variable: not ours to fail on here, inside a collective
-        return rank
-    describes = (
-        env.local_rank is not None
-        and env.size == comm.Get_size()
-        and env.rank == MPI.COMM_WORLD.Get_rank()
-        and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT)
-    )
-    return env.local_rank if describes else rank
+    except ValueError:  # a malformed variable: not ours to fail on (possibly inside a collective)
+        return None
+    world = MPI.COMM_WORLD
+    if env.local_rank is None or env.size != world.Get_size() or env.rank != world.Get_rank():
+        return None
+    return env.local_rank
 
 
 def _delete_state(comm: MPI.Comm, keyval: int, state: _State) -> None:
@@ -197,10 +201,8 @@ class Comm(MPI.Intracomm):
         return _device.bind(self._process_local_rank(), device)
 
     def _process_local_rank(self) -> int:
-        info = launcher.from_environment()
-        if info.local_rank is not None and info.size == MPI.COMM_WORLD.Get_size():
-            return info.local_rank
-        return self._state.local_rank  # no launcher information: this communicator's
+        job_local = _job_local_rank()
+        return self._state.local_rank if job_local is None else job_local  # no launcher information: ours
 
     def collective_tag(self) -> int:
         """Tag for the next library collective on :attr:`library_comm` (advances the sequence number).

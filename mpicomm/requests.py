@@ -354,7 +354,7 @@ def _block(extra: Sequence[MPI.Request] = ()) -> tuple[int, MPI.Status] | None:
 def _copy_status(source: MPI.Status, target: MPI.Status) -> None:
     target.source = source.Get_source()
     target.tag = source.Get_tag()
-    target.error = source.Get_error()
+    target.error = MPI.SUCCESS  # single-completion calls leave MPI_ERROR undefined; errors raise instead
     target.Set_elements(MPI.BYTE, source.Get_count(MPI.BYTE))
     target.Set_cancelled(source.Is_cancelled())
 
