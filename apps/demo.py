@@ -1,4 +1,4 @@
-"""A tour of mpicomm across N ranks: topology, push, pull (one-sided and rendezvous), barriers.
+"""A tour of mpicomm across N ranks: topology, push, pull (one-sided and rendezvous), barriers, collectives.
 
     mpiexec -n 4 python -m apps.demo [--count 100000] [--backend numpy|cupy] [--iters 200]
 
@@ -23,7 +23,7 @@ USAGE_EXAMPLE = "mpiexec -n 4 python -m apps.demo"
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m apps.demo",
-        description="A tour of mpicomm: topology, push, pull and barriers, each checked.",
+        description="A tour of mpicomm: topology, push, pull, barriers and collectives, each checked.",
         epilog=f"example: {USAGE_EXAMPLE}",
     )
     parser.add_argument("--count", type=int, default=100_000, help="elements per array (default: 100000)")
@@ -137,6 +137,26 @@ def run(argv: list[str] | None = None) -> int:
         comm.Barrier(algorithm=algorithm)
         per = comm.allreduce(timed(args.iters, lambda: comm.Barrier(algorithm=algorithm)), op=MPI.MAX)
         out.say(f"  {algorithm:<14} {per * 1e6:8.1f} µs")
+
+    out.say(f"\n6. collectives: every algorithm against the MPI library's own ({max(1, args.iters // 10)} calls each)")
+    out.say(f"  {'collective':<14} {'algorithm':<20} {'µs/call':>9}  {'MPI µs':>8}")
+    x = data(rank, n, xp)
+    cases = {
+        "allreduce": (lambda: x, lambda: xp.empty_like(x), "Allreduce"),
+        "allgather": (lambda: x[: n // p], lambda: xp.empty((n // p) * p, x.dtype), "Allgather"),
+        "alltoall": (lambda: x[: (n // p) * p], lambda: xp.empty((n // p) * p, x.dtype), "Alltoall"),
+    }
+    for collective, (make_send, make_recv, method) in cases.items():
+        send, expected, got = make_send(), make_recv(), make_recv()
+        getattr(MPI.COMM_WORLD, method)(send, expected)  # the library's own answer (host or CUDA-aware)
+        calls = max(1, args.iters // 10)
+        native = comm.allreduce(timed(calls, lambda: getattr(MPI.COMM_WORLD, method)(send, expected)), op=MPI.MAX)
+        for algorithm in mpicomm.algorithms(collective):
+            getattr(comm, method)(send, got, algorithm=algorithm)
+            out.check(bool(xp.allclose(got, expected)), f"{collective}/{algorithm}")
+            per = comm.allreduce(timed(calls, lambda: getattr(comm, method)(send, got, algorithm=algorithm)), op=MPI.MAX)
+            out.say(f"  {collective:<14} {algorithm:<20} {per * 1e6:9.1f}  {native * 1e6:8.1f}")
+    out.verdict("every algorithm's result equals MPI's")
 
     seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
     out.say(f"\n{'all checks passed' if not out.bad else f'{out.bad} check(s) FAILED'} in {seconds:.2f} s")

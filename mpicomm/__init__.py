@@ -13,6 +13,9 @@ Main names:
   barrier algorithms;
 * :class:`Request` - pending operations (``Wait``/``Test``/``Waitall``), and
   :func:`progress` to advance them without blocking;
+* collectives - ``Comm.Allreduce`` & co. with mpi4py's signatures plus
+  ``algorithm=``, and array-first functions (:func:`allreduce`, :func:`bcast`,
+  :func:`allgather`...) that return new arrays; :mod:`mpicomm.ops` for ops;
 * :func:`algorithms` - registered algorithm names per collective;
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI.
 """
@@ -35,7 +38,15 @@ _LAZY = {
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),
+    "ArgumentError": ("mpicomm.coll.dispatch", "ArgumentError"),
+    "ops": ("mpicomm.ops", None),
 }
+_ARRAY_FUNCTIONS = (
+    "world", "barrier", "bcast", "ibcast", "reduce", "allreduce", "iallreduce", "gather", "gatherv", "scatter",
+    "scatterv", "allgather", "iallgather", "allgatherv", "alltoall", "ialltoall", "alltoallv", "reduce_scatter",
+    "ireduce_scatter", "reduce_scatter_block", "scan", "exscan",
+)
+_LAZY.update({name: ("mpicomm.collectives", name) for name in _ARRAY_FUNCTIONS})
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -45,7 +56,8 @@ def __getattr__(name: str) -> Any:
         module, attribute = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'mpicomm' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attribute)
+    imported = importlib.import_module(module)
+    value = imported if attribute is None else getattr(imported, attribute)
     globals()[name] = value
     return value
 

@@ -1,7 +1,12 @@
-"""``python -m mpicomm info``: what this installation sees (MPI library, CUDA-awareness, GPUs, ranks).
+"""``python -m mpicomm info|algorithms``: what this installation sees, and which algorithms it has.
 
-Run it once after pointing mpi4py at a cluster's MPI, or under the launcher
+``info``: the MPI library, CUDA-awareness, GPUs and rank layout. Run it once
+after pointing mpi4py at a cluster's MPI, or under the launcher
 (``mpiexec -n 4 python -m mpicomm info``) to see every rank's placement.
+
+``algorithms``: every registered (collective, algorithm) with its
+restrictions and α-β-γ cost, and the selection table's rules
+(``--markdown`` for a table to paste into documents).
 """
 
 from __future__ import annotations
@@ -46,13 +51,53 @@ def info() -> int:
     return 0
 
 
-COMMANDS = {"info": info}
+def algorithms(markdown: bool = False) -> int:
+    from mpicomm import registry
+    from mpicomm.coll.dispatch import COLLECTIVES
+
+    table = registry.table()
+    rows = []
+    for collective in COLLECTIVES:
+        for name, algorithm in sorted(table.get(collective, {}).items()):
+            limits = []
+            if algorithm.commutative_only:
+                limits.append("commutative op")
+            if algorithm.power_of_two:
+                limits.append("p a power of two")
+            if not algorithm.in_place:
+                limits.append("copies input when in place")
+            rows.append((collective, name, ", ".join(limits) or "-", algorithm.cost))
+    if markdown:
+        lines = ["| collective | algorithm | restrictions | cost |", "|---|---|---|---|"]
+        lines += [f"| {c} | {n} | {r} | {cost} |" for c, n, r, cost in rows]
+    else:
+        widths = [max(len(str(row[i])) for row in rows) for i in range(3)]
+        lines = [f"{c:<{widths[0]}}  {n:<{widths[1]}}  {r:<{widths[2]}}  {cost}" for c, n, r, cost in rows]
+    lines.append("")
+    lines.append("auto selection (first matching rule; sizes in bytes):")
+    for collective in COLLECTIVES:
+        rules = registry.SELECTION.get(collective, [])
+        text = "; ".join(
+            ", ".join(f"{k}={v}" for k, v in rule.items() if k != "algorithm") + f" → {rule['algorithm']}"
+            if len(rule) > 1 else f"otherwise → {rule['algorithm']}"
+            for rule in rules
+        )
+        lines.append(f"  {collective}: {text}")
+    print("\n".join(lines))
+    return 0
+
+
+COMMANDS = {"info": info, "algorithms": algorithms}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpicomm", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=sorted(COMMANDS), help="info: report the MPI library, GPUs and rank layout")
+    parser.add_argument("command", choices=sorted(COMMANDS),
+                        help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
+    parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
     args = parser.parse_args(argv)
+    if args.command == "algorithms":
+        return algorithms(args.markdown)
     return COMMANDS[args.command]()
 
 

@@ -311,17 +311,168 @@ class Comm(MPI.Intracomm):
         """This communicator's default algorithm for *collective*, or None."""
         return self._state.defaults.get(collective)
 
-    def _algorithm(self, collective: str, requested: str | None) -> registry.Algorithm:
-        return registry.select(collective, requested, self._state.defaults.get(collective))
+    # ------------------------------------------------------------ collectives (mpi4py's signatures + algorithm=)
+    #
+    # Each reads mpi4py's buffer specs and runs the selected algorithm; specs
+    # mpicomm does not run itself (derived datatypes, MPI.BOTTOM) go to the MPI
+    # library's own collective. The I-forms return an mpicomm.Request.
+
+    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any:
+        from .coll import arguments, dispatch
+
+        return dispatch.start(self, arguments.read(collective, self, *args, **kwargs), algorithm, blocking)
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
-        run(self._algorithm("barrier", algorithm).steps(self))
+        from .coll import dispatch
+
+        dispatch.start(self, dispatch.Args("barrier"), algorithm, True)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
         """Nonblocking barrier; the request completes once every rank has called it."""
-        chosen = self._algorithm("barrier", algorithm)
-        return Request(chosen.steps(self), f"Ibarrier/{chosen.name}")
+        from .coll import dispatch
+
+        return dispatch.start(self, dispatch.Args("barrier"), algorithm, False)
+
+    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Broadcast *buf* from *root* to every rank."""
+        self._collective("bcast", True, algorithm, buf, root)
+
+    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Bcast`."""
+        return self._collective("bcast", False, algorithm, buf, root)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root)."""
+        self._collective("reduce", True, algorithm, sendbuf, recvbuf, op, root)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Reduce`."""
+        return self._collective("reduce", False, algorithm, sendbuf, recvbuf, op, root)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the input)."""
+        self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Allreduce`."""
+        return self._collective("allreduce", False, algorithm, sendbuf, recvbuf, op)
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Gather equal blocks from every rank into *recvbuf* on *root*, in rank order."""
+        self._collective("gather", True, algorithm, sendbuf, recvbuf, root)
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Gather`."""
+        return self._collective("gather", False, algorithm, sendbuf, recvbuf, root)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Gather blocks of per-rank counts into *recvbuf* ``[buf, counts, displs, datatype]`` on *root*."""
+        self._collective("gatherv", True, algorithm, sendbuf, recvbuf, root)
+
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Gatherv`."""
+        return self._collective("gatherv", False, algorithm, sendbuf, recvbuf, root)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Send block r of *sendbuf* on *root* to rank r's *recvbuf*."""
+        self._collective("scatter", True, algorithm, sendbuf, recvbuf, root)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Scatter`."""
+        return self._collective("scatter", False, algorithm, sendbuf, recvbuf, root)
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Scatter blocks of per-rank counts from *sendbuf* ``[buf, counts, displs, datatype]`` on *root*."""
+        self._collective("scatterv", True, algorithm, sendbuf, recvbuf, root)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Scatterv`."""
+        return self._collective("scatterv", False, algorithm, sendbuf, recvbuf, root)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Gather every rank's equal block into every rank's *recvbuf*, in rank order."""
+        self._collective("allgather", True, algorithm, sendbuf, recvbuf)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Allgather`."""
+        return self._collective("allgather", False, algorithm, sendbuf, recvbuf)
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Gather blocks of per-rank counts into every rank's *recvbuf* ``[buf, counts, displs, datatype]``."""
+        self._collective("allgatherv", True, algorithm, sendbuf, recvbuf)
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Allgatherv`."""
+        return self._collective("allgatherv", False, algorithm, sendbuf, recvbuf)
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Send block j of *sendbuf* to rank j; receive block i of *recvbuf* from rank i."""
+        self._collective("alltoall", True, algorithm, sendbuf, recvbuf)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Alltoall`."""
+        return self._collective("alltoall", False, algorithm, sendbuf, recvbuf)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """:meth:`Alltoall` with per-rank counts and displacements on both sides."""
+        self._collective("alltoallv", True, algorithm, sendbuf, recvbuf)
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Alltoallv`."""
+        return self._collective("alltoallv", False, algorithm, sendbuf, recvbuf)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                             algorithm: str | None = None) -> None:
+        """Reduce p equal blocks with *op*; rank r receives reduced block r."""
+        self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                              algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Reduce_scatter_block`."""
+        return self._collective("reduce_scatter_block", False, algorithm, sendbuf, recvbuf, op)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
+                       algorithm: str | None = None) -> None:
+        """Reduce with *op*; rank r receives the recvcounts[r] elements of block r (None: gathered from recvbuf sizes)."""
+        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        self._collective("reduce_scatter", True, algorithm, sendbuf, recvbuf, recvcounts, op)
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
+                        algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Reduce_scatter`."""
+        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self._collective("reduce_scatter", False, algorithm, sendbuf, recvbuf, recvcounts, op)
+
+    def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
+        """mpi4py's rule: without recvcounts (and not in place), each rank's receive count is gathered."""
+        if recvcounts is not None or sendbuf is None or sendbuf is MPI.IN_PLACE:
+            return recvcounts
+        from . import specs
+
+        try:
+            mine = specs.simple(recvbuf, "recvbuf").count
+        except Exception:  # the reader reports it, on every rank
+            mine = 0
+        return self.library_comm.allgather(mine)
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r."""
+        self._collective("scan", True, algorithm, sendbuf, recvbuf, op)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Scan`."""
+        return self._collective("scan", False, algorithm, sendbuf, recvbuf, op)
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it was."""
+        self._collective("exscan", True, algorithm, sendbuf, recvbuf, op)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Exscan`."""
+        return self._collective("exscan", False, algorithm, sendbuf, recvbuf, op)
 
     # ------------------------------------------------------------ communicator constructors
 

@@ -7,6 +7,8 @@
 | ``MPICOMM_CUDA_AWARE_RMA`` | ``0``, ``1`` | ``0`` | expose device arrays in RMA windows directly (many CUDA-aware MPIs support point-to-point but not one-sided on device memory); otherwise through a pinned host mirror |
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
+| ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one small allgather); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt |
+| ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation and the peers it waits for, then aborts the job |
 
 Values are read when used, so a test or a program may change them at run time.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "check",
+    "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "timeout", "check",
 ]
 
 
@@ -79,9 +81,32 @@ def algorithm_setting(collective: str) -> str | None:
     return value or None
 
 
+def validate() -> bool:
+    """``MPICOMM_VALIDATE``: whether collectives check their arguments across ranks first (default on)."""
+    return choice("MPICOMM_VALIDATE", ("1", "0", "yes", "no", "true", "false", "on", "off"), "1") in ("1", "yes", "true", "on")
+
+
+def timeout() -> float | None:
+    """``MPICOMM_TIMEOUT``: the hang watchdog's limit in seconds, or None (off)."""
+    raw = os.environ.get("MPICOMM_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(
+            f"environment variable MPICOMM_TIMEOUT={raw!r} is not a positive number of seconds; fix or unset it"
+        )
+    return seconds
+
+
 def check() -> None:
     """Read every setting once, so a bad value fails at start-up rather than on first use."""
     cuda_aware_setting()
     cuda_aware_rma()
     transfer_mode()
     device_override()
+    validate()
+    timeout()

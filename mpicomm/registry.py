@@ -11,7 +11,12 @@ Choosing an algorithm is data, in this order of precedence:
 1. the call's ``algorithm=`` argument (``"auto"`` or None passes);
 2. the communicator's default (``comm.set_algorithm(collective, name)``);
 3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
-4. :data:`SELECTION`, the static table.
+4. :data:`SELECTION`, the static table: per collective, rules tried in order;
+   the first whose conditions hold (and whose algorithm accepts the op) wins.
+   Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
+   (the message size, see :func:`mpicomm.coll.dispatch.selection_bytes`),
+   ``pof2`` (p is a power of two), ``min_p``/``max_p``, and ``min_count``
+   (elements ≥ a multiple of p: ``min_count: 1`` means count ≥ p).
 
 The choice and where it came from are logged at debug level on the
 ``mpicomm`` logger.
@@ -25,7 +30,7 @@ from typing import Callable
 
 from . import config
 
-__all__ = ["Algorithm", "register", "algorithms", "lookup", "select", "SELECTION", "table"]
+__all__ = ["Algorithm", "register", "algorithms", "lookup", "select", "auto", "SELECTION", "table"]
 
 log = logging.getLogger("mpicomm")
 
@@ -62,10 +67,73 @@ def cost_of(fn: Callable) -> str:
 
 _TABLE: dict[str, dict[str, Algorithm]] = {}
 
-#: Static selection when nothing else names an algorithm: collective → name.
-SELECTION: dict[str, str] = {
-    "barrier": "native",
+#: Static selection when nothing else names an algorithm: collective → rules, first match wins.
+#: Sizes follow MPICH's defaults (see ``algorithms.md`` in the shared references); the
+#: performance work replaces this table with a model fitted on the machine.
+SELECTION: dict[str, list[dict]] = {
+    "barrier": [{"algorithm": "dissemination"}],
+    "bcast": [{"max_bytes": 12288, "algorithm": "binomial"}, {"max_p": 7, "algorithm": "binomial"},
+              {"algorithm": "scatter_allgather"}],
+    "reduce": [{"min_bytes": 65536, "min_count": 1, "algorithm": "rabenseifner"}, {"algorithm": "binomial"}],
+    "allreduce": [{"max_bytes": 2048, "algorithm": "recursive_doubling"},
+                  {"min_bytes": 1 << 20, "min_count": 1, "algorithm": "ring"},
+                  {"min_count": 1, "algorithm": "rabenseifner"},
+                  {"algorithm": "recursive_doubling"}],
+    "gather": [{"algorithm": "binomial"}],
+    "gatherv": [{"algorithm": "linear"}],
+    "scatter": [{"algorithm": "binomial"}],
+    "scatterv": [{"algorithm": "linear"}],
+    "allgather": [{"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
+                  {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
+    "allgatherv": [{"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
+                   {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
+    "alltoall": [{"max_bytes": 256, "algorithm": "bruck"}, {"max_bytes": 32768, "algorithm": "linear"},
+                 {"algorithm": "pairwise"}],
+    "alltoallv": [{"algorithm": "linear"}],
+    "reduce_scatter": [{"max_bytes": 524288, "algorithm": "recursive_halving"}, {"algorithm": "pairwise"}],
+    "reduce_scatter_block": [{"max_bytes": 524288, "algorithm": "recursive_halving"}, {"algorithm": "pairwise"}],
+    "scan": [{"algorithm": "recursive_doubling"}],
+    "exscan": [{"algorithm": "recursive_doubling"}],
 }
+
+_CONDITIONS = ("max_bytes", "min_bytes", "pof2", "min_p", "max_p", "min_count")
+
+
+def _holds(rule: dict, facts: dict) -> bool:
+    p, nbytes, count = facts.get("p", 1), facts.get("bytes"), facts.get("count")
+    for key, value in rule.items():
+        if key == "algorithm":
+            continue
+        if key == "max_bytes" and (nbytes is None or nbytes > value):
+            return False
+        if key == "min_bytes" and (nbytes is None or nbytes < value):
+            return False
+        if key == "pof2" and (p & (p - 1) == 0) != value:
+            return False
+        if key == "min_p" and p < value:
+            return False
+        if key == "max_p" and p > value:
+            return False
+        if key == "min_count" and (count is None or count < value * p):
+            return False
+        if key not in _CONDITIONS:
+            raise ValueError(f"selection rule {rule} has unknown condition {key!r}; known: {', '.join(_CONDITIONS)}")
+    return True
+
+
+def auto(collective: str, facts: dict) -> "Algorithm":
+    """The table's choice for a call with these *facts* (``p``, ``bytes``, ``count``, ``commutative``)."""
+    commutative = facts.get("commutative", True)
+    for rule in SELECTION.get(collective, ()):
+        if _holds(rule, facts):
+            algorithm = lookup(collective, rule["algorithm"])
+            if commutative or not algorithm.commutative_only:
+                return algorithm
+    for name in algorithms(collective):  # nothing in the table fits: any algorithm that keeps rank order
+        algorithm = lookup(collective, name)
+        if commutative or not algorithm.commutative_only:
+            return algorithm
+    raise ValueError(f"no {collective} algorithm accepts these arguments ({facts})")
 
 
 def register(collective: str, name: str, **restrictions: bool) -> Callable[[Callable], Callable]:
@@ -108,22 +176,38 @@ def lookup(collective: str, name: str) -> Algorithm:
         ) from None
 
 
-def select(collective: str, requested: str | None, comm_default: str | None = None) -> Algorithm:
-    """Resolve the algorithm for one call (see the module docstring for the precedence)."""
+def select(collective: str, requested: str | None, comm_default: str | None = None,
+           facts: dict | None = None) -> Algorithm:
+    """Resolve the algorithm for one call (see the module docstring for the precedence).
+
+    A named algorithm that needs a commutative op, given a non-commutative
+    one (``facts["commutative"]`` False), raises ValueError naming the
+    algorithms that keep rank order.
+    """
+    facts = facts or {}
     for source, name in (
         ("call", requested),
         ("communicator", comm_default),
         ("environment", config.algorithm_setting(collective)),
-        ("table", SELECTION.get(collective)),
     ):
         if name is not None and name != "auto":
             algorithm = lookup(collective, name)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s: algorithm %s (from the %s)", collective, name, source)
-            return algorithm
-    raise ValueError(f"no algorithm selected for {collective}; registered: {', '.join(algorithms(collective))}")
+            if algorithm.commutative_only and not facts.get("commutative", True):
+                keep = [n for n in algorithms(collective) if not lookup(collective, n).commutative_only]
+                raise ValueError(
+                    f"{collective} algorithm {name!r} (from the {source}) reorders operands and needs a commutative "
+                    f"op, but op {facts.get('op', '?')} is not commutative; use one that keeps rank order: "
+                    f"{', '.join(keep)} (or 'auto')"
+                )
+            break
+    else:
+        source = "table"
+        algorithm = auto(collective, facts)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s: algorithm %s (from the %s)", collective, algorithm.name, source)
+    return algorithm
 
 
 def _load() -> None:
     """Import the modules that register algorithms (once)."""
-    from . import barrier  # noqa: F401
+    from . import coll  # noqa: F401

@@ -14,6 +14,10 @@ value is the operation's result::
 :class:`Request` drives one such generator. Blocking operations are the same
 generators driven to completion, so blocking and nonblocking share one code path.
 
+A step may be a :class:`Step` (a list of requests that also carries what to
+run once they have all completed - copying a staged receive back to the GPU -
+and which peer each request talks to, for the watchdog).
+
 Progress semantics: there is no progress thread. Any ``Wait``/``Test`` on any
 mpicomm request advances *every* outstanding mpicomm request of the process
 (posting each one's next step as soon as its current step completes), and a
@@ -29,7 +33,7 @@ from typing import Any, Generator, Iterable, Sequence
 
 from mpi4py import MPI
 
-__all__ = ["Request", "Envelope", "Steps", "run", "progress", "outstanding", "barrier"]
+__all__ = ["Request", "Step", "Envelope", "Steps", "run", "progress", "outstanding", "barrier", "Watchdog"]
 
 #: A step generator: yields lists of MPI requests, receives their statuses.
 Steps = Generator[Sequence[MPI.Request], list[MPI.Status], Any]
@@ -44,6 +48,29 @@ class Envelope:
     tag: int
     count: int = 0
     datatype: Any = None
+
+
+class Step(list):
+    """One step's MPI requests, with ``after`` (callables run once all have
+    completed, before the generator resumes) and ``peers`` (``("recv"|"send",
+    rank)`` per request, or ``("all", -1)`` for a collective over every rank;
+    named by the watchdog when a step never completes)."""
+
+    __slots__ = ("after", "peers")
+
+    def __init__(self, requests: Iterable[MPI.Request] = (), after: list | None = None, peers: list | None = None):
+        super().__init__(requests)
+        self.after = after if after is not None else []
+        self.peers = peers if peers is not None else []
+
+    def finish(self) -> None:
+        for fn in self.after:
+            fn()
+
+
+def _after(step: Sequence[MPI.Request]) -> None:
+    if type(step) is Step and step.after:
+        step.finish()
 
 
 _active: list["Request"] = []
@@ -92,7 +119,7 @@ class Request:
             self._finish(None, exc)  # later ones go to whoever waits or tests
             return
         self._step += 0 if first else 1
-        self._reqs = list(step)
+        self._reqs = step if type(step) is Step else list(step)
         self._statuses = [MPI.Status() for _ in self._reqs]
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
@@ -116,6 +143,7 @@ class Request:
                     return progressed
                 for i, s in zip(live, st):
                     self._statuses[i] = s
+            _after(self._reqs)
             self._resume(self._statuses)
             progressed = True
         return progressed
@@ -360,14 +388,98 @@ def _copy_status(source: MPI.Status, target: MPI.Status) -> None:
 
 
 def _wait_for(requests: Sequence[Request]) -> None:
+    watchdog = Watchdog.start()
     while True:
         progress()
         if all(r._done for r in requests):
             return
-        _block()
+        if watchdog is None:
+            _block()
+        else:
+            watchdog.pause([r for r in requests if not r._done] + [r for r in _active if r not in requests])
 
 
-def run(steps: Steps, status: MPI.Status | None = None) -> Any:
+class Watchdog:
+    """The hang watchdog (``MPICOMM_TIMEOUT=seconds``; off when unset).
+
+    While it is on, blocking waits poll instead of sleeping in MPI; once a wait
+    has lasted the timeout, the rank writes which operation it is stuck in (its
+    label: collective, sequence number, algorithm), which step, and which peers
+    never sent what it waits for or never took what it sent - then aborts the
+    whole job, so a mismatched program fails in seconds instead of eating its
+    allocation.
+    """
+
+    def __init__(self, timeout: float):
+        import time
+
+        self.timeout = timeout
+        self.clock = time.monotonic
+        self.sleep = time.sleep
+        self.started = self.clock()
+        self.naps = 0
+
+    @classmethod
+    def start(cls) -> "Watchdog | None":
+        from . import config
+
+        timeout = config.timeout()
+        return None if timeout is None else cls(timeout)
+
+    def pause(self, stuck: Sequence[Any]) -> None:
+        """Nap briefly (the caller polls again), or report *stuck* and abort once time is up."""
+        if self.clock() - self.started > self.timeout:
+            self.abort(stuck)
+        self.naps += 1
+        self.sleep(0 if self.naps < 100 else 0.001)
+
+    def abort(self, stuck: Sequence[Any]) -> None:
+        import os
+        import sys
+
+        world = MPI.COMM_WORLD.Get_rank()
+        lines = [f"mpicomm watchdog: rank {world} of MPI_COMM_WORLD waited more than {self.timeout:g} s "
+                 f"(MPICOMM_TIMEOUT) and aborts the job."]
+        for item in stuck:
+            lines.append("  " + _describe(item))
+        os.write(sys.stderr.fileno(), ("\n".join(lines) + "\n").encode())
+        self.sleep(0.5)  # let the other stuck ranks write their own reports
+        MPI.COMM_WORLD.Abort(3)
+
+
+def _describe(item: Any) -> str:
+    """What a stuck request or step is and which of its peers it waits for."""
+    if isinstance(item, Request):
+        label, step, reqs = item.label, item._step, item._reqs
+    else:
+        label, step, reqs = item
+    peers = getattr(reqs, "peers", [])
+    if any(kind == "all" for kind, _ in peers) and any(bool(r) for r in reqs):
+        return (f"stuck in {label}, step {step + 1}: waiting for every rank to enter it "
+                f"(the argument agreement); some rank has not called this collective")
+    pending = [bool(r) and not r.Get_status() for r in reqs]  # Get_status: done yet, without freeing it
+    missing_from = sorted({peer for (kind, peer), wait in zip(peers, pending) if kind == "recv" and wait})
+    untaken_by = sorted({peer for (kind, peer), wait in zip(peers, pending) if kind == "send" and wait})
+    parts = [f"stuck in {label}, step {step + 1}"]
+    if missing_from:
+        parts.append("never arrived from rank(s) " + ", ".join(map(str, missing_from)))
+    if untaken_by:
+        parts.append("not yet taken by rank(s) " + ", ".join(map(str, untaken_by)))
+    if not peers:
+        parts.append(f"{sum(1 for r in reqs if r and not r.Get_status())} MPI request(s) pending")
+    return ": ".join(parts[:1]) + (": " + "; ".join(parts[1:]) if parts[1:] else "")
+
+
+def _waitall(step: Sequence[MPI.Request], statuses: list[MPI.Status], label: str, index: int, watchdog: "Watchdog | None") -> None:
+    if watchdog is None:
+        MPI.Request.Waitall(list(step), statuses)
+        return
+    requests = list(step)
+    while not MPI.Request.Testall(requests, statuses):
+        watchdog.pause([(label, index, step)])
+
+
+def run(steps: Steps, status: MPI.Status | None = None, label: str = "operation") -> Any:
     """Drive *steps* to completion (a blocking operation); return its result.
 
     When no other mpicomm request is outstanding the steps run straight through
@@ -375,13 +487,17 @@ def run(steps: Steps, status: MPI.Status | None = None) -> Any:
     never starves a pending nonblocking one (which MPI itself would progress).
     """
     if _active:
-        return Request(steps).wait(status)
+        return Request(steps, label).wait(status)
+    watchdog = Watchdog.start()
+    index = 0
     try:
         step = next(steps)
         while True:
             statuses = [MPI.Status() for _ in step]
-            MPI.Request.Waitall(list(step), statuses)
+            _waitall(step, statuses, label, index, watchdog)
+            _after(step)
             step = steps.send(statuses)
+            index += 1
     except StopIteration as stop:
         value = stop.value
     if isinstance(value, Envelope):

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,3,4", help="comma-separated rank counts (default: 1,2,3,4; 1 = serial)")
     parser.add_argument("--timeout", type=float, default=1200, help="wall-clock limit per pass in seconds (default: 1200)")
+    parser.add_argument("--slow", action="store_true", help="also run the slower tier (tests marked slow: >2 GiB messages)")
     parser.add_argument("--exitfirst", action="store_true", help="stop after the first failing pass")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (put them after --)")
     args = parser.parse_args(argv)
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         for old in glob.glob(os.path.join(logs, "rank*.log")):
             os.remove(old)
         env = {"MPICOMM_TEST_LOG_DIR": logs}
+        if args.slow:
+            env["MPICOMM_SLOW_TESTS"] = "1"
         if n > (os.cpu_count() or 1) and "MPIR_CVAR_CH4_PROGRESS_THROTTLE" not in os.environ:
             # More ranks than cores: MPICH's busy polling starves the rank that has work;
             # a 1 µs sleep after idle polls lets it run (no effect on other MPI libraries).

@@ -10,6 +10,7 @@ from tests.mpi_harness import *  # noqa: F401,F403 - registers the harness hooks
 BACKENDS = ("numpy", "cupy")
 
 
+
 def cupy_or_skip():
     """CuPy, or skip the test with the reason it cannot run here."""
     from mpicomm.device import cupy_module, visible_devices

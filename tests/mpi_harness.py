@@ -128,6 +128,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("MPICOMM_SLOW_TESTS") != "1":
+        slow = pytest.mark.skip(reason="slower tier: run with MPICOMM_SLOW_TESTS=1 (python -m tests --slow)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if not _fence:
         return
     skip = pytest.mark.skip(reason="starts its own MPI job: runs in the serial pass, not inside an N-rank run")

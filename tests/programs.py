@@ -82,7 +82,34 @@ def exits() -> None:
     main(body)
 
 
-PROGRAMS = {f.__name__: f for f in (topology, sigkill, uncaught, exits)}
+def stuck() -> None:
+    """Rank 1 skips an allreduce the others enter (run with MPICOMM_TIMEOUT set: the watchdog ends it)."""
+    import numpy as np
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    x = np.ones(10)
+    comm.Allreduce(x.copy(), x, algorithm="recursive_doubling")  # one that completes: sequence number 1
+    if comm.rank != 1:
+        comm.Allreduce(x.copy(), x, algorithm="recursive_doubling")
+    time.sleep(60)
+
+
+def stuck_nonblocking() -> None:
+    """Rank 2 never joins an Igather that rank 0, the root, waits on."""
+    import numpy as np
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    x = np.ones(10)
+    if comm.rank != 2:
+        comm.Igather(x, np.empty(10 * comm.size), root=0, algorithm="linear").Wait()
+    time.sleep(60)
+
+
+PROGRAMS = {f.__name__: f for f in (topology, sigkill, uncaught, exits, stuck, stuck_nonblocking)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in PROGRAMS:

@@ -1,4 +1,4 @@
-"""mpicomm.barrier: dissemination and native barriers, blocking and nonblocking."""
+"""mpicomm.coll.barrier: dissemination and native barriers, blocking and nonblocking."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.barrier import dissemination_schedule
+from mpicomm.coll.schedules import dissemination as dissemination_schedule
 
 ALGORITHMS = ["native", "dissemination"]
 

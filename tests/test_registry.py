@@ -51,7 +51,7 @@ def test_registering_twice_fails():
 
 def test_selection_precedence(monkeypatch):
     monkeypatch.delenv("MPICOMM_BARRIER_ALGORITHM", raising=False)
-    assert registry.select("barrier", None).name == registry.SELECTION["barrier"]
+    assert registry.select("barrier", None).name == registry.SELECTION["barrier"][0]["algorithm"]
     monkeypatch.setenv("MPICOMM_BARRIER_ALGORITHM", "dissemination")
     assert registry.select("barrier", None).name == "dissemination"
     assert registry.select("barrier", "auto").name == "dissemination"

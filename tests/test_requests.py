@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -651,3 +652,44 @@ def test_cancel_after_the_first_step_completes_the_receive(comm):
         r.Cancel()
         assert not r.cancelled
         assert np.array_equal(r.wait(), rank_data(1, n))
+
+
+# ---------------------------------------------------------------- the hang watchdog (MPICOMM_TIMEOUT)
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("validate", ["1", "0"])
+def test_watchdog_names_the_stuck_collective_and_the_missing_peer(validate):
+    from tests import mpirun
+
+    env = {"MPICOMM_TIMEOUT": "2", "MPICOMM_VALIDATE": validate}
+    result = mpirun.run(3, [sys.executable, "-m", "tests.programs", "stuck"], timeout=60, env=env)
+    assert not result.timed_out and result.returncode != 0
+    assert result.seconds < 30, f"the watchdog took {result.seconds:.1f} s"
+    assert "mpicomm watchdog" in result.stderr and "MPICOMM_TIMEOUT" in result.stderr
+    assert "allreduce #" in result.stderr and "(recursive_doubling)" in result.stderr
+    if validate == "0":  # the algorithm's own step: rank 1 is the partner that never came
+        assert "never arrived from rank(s) 1" in result.stderr
+    else:  # stuck in the agreement before any data moved
+        assert "allreduce #" in result.stderr
+
+
+@pytest.mark.launches
+def test_watchdog_covers_nonblocking_waits():
+    from tests import mpirun
+
+    env = {"MPICOMM_TIMEOUT": "2", "MPICOMM_VALIDATE": "0"}
+    result = mpirun.run(3, [sys.executable, "-m", "tests.programs", "stuck_nonblocking"], timeout=60, env=env)
+    assert not result.timed_out and result.returncode != 0 and result.seconds < 30
+    assert "gather #0 (linear)" in result.stderr
+    assert "never arrived from rank(s) 2\n" in result.stderr  # rank 1 did send
+
+
+def test_watchdog_setting_is_checked(monkeypatch):
+    from mpicomm import config
+
+    monkeypatch.setenv("MPICOMM_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="MPICOMM_TIMEOUT='soon'"):
+        config.timeout()
+    monkeypatch.setenv("MPICOMM_TIMEOUT", "0.5")
+    assert config.timeout() == 0.5

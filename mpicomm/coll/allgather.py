@@ -1,0 +1,183 @@
+"""Allgather algorithms: every rank ends with every rank's block, in rank order.
+
+Signature: ``algorithm(call, send, recv, counts, displs)``; rank r's block of
+``counts[r]`` elements lands at ``recv[displs[r]:]`` on every rank. One
+function serves allgather and allgatherv: the block sizes come from *counts*,
+which every rank knows, so uneven blocks, empty blocks and displacements in
+any order (with gaps) need no extra messages. In place, *send* is this rank's
+own block of *recv*. n = bytes gathered in total (all blocks), p = ranks.
+
+``linear`` and ``ring`` move single blocks, straight to and from their place in
+*recv*. ``recursive_doubling`` and ``bruck`` move ranges of consecutive blocks;
+they work in a packed buffer (blocks back to back in rank order, resp. in
+rotated order) - *recv* itself when *displs* are the packed prefix sums of
+*counts*, else scratch space copied out to *displs* at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..registry import register
+from ..requests import Steps
+from .call import Call, block
+from .schedules import bruck_allgather, doubling_partners, fold, ring_allgather
+
+__all__ = ["linear", "ring", "recursive_doubling", "bruck"]
+
+
+def _offsets(counts: Sequence[int]) -> list[int]:
+    """Packed offsets: ``[0, c0, c0 + c1, …, sum(counts)]`` (p + 1 entries)."""
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + c)
+    return out
+
+
+
+
+def _packed_workspace(call: Call, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> tuple[Any, list[int]]:
+    """The buffer to gather into in rank order, and its block offsets.
+
+    *recv* itself when *displs* are the packed prefix sums of *counts*;
+    otherwise scratch space for ``sum(counts)`` elements (see :func:`_unpack`).
+    """
+    offsets = _offsets(counts)
+    if list(displs) == offsets[:-1]:
+        return recv, offsets
+    return call.empty(offsets[-1]), offsets
+
+
+def _unpack(call: Call, work: Any, offsets: list[int], recv: Any, counts: Sequence[int], displs: Sequence[int]) -> None:
+    """Copy the packed blocks of *work* to their displacements in *recv* (nothing when *work* is *recv*)."""
+    if work is recv:
+        return
+    for r in range(len(counts)):
+        call.copy(block(recv, counts, displs, r), work[offsets[r] : offsets[r + 1]])
+
+
+@register("allgather", "linear")
+@register("allgatherv", "linear")
+def linear(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Linear: every rank sends its block to every other rank, all at once.
+
+    Steps: copy the own block into place; then one step posts p − 1 receives,
+    each straight into its sender's block of *recv* (from r − 1, r − 2, …),
+    and p − 1 sends of the own block (to r + 1, r + 2, …, so that not every
+    rank starts with rank 0).
+    Restrictions: none (any p, any counts and displacements; works in place).
+    Cost: (p−1)α + n(p−1)/p·β  (all p − 1 messages in flight at once)
+    """
+    p, rank = call.p, call.rank
+    call.copy(block(recv, counts, displs, rank), send)
+    if p == 1:
+        return
+    sources = [(rank - k) % p for k in range(1, p)]
+    yield call.exchange(
+        sends=[((rank + k) % p, send) for k in range(1, p)],
+        recvs=[(s, block(recv, counts, displs, s)) for s in sources],
+    )
+
+
+@register("allgather", "ring")
+@register("allgatherv", "ring")
+def ring(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Ring: p − 1 steps, each forwarding to the right the block received from the left.
+
+    Steps: copy the own block into place; in step k = 0 … p−2 rank r sends
+    block (r − k) mod p to r + 1 and receives block (r − k − 1) mod p from
+    r − 1 (:func:`~mpicomm.coll.schedules.ring_allgather`), each straight
+    from and into its place in *recv*.
+    Restrictions: none (any p, any counts and displacements; works in place).
+    Cost: (p−1)α + n(p−1)/p·β
+    """
+    p, rank = call.p, call.rank
+    call.copy(block(recv, counts, displs, rank), send)
+    right, left = (rank + 1) % p, (rank - 1) % p
+    for send_block, recv_block in ring_allgather(rank, p):
+        yield call.sendrecv(right, block(recv, counts, displs, send_block),
+                            left, block(recv, counts, displs, recv_block))
+
+
+@register("allgather", "recursive_doubling")
+@register("allgatherv", "recursive_doubling")
+def recursive_doubling(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Recursive doubling: lg p rounds, each swapping all blocks gathered so far with the rank 2^k away.
+
+    Steps: gather in rank order into a packed buffer (*recv* itself when
+    *displs* are packed). Fold a non-power-of-two p onto the largest power of
+    two p' (:func:`~mpicomm.coll.schedules.fold`): each even rank below
+    2·(p − p') sends its block to the odd rank above, which then stands for
+    both. In round k each remaining rank holds the blocks of 2^k consecutive
+    newranks - one contiguous range of the packed buffer, since newrank order
+    is rank order - and swaps that range with the partner whose newrank
+    differs in bit k. Finally each odd folded rank sends the whole buffer to
+    its even partner, and blocks are copied out to *displs* if they are not
+    packed.
+    Restrictions: none (any p, any counts and displacements; works in place).
+    Cost: lg p·α + n(p−1)/p·β  (p not a power of two: + 2α + n·β for the fold)
+    """
+    p, rank = call.p, call.rank
+    work, offsets = _packed_workspace(call, recv, counts, displs)
+    total = offsets[-1]
+
+    def ranks(first: int, last: int) -> Any:
+        """The packed blocks of ranks first … last − 1."""
+        return work[offsets[first] : offsets[last]]
+
+    call.copy(ranks(rank, rank + 1), send)
+    f = fold(rank, p)
+    if f.newrank is None:  # folded away: hand the block up, wait for everything
+        yield call.send(f.partner, ranks(rank, rank + 1))
+        yield call.recv(f.partner, work[:total])
+    else:
+
+        def lowest(newrank: int) -> int:
+            """The lowest real rank whose block newrank holds (folded pairs hold two)."""
+            return 2 * newrank if newrank < f.rem else newrank + f.rem
+
+        if f.partner is not None:  # the even rank below folded onto this one
+            yield call.recv(f.partner, ranks(f.partner, f.partner + 1))
+        for mask, partner in doubling_partners(f.newrank, f.pof2, f.rem):
+            mine = f.newrank & ~(mask - 1)  # newranks mine … mine + mask − 1 gathered so far
+            theirs = mine ^ mask
+            yield call.sendrecv(partner, ranks(lowest(mine), lowest(mine + mask)),
+                                partner, ranks(lowest(theirs), lowest(theirs + mask)))
+        if f.partner is not None:
+            yield call.send(f.partner, work[:total])
+    _unpack(call, work, offsets, recv, counts, displs)
+
+
+@register("allgather", "bruck")
+@register("allgatherv", "bruck")
+def bruck(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Bruck et al. (1997): ⌈lg p⌉ rounds on a buffer rotated so that this rank's block comes first.
+
+    Steps: a scratch buffer holds blocks r, r + 1, …, r − 1 (mod p) packed in
+    that order, the own block copied in first. In round k rank r sends its
+    first min(2^k, p − 2^k) blocks to r − 2^k and appends as many received
+    from r + 2^k (:func:`~mpicomm.coll.schedules.bruck_allgather`): the
+    sender's first blocks are blocks r + 2^k, … - exactly the next ones in
+    this rank's order, and every rank knows their sizes from *counts*. After
+    the last round all p blocks are there; undo the rotation into *recv* at
+    *displs* (two copies when *displs* are packed, else one per block).
+    Restrictions: none (any p, any counts and displacements; works in place).
+    Cost: ⌈lg p⌉·α + n(p−1)/p·β  (plus two local copies of n)
+    """
+    p, rank = call.p, call.rank
+    order = [(rank + i) % p for i in range(p)]
+    offsets = _offsets([counts[r] for r in order])  # rotated: position i holds rank (r + i) mod p
+    total = offsets[-1]
+    tmp = call.empty(total)
+    call.copy(tmp[: offsets[1]], send)
+    for to, frm, blocks in bruck_allgather(rank, p):
+        distance = (rank - to) % p
+        yield call.sendrecv(to, tmp[: offsets[blocks]], frm, tmp[offsets[distance] : offsets[distance + blocks]])
+    packed = _offsets(counts)
+    if list(displs) == packed[:-1]:  # rotate back with two copies
+        tail = total - packed[rank]  # ranks r … p − 1 come first in tmp
+        call.copy(recv[packed[rank] : total], tmp[:tail])
+        call.copy(recv[: packed[rank]], tmp[tail:])
+    else:
+        for i, r in enumerate(order):
+            call.copy(block(recv, counts, displs, r), tmp[offsets[i] : offsets[i + 1]])

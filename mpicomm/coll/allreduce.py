@@ -1,0 +1,276 @@
+"""Allreduce algorithms: every rank ends with the elementwise reduction of all ranks' vectors.
+
+
+Signature: ``algorithm(call, send, recv)``; *send* may be *recv* (in place).
+n = bytes of the vector, p = ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, NamedTuple
+
+from ..registry import register
+from ..requests import Step, Steps
+from .call import Call
+from .schedules import binomial, block_partition, doubling_partners, fold, ring_allgather, ring_reduce_scatter, unfold
+
+__all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabenseifner"]
+
+#: Largest message of the segmented ring: each block travels in pieces of at most this many bytes,
+#: so the reduction of one piece overlaps the transfer of the next (and scratch space stays small).
+SEGMENT_BYTES = 1 << 20
+
+
+@register("allreduce", "recursive_doubling")
+def recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
+    """Recursive doubling: lg p rounds of whole-vector exchange with the rank 2^k away.
+
+    Steps: fold a non-power-of-two p onto the largest power of two p' (each
+    even rank below 2·(p − p') sends its vector to the odd rank above, which
+    combines x_{r−1} ⊕ x_r); in round k each remaining rank swaps its partial
+    result with the rank whose newrank differs in bit k and combines, lower
+    ranks' data on the left; finally odd folded ranks send the result back.
+    Restrictions: none - operands are combined in rank order, so
+    non-commutative ops are fine; works in place.
+    Cost: lg p·α + n·lg p·β + n·lg p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
+    """
+    call.copy(recv, send)
+    f = fold(call.rank, call.p)
+    if f.newrank is None:  # folded away: hand the vector up, wait for the result
+        yield call.send(f.partner, recv)
+        yield call.recv(f.partner, recv)
+        return
+    tmp = call.empty(recv.size)
+    if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
+        yield call.recv(f.partner, tmp)
+        call.combine(tmp, recv, recv)
+    for _, partner in doubling_partners(f.newrank, f.pof2, f.rem):
+        yield call.sendrecv(partner, recv, partner, tmp)
+        if partner < call.rank:
+            call.combine(tmp, recv, recv)
+        else:
+            call.combine(recv, tmp, recv)
+    if f.partner is not None:
+        yield call.send(f.partner, recv)
+
+
+@register("allreduce", "naive")
+def naive(call: Call, send: Any, recv: Any) -> Steps:
+    """Naive: every rank sends its vector to rank 0, which reduces them in rank order and sends the result back.
+
+    Steps: rank 0 receives x_1 … x_{p−1} one after another (the receive of
+    x_{s+1} is posted before x_s is combined) and forms
+    ((x_0 ⊕ x_1) ⊕ x_2) ⊕ …; then it sends the result to every other rank.
+    Restrictions: none - operands are combined in rank order, so
+    non-commutative ops are fine; works in place.
+    Cost: 2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ
+    """
+    p = call.p
+    if call.rank != 0:
+        yield call.send(0, send)
+        yield call.recv(0, recv)
+        return
+    call.copy(recv, send)
+    if p == 1:
+        return
+    buffers = (call.empty(recv.size), call.empty(recv.size)) if p > 2 else (call.empty(recv.size),)
+    pending = call.recv(1, buffers[0])
+    for source in range(1, p):
+        yield pending
+        if source + 1 < p:
+            pending = call.recv(source + 1, buffers[source % len(buffers)])  # in flight while x_source is combined
+        call.combine(recv, buffers[(source - 1) % len(buffers)], recv)
+    yield call.exchange(sends=[(dest, recv) for dest in range(1, p)])
+
+
+def _binomial_reduce(call: Call, recv: Any) -> Steps:
+    """Reduce every rank's *recv* into rank 0's along the binomial tree, in rank order (the rest is scratch)."""
+    node = binomial(call.rank, call.p)
+    children = [child for child, _ in reversed(node.children)]  # nearest first: x_r ⊕ [r+1] ⊕ [r+2, r+3] ⊕ …
+    if children:
+        buffers = [call.empty(recv.size) for _ in range(min(2, len(children)))]
+        pending = call.recv(children[0], buffers[0])
+        for i, _ in enumerate(children):
+            yield pending
+            if i + 1 < len(children):
+                pending = call.recv(children[i + 1], buffers[(i + 1) % len(buffers)])  # in flight while combining
+            call.combine(recv, buffers[i % len(buffers)], recv)  # the child's subtree holds higher ranks
+    if node.parent is not None:
+        yield call.send(node.parent, recv)
+
+
+def _binomial_bcast(call: Call, buf: Any) -> Steps:
+    """Broadcast rank 0's *buf* along the binomial tree (largest subtree first)."""
+    node = binomial(call.rank, call.p)
+    if node.parent is not None:
+        yield call.recv(node.parent, buf)
+    if node.children:
+        yield call.exchange(sends=[(child, buf) for child, _ in node.children])
+
+
+@register("allreduce", "tree")
+def tree(call: Call, send: Any, recv: Any) -> Steps:
+    """Tree: binomial reduce to rank 0 in rank order, then binomial broadcast of the result.
+
+    Steps: each rank r combines x_r with the partial results of its binomial
+    children r + 1, r + 2, r + 4 … (nearest first, so a child's subtree - the
+    higher ranks - is always on the right: the partial covers ranks r … r +
+    subtree − 1 in order) and sends it to its parent r − lowbit(r); rank 0
+    then holds x_0 ⊕ … ⊕ x_{p−1} and broadcasts it down the same tree,
+    largest subtree first. The receive from the next child is posted before
+    the previous child's partial is combined.
+    Restrictions: none - operands are combined in rank order, so
+    non-commutative ops are fine; works in place.
+    Cost: 2lg p·α + 2n·lg p·β + n·lg p·γ
+    """
+    call.copy(recv, send)
+    yield from _binomial_reduce(call, recv)
+    yield from _binomial_bcast(call, recv)
+
+
+class _Piece(NamedTuple):
+    """One message of the segmented ring: a segment to send right and one to receive from the left.
+
+    ``send``/``recv``: element ranges of the result vector (None: nothing that
+    way this time); ``combine``: the received segment goes through scratch
+    space and is reduced into ``recv`` (reduce-scatter) rather than received in
+    place (allgather).
+    """
+
+    send: tuple[int, int] | None
+    recv: tuple[int, int] | None
+    combine: bool
+
+
+def _segments(start: int, count: int, size: int) -> list[tuple[int, int]]:
+    """A block ``start … start + count`` cut into ranges of at most *size* elements (none if empty)."""
+    return [(at, min(at + size, start + count)) for at in range(start, start + count, size)]
+
+
+def _ring_pieces(rank: int, p: int, count: int, segment: int) -> Iterator[_Piece]:
+    """Every message of a segmented ring allreduce, in order: reduce-scatter steps, then allgather steps."""
+    counts, displs = block_partition(count, p)
+    for schedule, combine in ((ring_reduce_scatter, True), (ring_allgather, False)):
+        for send_block, recv_block in schedule(rank, p):
+            sends = _segments(displs[send_block], counts[send_block], segment)
+            recvs = _segments(displs[recv_block], counts[recv_block], segment)
+            for j in range(max(len(sends), len(recvs))):
+                yield _Piece(sends[j] if j < len(sends) else None, recvs[j] if j < len(recvs) else None, combine)
+
+
+def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
+@register("allreduce", "ring", commutative_only=True)
+def ring(call: Call, send: Any, recv: Any) -> Steps:
+    """Segmented ring: a ring reduce-scatter of p blocks, then a ring allgather of the reduced blocks.
+
+    Steps: split the vector into p blocks (:func:`~.schedules.block_partition`;
+    count < p leaves some empty). Reduce-scatter: in step k rank r sends block
+    (r − k − 1) mod p to rank r + 1 and reduces block (r − k − 2) mod p from
+    rank r − 1 into its own (:func:`~.schedules.ring_reduce_scatter`); after
+    p − 1 steps it holds block (r + 1) mod p fully reduced. Allgather: p − 1
+    more steps forward the reduced blocks around the ring
+    (:func:`~.schedules.ring_allgather`). Every block travels in segments of
+    at most :data:`SEGMENT_BYTES`; the next segment's send and receive are
+    posted before the current one is reduced, so reduction overlaps
+    communication, also across steps.
+    Restrictions: commutative ops only (the ring combines in ring order);
+    any p and count (count < p too); works in place.
+    Cost: 2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ  (+ one α per extra segment: blocks over SEGMENT_BYTES take n/(p·SEGMENT_BYTES) messages)
+    """
+    call.copy(recv, send)
+    p, rank = call.p, call.rank
+    if p == 1 or recv.size == 0:
+        return
+    segment = max(1, SEGMENT_BYTES // call.dtype.itemsize)
+    pieces = list(_ring_pieces(rank, p, recv.size, segment))
+    if not pieces:
+        return
+    width = min(segment, -(-recv.size // p))
+    buffers = (call.empty(width), call.empty(width))
+    right, left = (rank + 1) % p, (rank - 1) % p
+
+    def post(i: int) -> Step:
+        piece = pieces[i]
+        sends = [(right, recv[piece.send[0] : piece.send[1]])] if piece.send else []
+        recvs = []
+        if piece.recv:
+            a, b = piece.recv
+            recvs = [(left, buffers[i % 2][: b - a] if piece.combine else recv[a:b])]
+        return call.exchange(sends, recvs)
+
+    pending = post(0)
+    for i, piece in enumerate(pieces):
+        yield pending
+        reduce = piece.combine and piece.recv is not None
+        following = pieces[i + 1] if i + 1 < len(pieces) else None
+        # post the next piece before reducing this one, unless it sends (or receives into) what is being reduced
+        early = following is not None and not (reduce and (_overlap(following.send, piece.recv) or (
+            not following.combine and _overlap(following.recv, piece.recv))))
+        if early:
+            pending = post(i + 1)
+        if reduce:
+            a, b = piece.recv
+            call.combine(buffers[i % 2][: b - a], recv[a:b], recv[a:b])
+        if following is not None and not early:
+            pending = post(i + 1)
+
+
+@register("allreduce", "rabenseifner", commutative_only=True)
+def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
+    """Rabenseifner: reduce-scatter by recursive halving, then allgather by recursive doubling.
+
+    Steps: fold a non-power-of-two p onto the largest power of two p' (each
+    even rank below 2·(p − p') sends its vector to the odd rank above, which
+    combines them, and waits for the result). Split the vector into p' blocks
+    (:func:`~.schedules.block_partition`). Reduce-scatter: in the round at
+    distance 2^k (k = lg p' − 1 … 0) each newrank keeps the half of its range
+    of blocks on its side of bit k, sends the other half to newrank ⊕ 2^k and
+    combines the half it receives; newrank i ends with block i reduced.
+    Allgather: the same rounds in reverse (k = 0 … lg p' − 1) swap the ranges
+    whole, doubling them, so every newrank ends with the whole result; the
+    odd folded ranks send it to the even rank below.
+    Restrictions: commutative ops only (partners are combined out of rank
+    order); any p and count (count < p' leaves some blocks empty); works in place.
+    Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
+    """
+    call.copy(recv, send)
+    f = fold(call.rank, call.p)
+    if f.newrank is None:  # folded away: hand the vector up, wait for the result
+        yield call.send(f.partner, recv)
+        yield call.recv(f.partner, recv)
+        return
+    tmp = None
+    if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
+        tmp = call.empty(recv.size)
+        yield call.recv(f.partner, tmp)
+        call.combine(tmp, recv, recv)
+    _, displs = block_partition(recv.size, f.pof2)
+    at = displs + [recv.size]  # block i: elements at[i] … at[i + 1]
+    lo, hi = 0, f.pof2  # the blocks this rank is responsible for
+    rounds = []  # (lo, hi, partner) of each halving round, for the allgather to retrace
+    mask = f.pof2 >> 1
+    while mask > 0:
+        partner = unfold(f.newrank ^ mask, f.rem)
+        rounds.append((lo, hi, partner))
+        if f.newrank & mask:
+            give, lo = (lo, lo + mask), lo + mask
+        else:
+            give, hi = (lo + mask, hi), lo + mask
+        if tmp is None:  # the first round receives the most: later ranges lie inside this one
+            tmp = call.empty(at[hi] - at[lo])
+        incoming = tmp[: at[hi] - at[lo]]
+        yield call.sendrecv(partner, recv[at[give[0]] : at[give[1]]], partner, incoming)
+        if partner < call.rank:
+            call.combine(incoming, recv[at[lo] : at[hi]], recv[at[lo] : at[hi]])
+        else:
+            call.combine(recv[at[lo] : at[hi]], incoming, recv[at[lo] : at[hi]])
+        mask >>= 1
+    for outer_lo, outer_hi, partner in reversed(rounds):  # allgather: swap ranges, doubling them
+        other = (outer_lo, lo) if lo > outer_lo else (hi, outer_hi)
+        yield call.sendrecv(partner, recv[at[lo] : at[hi]], partner, recv[at[other[0]] : at[other[1]]])
+        lo, hi = outer_lo, outer_hi
+    if f.partner is not None:
+        yield call.send(f.partner, recv)

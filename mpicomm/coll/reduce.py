@@ -1,0 +1,165 @@
+"""Reduce algorithms: the root ends with the elementwise reduction of all ranks' vectors.
+
+Signature: ``algorithm(call, send, recv)``; *recv* is None off the root, and on
+the root *send* may be *recv* (in place). n = bytes of the vector, p = ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..registry import register
+from ..requests import Steps
+from .call import Call
+from .schedules import binomial as binomial_tree
+from .schedules import block_partition, fold, unfold
+
+__all__ = ["linear", "binomial", "rabenseifner"]
+
+
+@register("reduce", "linear")
+def linear(call: Call, send: Any, recv: Any) -> Steps:
+    """Linear: every rank sends its vector to the root, which combines them in rank order.
+
+    Steps: ranks other than the root send their vector to it; the root starts
+    from x_0 and, for r = 1 … p−1, receives x_r (its own from *send*) and
+    combines acc = acc ⊕ x_r, one vector at a time (one vector of scratch).
+    Restrictions: none - operands are combined in rank order, so
+    non-commutative ops are fine; works in place (the root keeps a copy of its
+    own vector when it is not rank 0).
+    Cost: (p−1)α + (p−1)nβ + (p−1)nγ  (all of it at the root)
+    """
+    rank, root, p = call.rank, call.root, call.p
+    if rank != root:
+        yield call.send(root, send)
+        return
+    own = send
+    if send is recv and root != 0:  # recv becomes the accumulator before x_root's turn
+        own = call.empty(send.size)
+        call.copy(own, send)
+    if root == 0:
+        call.copy(recv, own)
+    else:
+        yield call.recv(0, recv)
+    tmp = call.empty(recv.size)
+    for r in range(1, p):
+        if r == root:
+            call.combine(recv, own, recv)
+        else:
+            yield call.recv(r, tmp)
+            call.combine(recv, tmp, recv)
+
+
+@register("reduce", "binomial")
+def binomial(call: Call, send: Any, recv: Any) -> Steps:
+    """Binomial tree: partial results flow up a binomial tree, halving the active ranks each round.
+
+    Steps: with a commutative op the tree is over relative ranks
+    (rank − root) mod p, rooted at the root; with a non-commutative one it is
+    over the real ranks, rooted at rank 0, so each subtree is a contiguous
+    range of ranks. Each rank receives its children's partial results,
+    nearest child first, and combines acc = acc ⊕ child (the child at distance
+    2^k brings the ranks just above the 2^k that acc covers), then sends acc
+    to its parent. In the non-commutative case with root ≠ 0, rank 0 finally
+    sends the result to the root.
+    Restrictions: none - rank order is kept for non-commutative ops; works in
+    place; any p.
+    Cost: lg p·α + n·lg p·β + n·lg p·γ  (non-commutative op and root ≠ 0: + α + nβ)
+    """
+    rank, root, p = call.rank, call.root, call.p
+    base = root if call.commutative else 0  # the real rank at the top of the tree
+    vrank = (rank - base) % p
+    node = binomial_tree(vrank, p)
+    if vrank == 0 and rank == root:
+        acc = recv
+        call.copy(acc, send)
+    elif node.children:
+        acc = call.empty(send.size)
+        call.copy(acc, send)
+    else:
+        acc = send  # a leaf sends its vector as it is
+    if node.children:
+        tmp = call.empty(send.size)
+        for child, _ in reversed(node.children):
+            yield call.recv((child + base) % p, tmp)
+            call.combine(acc, tmp, acc)
+    if node.parent is not None:
+        yield call.send((node.parent + base) % p, acc)
+    elif rank != root:  # rank 0 of the non-commutative tree: hand the result over
+        yield call.send(root, acc)
+    if rank == root and vrank != 0:
+        yield call.recv(base, recv)
+
+
+@register("reduce", "rabenseifner", commutative_only=True)
+def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
+    """Rabenseifner: reduce-scatter by recursive halving, then a binomial gather of the blocks to the root.
+
+    Steps: fold a non-power-of-two p onto the largest power of two p' (each
+    even rank below 2·(p − p') sends its vector to the odd rank above, which
+    combines the two and takes part as newrank r // 2). The vector is split
+    into p' blocks (:func:`~.schedules.block_partition`); with
+    w = newrank XOR newroot, in the round of distance d = p'/2, p'/4 … 1 each
+    rank halves the range of blocks it is responsible for, keeping the half on
+    w's side of bit d, sends the other half to newrank XOR d and combines the
+    half it receives: afterwards the rank with w holds block w reduced over
+    all ranks. The gather reverses it: for d = 1, 2 … p'/2, the rank with bit
+    d of w set sends its blocks w … w+d−1 to the rank d below in w (and is
+    done), so the rank with w = 0 ends with the whole vector. If the root was
+    folded away, its odd partner (newroot) sends it the result.
+    Restrictions: commutative ops only (blocks are reduced in the order the
+    exchanges happen); any p and count (count < p leaves some blocks empty);
+    works in place.
+    Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + α + nβ + nγ to fold, + α + nβ for a folded root)
+    """
+    rank, root, p = call.rank, call.root, call.p
+    count = send.size
+    f = fold(rank, p)
+    rf = fold(root, p)
+    newroot = rf.newrank if rf.newrank is not None else fold(rf.partner, p).newrank
+    if f.newrank is None:  # folded away: hand the vector up (the root then waits for the result)
+        yield call.send(f.partner, send)
+        if rank == root:
+            yield call.recv(f.partner, recv)
+        return
+    if rank == root:
+        acc = recv
+        call.copy(acc, send)
+    else:
+        acc = call.empty(count)
+        call.copy(acc, send)
+    edges = block_partition(count, f.pof2)[1] + [count]  # blocks lo … hi−1 are elements edges[lo]:edges[hi]
+    # scratch for the fold's whole vector, else for the largest half received (the first round's lower half)
+    tmp = call.empty(count if f.partner is not None else edges[f.pof2 // 2])
+    if f.partner is not None:  # the even rank below folded onto this one
+        yield call.recv(f.partner, tmp)
+        call.combine(tmp, acc, acc)
+    w = f.newrank ^ newroot
+    lo, hi = 0, f.pof2
+    distance = f.pof2 // 2
+    while distance >= 1:  # reduce-scatter: halve the block range each round
+        partner = unfold(f.newrank ^ distance, f.rem)
+        mid = lo + distance
+        if w & distance:
+            keep, give = (mid, hi), (lo, mid)
+        else:
+            keep, give = (lo, mid), (mid, hi)
+        mine = acc[edges[keep[0]] : edges[keep[1]]]
+        theirs = tmp[: mine.size]
+        yield call.sendrecv(partner, acc[edges[give[0]] : edges[give[1]]], partner, theirs)
+        if partner < rank:
+            call.combine(theirs, mine, mine)
+        else:
+            call.combine(mine, theirs, mine)
+        lo, hi = keep
+        distance //= 2
+    distance = 1
+    while distance < f.pof2:  # binomial gather of the reduced blocks towards w = 0
+        partner = unfold(f.newrank ^ distance, f.rem)
+        if w & distance:
+            yield call.send(partner, acc[edges[w] : edges[w + distance]])
+            return
+        yield call.recv(partner, acc[edges[w + distance] : edges[w + 2 * distance]])
+        distance *= 2
+    if rank != root:  # this rank is the root's odd partner: the root was folded away
+        yield call.send(root, acc)

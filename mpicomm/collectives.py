@@ -1,0 +1,485 @@
+"""Array-first collectives for scientific code: arrays in, new arrays out.
+
+``mpicomm.allreduce(x)`` returns a new array of the same kind as *x* (NumPy in,
+NumPy out; CuPy in, CuPy out, on the same device); ``out=`` writes into an
+existing array instead (no allocation; it may be *x* itself for the
+reductions). Every function takes ``algorithm=`` (a name from
+``mpicomm.algorithms(collective)``, or ``"auto"``) and ``comm=`` (an
+``mpicomm.Comm``; default: one over ``MPI.COMM_WORLD``), and runs the same
+algorithms as ``Comm.Allreduce`` & co. Arrays may have any shape; they must be
+C-contiguous. The ``i``-forms return an :class:`mpicomm.Request` whose
+``wait()`` returns the result.
+
+Shapes: ``gather``/``allgather`` stack the ranks' arrays on a new first axis;
+``scatter``/``alltoall``/``reduce_scatter_block`` split the first axis among
+the ranks; the ``v``-forms work on flat element counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import array_module, check_array
+from .coll.dispatch import Args, start
+from .coll.schedules import block_partition
+from .comm import Comm
+from .ops import resolve
+from .requests import Request
+from .validate import check_peer
+
+__all__ = [
+    "world", "barrier", "bcast", "ibcast", "reduce", "allreduce", "iallreduce", "gather", "gatherv", "scatter",
+    "scatterv", "allgather", "iallgather", "allgatherv", "alltoall", "ialltoall", "alltoallv", "reduce_scatter",
+    "ireduce_scatter", "reduce_scatter_block", "scan", "exscan",
+]
+
+_WORLD: list[Comm] = []
+
+
+def world() -> Comm:
+    """The default communicator: an ``mpicomm.Comm`` over ``MPI.COMM_WORLD`` (created once)."""
+    if not _WORLD:
+        _WORLD.append(Comm(MPI.COMM_WORLD))
+    return _WORLD[0]
+
+
+def _comm(comm: Any) -> Comm:
+    if comm is None:
+        return world()
+    if isinstance(comm, Comm):
+        return comm
+    if isinstance(comm, MPI.Intracomm):
+        return Comm(comm)
+    raise TypeError(f"comm must be an mpicomm.Comm or an MPI.Intracomm, got {type(comm).__qualname__}")
+
+
+def _flat(x: Any) -> Any:
+    return x.reshape(-1)
+
+
+def _new(x: Any, shape: tuple, dtype: Any = None) -> Any:
+    xp = array_module(x)
+    if xp is np:
+        return np.empty(shape, x.dtype if dtype is None else dtype)
+    with x.device:
+        return xp.empty(shape, x.dtype if dtype is None else dtype)
+
+
+def _output(args: Args, x: Any, out: Any, shape: tuple, name: str = "out") -> Any:
+    """*out* checked against the result's shape, dtype and module, or a new array."""
+    if out is None:
+        return _new(x, shape)
+    check_array(out, name, writable=True)
+    if array_module(out) is not array_module(x):
+        raise TypeError(f"{name} is a {array_module(out).__name__} array but the input is {array_module(x).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != x.dtype:
+        raise ValueError(f"{name} has shape {out.shape} and dtype {out.dtype}; this call needs shape {shape}, dtype {x.dtype}")
+    return out
+
+
+def _input(args: Args, x: Any, name: str = "x") -> Any:
+    xp = check_array(x, name)
+    args.xp, args.dtype = xp, x.dtype
+    if xp is not np:
+        args.device = x.device
+    return x
+
+
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
+    return start(_comm(comm), args, algorithm, blocking)
+
+
+def _guard(args: Args, fn: Any) -> Args:
+    try:
+        fn()
+    except (TypeError, ValueError) as exc:
+        args.fail(exc)
+    if args.problem is None and args.op is not None and args.dtype is not None:
+        message = args.op.check_dtype(args.dtype)
+        if message:
+            args.fail(TypeError(message))
+    return args
+
+
+# ---------------------------------------------------------------- barrier, bcast, reductions
+
+
+def barrier(*, algorithm: str | None = "auto", comm: Any = None) -> None:
+    """Block until every rank of *comm* has called it."""
+    _go(comm, Args("barrier"), algorithm, True)
+
+
+def _bcast_args(x: Any, root: int, comm: Comm, out: Any) -> Args:
+    args = Args("bcast")
+
+    def read() -> None:
+        args.root = check_peer(root, "root", comm.Get_size())
+        _input(args, x)
+        is_root = comm.Get_rank() == args.root
+        if out is None:
+            result = x.copy() if is_root else _new(x, x.shape)
+        else:
+            result = _output(args, x, out, x.shape)
+            if is_root and result is not x:
+                result[...] = x
+        args.send = args.recv = _flat(result)
+        args.count = x.size
+        args.result = lambda: result
+
+    return _guard(args, read)
+
+
+def bcast(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Root's *x* on every rank. Off the root, *x* gives the shape and dtype (its values are not used)."""
+    c = _comm(comm)
+    return _go(c, _bcast_args(x, root, c, out), algorithm, True)
+
+
+def ibcast(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Request:
+    """Nonblocking :func:`bcast`."""
+    c = _comm(comm)
+    return _go(c, _bcast_args(x, root, c, out), algorithm, False)
+
+
+def _reduction_args(collective: str, x: Any, op: Any, comm: Comm, out: Any, root: int | None = None) -> Args:
+    args = Args(collective)
+
+    def read() -> None:
+        args.op = resolve(op)
+        _input(args, x)
+        if root is not None:
+            args.root = check_peer(root, "root", comm.Get_size())
+        args.count = x.size
+        args.send = _flat(x)
+        if root is not None and comm.Get_rank() != args.root:
+            args.result = lambda: None
+            return
+        result = _output(args, x, out, x.shape)
+        args.in_place = result is x
+        args.recv = args.send if args.in_place else _flat(result)
+        args.result = lambda: result if collective != "exscan" or comm.Get_rank() > 0 or out is not None else None
+
+    return _guard(args, read)
+
+
+def reduce(x: Any, op: Any = "sum", root: int = 0, *, algorithm: str | None = "auto", comm: Any = None,
+           out: Any = None) -> Any:
+    """The reduction of every rank's *x* with *op*, on *root* (None elsewhere)."""
+    c = _comm(comm)
+    return _go(c, _reduction_args("reduce", x, op, c, out, root), algorithm, True)
+
+
+def allreduce(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """The elementwise reduction of every rank's *x* with *op*, on every rank (``out=x`` reduces in place)."""
+    c = _comm(comm)
+    return _go(c, _reduction_args("allreduce", x, op, c, out), algorithm, True)
+
+
+def iallreduce(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None,
+               out: Any = None) -> Request:
+    """Nonblocking :func:`allreduce`; ``request.wait()`` returns the result."""
+    c = _comm(comm)
+    return _go(c, _reduction_args("allreduce", x, op, c, out), algorithm, False)
+
+
+def scan(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Inclusive prefix reduction: rank r gets x_0 ⊕ … ⊕ x_r."""
+    c = _comm(comm)
+    return _go(c, _reduction_args("scan", x, op, c, out), algorithm, True)
+
+
+def exscan(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Exclusive prefix reduction: rank r > 0 gets x_0 ⊕ … ⊕ x_{r−1}; rank 0 gets None (or *out*, untouched)."""
+    c = _comm(comm)
+    return _go(c, _reduction_args("exscan", x, op, c, out), algorithm, True)
+
+
+# ---------------------------------------------------------------- gather, scatter
+
+
+def gather(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Every rank's *x* (same shape everywhere) stacked on the root: shape ``(p, *x.shape)``; None elsewhere."""
+    c = _comm(comm)
+    p, rank = c.Get_size(), c.Get_rank()
+    args = Args("gather")
+
+    def read() -> None:
+        args.root = check_peer(root, "root", p)
+        _input(args, x)
+        args.send, args.count = _flat(x), x.size
+        args.recvcounts, args.recvdispls = (x.size,) * p, tuple(i * x.size for i in range(p))
+        if rank == args.root:
+            result = _output(args, x, out, (p, *x.shape))
+            args.recv = _flat(result)
+            args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algorithm: str | None = "auto",
+            comm: Any = None, out: Any = None) -> Any:
+    """Every rank's *x* (any sizes), flattened and concatenated in rank order on the root; None elsewhere.
+
+    *counts* (the root's): elements from each rank; None gathers the sizes first.
+    """
+    c = _comm(comm)
+    p, rank = c.Get_size(), c.Get_rank()
+    if counts is None:
+        sizes = c.library_comm.gather(getattr(x, "size", 0), root=root if isinstance(root, int) and 0 <= root < p else 0)
+        counts = sizes if rank == root else None
+    args = Args("gatherv")
+
+    def read() -> None:
+        args.root = check_peer(root, "root", p)
+        _input(args, x)
+        args.send = _flat(x)
+        if rank == args.root:
+            cs = tuple(int(n) for n in counts)  # type: ignore[union-attr]
+            if len(cs) != p:
+                raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
+            result = _output(args, x, out, (sum(cs),))
+            args.recv, args.recvcounts = result, cs
+            args.recvdispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+            args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+def _announce(c: Comm, root: int, x: Any) -> tuple:
+    """The root's dtype and block shape, sent to ranks that have no *out* to learn them from."""
+    info = (x.dtype.str, tuple(x.shape), array_module(x).__name__) if c.Get_rank() == root else None
+    return c.library_comm.bcast(info, root=root)
+
+
+def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Block r of the root's *x* (split along its first axis, of length p) on rank r."""
+    c = _comm(comm)
+    p, rank = c.Get_size(), c.Get_rank()
+    args = Args("scatter")
+    like = x
+    if out is None and isinstance(root, int) and 0 <= root < p:
+        dtype, shape, module = _announce(c, root, x)
+        if rank != root:
+            import importlib
+
+            like = importlib.import_module(module).empty(shape, np.dtype(dtype))
+
+    def read() -> None:
+        args.root = check_peer(root, "root", p)
+        template = out if out is not None else like
+        if rank == args.root:
+            _input(args, x)
+            if not x.shape or x.shape[0] != p:
+                raise ValueError(f"x has shape {x.shape}; scatter splits the first axis, which must be p = {p}")
+            block = x.size // p
+            args.send, args.sendcounts = _flat(x), (block,) * p
+            args.senddispls = tuple(i * block for i in range(p))
+            result = _output(args, x, out, x.shape[1:])
+        else:
+            _input(args, template, "out")
+            result = template if out is not None else _new(template, template.shape[1:])
+            block = result.size
+        args.recv, args.count = _flat(result), block
+        args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+def scatterv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algorithm: str | None = "auto",
+             comm: Any = None, out: Any = None) -> Any:
+    """counts[r] consecutive elements of the root's flat *x* on rank r (the counts are the root's)."""
+    c = _comm(comm)
+    p, rank = c.Get_size(), c.Get_rank()
+    args = Args("scatterv")
+    mine = None
+    if out is None and isinstance(root, int) and 0 <= root < p:
+        info = (x.dtype.str, array_module(x).__name__, list(counts or [])) if rank == root else None
+        dtype, module, cs = c.library_comm.bcast(info, root=root)
+        if rank != root:
+            import importlib
+
+            mine = importlib.import_module(module).empty(cs[rank] if rank < len(cs) else 0, np.dtype(dtype))
+
+    def read() -> None:
+        args.root = check_peer(root, "root", p)
+        if rank == args.root:
+            _input(args, x)
+            if counts is None:
+                raise ValueError("scatterv needs counts on the root (elements for each rank)")
+            cs = tuple(int(n) for n in counts)
+            if len(cs) != p or sum(cs) > x.size:
+                raise ValueError(f"counts {list(cs)}: need {p} entries summing to at most x.size = {x.size}")
+            args.send, args.sendcounts = _flat(x), cs
+            args.senddispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+            result = out if out is not None else _new(x, (cs[rank],))
+        else:
+            result = out if out is not None else mine
+            _input(args, result, "out")
+        args.recv = _flat(result)
+        args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+# ---------------------------------------------------------------- all-to-all family
+
+
+def _allgather_args(x: Any, comm: Comm, out: Any) -> Args:
+    p = comm.Get_size()
+    args = Args("allgather")
+
+    def read() -> None:
+        _input(args, x)
+        result = _output(args, x, out, (p, *x.shape))
+        args.send, args.recv, args.count = _flat(x), _flat(result), x.size
+        args.recvcounts, args.recvdispls = (x.size,) * p, tuple(i * x.size for i in range(p))
+        args.result = lambda: result
+
+    return _guard(args, read)
+
+
+def allgather(x: Any, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Every rank's *x* (same shape everywhere) stacked on every rank: shape ``(p, *x.shape)``."""
+    c = _comm(comm)
+    return _go(c, _allgather_args(x, c, out), algorithm, True)
+
+
+def iallgather(x: Any, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Request:
+    """Nonblocking :func:`allgather`."""
+    c = _comm(comm)
+    return _go(c, _allgather_args(x, c, out), algorithm, False)
+
+
+def allgatherv(x: Any, counts: Sequence[int] | None = None, *, algorithm: str | None = "auto",
+               comm: Any = None, out: Any = None) -> Any:
+    """Every rank's *x* (any sizes) flattened and concatenated in rank order, on every rank."""
+    c = _comm(comm)
+    p = c.Get_size()
+    if counts is None:
+        counts = c.library_comm.allgather(getattr(x, "size", 0))
+    args = Args("allgatherv")
+
+    def read() -> None:
+        _input(args, x)
+        cs = tuple(int(n) for n in counts)  # type: ignore[union-attr]
+        if len(cs) != p:
+            raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
+        result = _output(args, x, out, (sum(cs),))
+        args.send, args.recv, args.recvcounts = _flat(x), result, cs
+        args.recvdispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+        args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+def _alltoall_args(x: Any, comm: Comm, out: Any) -> Args:
+    p = comm.Get_size()
+    args = Args("alltoall")
+
+    def read() -> None:
+        _input(args, x)
+        if not x.shape or x.shape[0] != p:
+            raise ValueError(f"x has shape {x.shape}; alltoall splits the first axis, which must be p = {p}")
+        result = _output(args, x, out, x.shape)
+        block = x.size // p
+        layout = (block,) * p, tuple(i * block for i in range(p))
+        args.send, args.recv, args.count = _flat(x), _flat(result), block
+        args.sendcounts, args.senddispls = layout
+        args.recvcounts, args.recvdispls = layout
+        args.in_place = result is x
+        args.result = lambda: result
+
+    return _guard(args, read)
+
+
+def alltoall(x: Any, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Block j of *x* (first axis, length p) goes to rank j; block i of the result came from rank i."""
+    c = _comm(comm)
+    return _go(c, _alltoall_args(x, c, out), algorithm, True)
+
+
+def ialltoall(x: Any, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Request:
+    """Nonblocking :func:`alltoall`."""
+    c = _comm(comm)
+    return _go(c, _alltoall_args(x, c, out), algorithm, False)
+
+
+def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | None = None, *,
+              algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """sendcounts[j] consecutive elements of flat *x* go to rank j; the result concatenates what each rank sent.
+
+    *recvcounts* None exchanges the counts first.
+    """
+    c = _comm(comm)
+    p = c.Get_size()
+    if recvcounts is None:
+        recvcounts = c.library_comm.alltoall([int(n) for n in sendcounts])
+    args = Args("alltoallv")
+
+    def read() -> None:
+        _input(args, x)
+        sc, rc = tuple(int(n) for n in sendcounts), tuple(int(n) for n in recvcounts)  # type: ignore[union-attr]
+        if len(sc) != p or len(rc) != p or sum(sc) > x.size:
+            raise ValueError(f"sendcounts {list(sc)} / recvcounts {list(rc)}: need {p} entries each, "
+                             f"sendcounts summing to at most x.size = {x.size}")
+        result = _output(args, x, out, (sum(rc),))
+        args.send, args.recv = _flat(x), result
+        args.sendcounts, args.senddispls = sc, tuple(int(d) for d in np.cumsum((0,) + sc[:-1]))
+        args.recvcounts, args.recvdispls = rc, tuple(int(d) for d in np.cumsum((0,) + rc[:-1]))
+        args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)
+
+
+def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any) -> Args:
+    p, rank = comm.Get_size(), comm.Get_rank()
+    args = Args("reduce_scatter")
+
+    def read() -> None:
+        args.op = resolve(op)
+        _input(args, x)
+        cs = tuple(block_partition(x.size, p)[0]) if counts is None else tuple(int(n) for n in counts)
+        if len(cs) != p or sum(cs) != x.size:
+            raise ValueError(f"counts {list(cs)}: need {p} entries summing to x.size = {x.size}")
+        result = _output(args, x, out, (cs[rank],))
+        args.send, args.recv, args.recvcounts = _flat(x), result, cs
+        args.result = lambda: result
+
+    return _guard(args, read)
+
+
+def reduce_scatter(x: Any, counts: Sequence[int] | None = None, op: Any = "sum", *,
+                   algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
+    """Reduce every rank's flat *x* with *op*; rank r gets its counts[r] elements (None: near-equal blocks)."""
+    c = _comm(comm)
+    return _go(c, _reduce_scatter_args(x, counts, op, c, out), algorithm, True)
+
+
+def ireduce_scatter(x: Any, counts: Sequence[int] | None = None, op: Any = "sum", *,
+                    algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Request:
+    """Nonblocking :func:`reduce_scatter`."""
+    c = _comm(comm)
+    return _go(c, _reduce_scatter_args(x, counts, op, c, out), algorithm, False)
+
+
+def reduce_scatter_block(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None,
+                         out: Any = None) -> Any:
+    """Reduce every rank's *x* (first axis of length p) with *op*; rank r gets reduced block ``x[r]``."""
+    c = _comm(comm)
+    p = c.Get_size()
+    args = Args("reduce_scatter_block")
+
+    def read() -> None:
+        args.op = resolve(op)
+        _input(args, x)
+        if not x.shape or x.shape[0] != p:
+            raise ValueError(f"x has shape {x.shape}; reduce_scatter_block splits the first axis, which must be p = {p}")
+        result = _output(args, x, out, x.shape[1:])
+        block = x.size // p
+        args.send, args.recv, args.count, args.recvcounts = _flat(x), _flat(result), block, (block,) * p
+        args.result = lambda: result
+
+    return _go(c, _guard(args, read), algorithm, True)

@@ -1,0 +1,1 @@
+"""Tests of mpicomm.coll: every collective, every algorithm, against the MPI library."""

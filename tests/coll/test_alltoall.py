@@ -1,0 +1,269 @@
+"""mpicomm.coll.alltoall: every alltoall(v) algorithm against the MPI library's own Alltoall(v)."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicomm
+from mpicomm import registry
+
+from .reference import LARGE, LAYOUTS, assert_matches, counts, data, layout, native, unfilled
+
+ALGORITHMS = mpicomm.algorithms("alltoall")
+DTYPES = [np.int64, np.float16, np.complex128, np.bool_]  # item sizes 8, 2, 16, 1
+
+
+def library_alltoall(p: int, count: int, dtype) -> np.ndarray:
+    """What MPI's Alltoall of every rank's ``data(rank, p · count)`` delivers."""
+    out = np.empty(p * count, dtype)
+    native().Alltoall(data(native().Get_rank(), p * count, dtype), out)
+    return out
+
+
+# ---------------------------------------------------------------- alltoallv layouts
+
+#: Count matrices for alltoallv: entry [r][s] is what rank r sends to rank s.
+MATRICES = {
+    "uneven": lambda p: [[(0, 1, 5, 0, 300, 2, 7)[(3 * r + s) % 7] for s in range(p)] for r in range(p)],
+    "one-pair": lambda p: [[p + 1 if (r, s) == (p - 1, 0) else 0 for s in range(p)] for r in range(p)],
+    "empty": lambda p: [[0] * p for _ in range(p)],
+}
+#: A symmetric matrix (what r sends to s equals what s sends to r), as in place needs.
+SYMMETRIC = lambda p: [[(0, 1, 5, 3)[(r + s) % 4] for s in range(p)] for r in range(p)]  # noqa: E731
+
+
+class VLayout:
+    """One rank's alltoallv buffers for count matrix *matrix*, send and receive blocks laid out by *how*."""
+
+    def __init__(self, matrix: list[list[int]], rank: int, send_how: str, recv_how: str):
+        p = len(matrix)
+        self.sendcounts = matrix[rank]
+        self.recvcounts = [matrix[s][rank] for s in range(p)]
+        self.senddispls, self.send_size = layout(self.sendcounts, send_how)
+        self.recvdispls, self.recv_size = layout(self.recvcounts, recv_how)
+
+    def send(self, rank: int, dtype, xp=np):
+        return [data(rank, self.send_size, dtype, xp), (self.sendcounts, self.senddispls)]
+
+    def recv(self, buf):
+        return [buf, (self.recvcounts, self.recvdispls)]
+
+    def library(self, rank: int, dtype) -> np.ndarray:
+        """What MPI's Alltoallv delivers (gaps: SENTINEL)."""
+        out = unfilled(self.recv_size, dtype)
+        native().Alltoallv(self.send(rank, dtype), self.recv(out))
+        return out
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_registered_names():
+    assert ALGORITHMS == ["bruck", "linear", "pairwise"]
+    assert mpicomm.algorithms("alltoallv") == ALGORITHMS
+    for name in ALGORITHMS:
+        assert registry.lookup("alltoallv", name).steps is registry.lookup("alltoall", name).steps
+        assert not registry.lookup("alltoall", name).in_place
+        assert not registry.lookup("alltoallv", name).in_place
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoall_matches_library(comm, xp, algorithm, dtype):
+    p = comm.size
+    for count in counts(p):
+        recv = xp.zeros(p * count, dtype)
+        comm.Alltoall(data(comm.rank, p * count, dtype, xp), recv, algorithm=algorithm)
+        assert_matches(recv, library_alltoall(p, count, dtype), f"{algorithm} count {count}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoall_in_place(comm, algorithm):
+    p = comm.size
+    for count in counts(p):
+        recv = data(comm.rank, p * count)
+        comm.Alltoall(MPI.IN_PLACE, recv, algorithm=algorithm)
+        assert_matches(recv, library_alltoall(p, count, np.int64), f"{algorithm} in place, count {count}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoallv_uneven_counts_and_displacements(comm, xp, algorithm):
+    p, rank = comm.size, comm.rank
+    for name, make in MATRICES.items():
+        for send_how, recv_how in zip(LAYOUTS, [*LAYOUTS[1:], LAYOUTS[0]]):
+            v = VLayout(make(p), rank, send_how, recv_how)
+            recv = unfilled(v.recv_size, np.int64, xp)
+            comm.Alltoallv(v.send(rank, np.int64, xp), v.recv(recv), algorithm=algorithm)
+            assert_matches(recv, v.library(rank, np.int64),
+                           f"{algorithm} {name} send {send_how} {v.senddispls} recv {recv_how} {v.recvdispls}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoallv_other_dtypes(comm, algorithm):
+    rank = comm.rank
+    v = VLayout(MATRICES["uneven"](comm.size), rank, "interleaved", "reversed")
+    for dtype in (np.complex128, np.uint8, np.bool_):
+        recv = unfilled(v.recv_size, dtype)
+        comm.Alltoallv(v.send(rank, dtype), v.recv(recv), algorithm=algorithm)
+        assert_matches(recv, v.library(rank, dtype), f"{algorithm} {np.dtype(dtype)}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoallv_in_place(comm, algorithm):
+    rank = comm.rank
+    for how in LAYOUTS:
+        v = VLayout(SYMMETRIC(comm.size), rank, how, how)
+        recv = unfilled(v.recv_size, np.int64)
+        sent = v.send(rank, np.int64)[0]
+        for c, d in zip(v.recvcounts, v.recvdispls):  # in place, recv holds the outgoing blocks
+            recv[d : d + c] = sent[d : d + c]
+        expected = unfilled(v.recv_size, np.int64)
+        native().Alltoallv([recv.copy(), (v.recvcounts, v.recvdispls)], v.recv(expected))
+        comm.Alltoallv(MPI.IN_PLACE, v.recv(recv), algorithm=algorithm)
+        assert_matches(recv, expected, f"{algorithm} in place, {how}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoall_large(comm, algorithm):
+    p = comm.size
+    count = LARGE // (p * p)  # 10⁶ elements sent by each rank in all
+    recv = np.empty(p * count, np.int64)
+    comm.Alltoall(data(comm.rank, p * count), recv, algorithm=algorithm)
+    assert_matches(recv, library_alltoall(p, count, np.int64), f"{algorithm} at {p} × {count}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoall_both_paths(comm, path, algorithm):
+    p, rank = comm.size, comm.rank
+    for count in (p + 1, 1000):
+        recv = np.zeros(p * count, np.float32)
+        comm.Alltoall(data(rank, p * count, np.float32), recv, algorithm=algorithm)
+        assert_matches(recv, library_alltoall(p, count, np.float32), f"{algorithm} ({path}) count {count}")
+    v = VLayout(MATRICES["uneven"](p), rank, "reversed", "interleaved")
+    recv = unfilled(v.recv_size, np.int64)
+    comm.Alltoallv(v.send(rank, np.int64), v.recv(recv), algorithm=algorithm)
+    assert_matches(recv, v.library(rank, np.int64), f"{algorithm} ({path}) v")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_ialltoall_and_ialltoallv_in_flight(comm, algorithm):
+    p, rank = comm.size, comm.rank
+    v = VLayout(MATRICES["uneven"](p), rank, "interleaved", "reversed")
+    first = np.zeros(p * 333, np.int64)
+    second = unfilled(v.recv_size, np.int64)
+    requests = [
+        comm.Ialltoall(data(rank, p * 333), first, algorithm=algorithm),
+        comm.Ialltoallv(v.send(rank, np.int64), v.recv(second), algorithm=algorithm),
+    ]
+    assert all(isinstance(r, mpicomm.Request) for r in requests)
+    mpicomm.Request.Waitall(requests)
+    assert_matches(first, library_alltoall(p, 333, np.int64), "Ialltoall")
+    assert_matches(second, v.library(rank, np.int64), "Ialltoallv")
+
+
+@pytest.mark.mpi
+def test_bruck_reports_counts_that_do_not_match(comm, monkeypatch):
+    """Without validation, a sender's count that differs from recvcounts raises on the receiver only."""
+    p, rank = comm.size, comm.rank
+    if p < 2:
+        pytest.skip("needs two ranks")
+    monkeypatch.setenv("MPICOMM_VALIDATE", "0")
+    sendcounts = [2 if (rank, s) == (0, 1) else 1 for s in range(p)]  # rank 1 expects 1 from rank 0
+    recv = np.zeros(p, np.int64)
+    send = [data(rank, sum(sendcounts)), (sendcounts, None)]
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"rank 0 sent 2 elements, recvcounts\[0\] = 1"):
+            comm.Alltoallv(send, [recv, ([1] * p, None)], algorithm="bruck")
+    else:
+        comm.Alltoallv(send, [recv, ([1] * p, None)], algorithm="bruck")
+
+
+@pytest.mark.mpi
+def test_table_choice_runs(comm):
+    """No algorithm named: the selection table's choice (by size) exchanges correctly."""
+    p = comm.size
+    for count in (1, 64, 5000):  # around the table's size thresholds
+        recv = np.zeros(p * count, np.int64)
+        comm.Alltoall(data(comm.rank, p * count), recv)
+        assert_matches(recv, library_alltoall(p, count, np.int64), f"auto count {count}")
+
+
+# ---------------------------------------------------------------- the slower tier: > 2 GiB
+
+#: Pattern period of the big test's blocks: a prime, so a block shifted by anything
+#: but a multiple of it, or another pair's block, never looks right.
+PERIOD = 4093
+
+
+def _pattern(source: int, dest: int) -> np.ndarray:
+    return ((np.arange(PERIOD, dtype=np.int64) * 31 + source * 7 + dest * 13) % 256).astype(np.uint8)
+
+
+def _fill(block: np.ndarray, pattern: np.ndarray) -> None:
+    whole = block.size // PERIOD * PERIOD
+    block[:whole].reshape(-1, PERIOD)[...] = pattern
+    block[whole:] = pattern[: block.size - whole]
+
+
+def _holds(block: np.ndarray, pattern: np.ndarray, rows: int = (64 << 20) // PERIOD) -> bool:
+    """Whether *block* is *pattern* repeated, compared 64 MiB at a time (no full-size reference)."""
+    whole = block.size // PERIOD * PERIOD
+    grid = block[:whole].reshape(-1, PERIOD)
+    for start in range(0, grid.shape[0], rows):
+        if not (grid[start : start + rows] == pattern).all():
+            return False
+    return bool((block[whole:] == pattern[: block.size - whole]).all())
+
+
+def _available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_alltoall_over_2_gib(comm):
+    """Each rank sends more than 2 GiB of uint8 through comm.Alltoall (table's choice, then linear).
+
+    Blocks of 2^31/p + 4099 bytes (odd, so nothing lines up by luck); every
+    block is checked against its (source, destination) pattern in 64 MiB
+    pieces. Needs 2·p·block bytes per rank (send and receive), all ranks of
+    the node together - skipped where that much memory is not available.
+    """
+    p, rank = comm.size, comm.rank
+    block = (1 << 31) // p + 4099
+    need = 2 * p * block * comm.local_size
+    enough = comm.bcast(_available_bytes() > need * 1.1 if comm.local_rank == 0 else None, root=0)
+    if not enough:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free memory on the node")
+    send = np.empty(p * block, np.uint8)
+    for dest in range(p):
+        _fill(send[dest * block : (dest + 1) * block], _pattern(rank, dest))
+    recv = np.empty(p * block, np.uint8)
+    for algorithm in (None, "linear"):
+        recv[...] = 0
+        comm.Barrier()
+        start = time.perf_counter()
+        comm.Alltoall(send, recv, algorithm=algorithm)
+        seconds = time.perf_counter() - start
+        bad = [s for s in range(p) if not _holds(recv[s * block : (s + 1) * block], _pattern(s, rank))]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB → GiB
+        print(f"\nrank {rank}: Alltoall ({algorithm or 'auto'}) of {send.nbytes} bytes per rank in {seconds:.2f} s, "
+              f"checked in {time.perf_counter() - start - seconds:.2f} s; peak RSS {peak:.2f} GiB", flush=True)
+        assert not bad, f"{algorithm or 'auto'}: blocks from ranks {bad} differ from their pattern"
