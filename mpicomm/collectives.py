@@ -97,11 +97,7 @@ def _guard(args: Args, fn: Any) -> Args:
         fn()
     except (TypeError, ValueError) as exc:
         args.fail(exc)
-    if args.problem is None and args.op is not None and args.dtype is not None:
-        message = args.op.check_dtype(args.dtype)
-        if message:
-            args.fail(TypeError(message))
-    return args
+    return args.check_op()
 
 
 # ---------------------------------------------------------------- barrier, bcast, reductions
@@ -223,13 +219,13 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
             comm: Any = None, out: Any = None) -> Any:
     """Every rank's *x* (any sizes), flattened and concatenated in rank order on the root; None elsewhere.
 
-    *counts* (the root's): elements from each rank; None gathers the sizes first.
+    *counts* (the root's, optional): elements from each rank; the sizes are gathered either way (one
+    small gather), so the ranks' counts are checked against them when validation is on.
     """
     c = _comm(comm)
     p, rank = c.Get_size(), c.Get_rank()
-    if counts is None:
-        sizes = c.library_comm.gather(getattr(x, "size", 0), root=root if isinstance(root, int) and 0 <= root < p else 0)
-        counts = sizes if rank == root else None
+    # Always exchanged (one small gather), so no rank decides alone to make a call the others skip.
+    sizes = c.library_comm.gather(getattr(x, "size", 0), root=root if isinstance(root, int) and 0 <= root < p else 0)
     args = Args("gatherv")
 
     def read() -> None:
@@ -237,7 +233,7 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
         _input(args, x)
         args.send = _flat(x)
         if rank == args.root:
-            cs = tuple(int(n) for n in counts)  # type: ignore[union-attr]
+            cs = tuple(int(n) for n in (sizes if counts is None else counts))
             if len(cs) != p:
                 raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
             result = _output(args, x, out, (sum(cs),))
@@ -260,9 +256,9 @@ def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any 
     p, rank = c.Get_size(), c.Get_rank()
     args = Args("scatter")
     like = x
-    if out is None and isinstance(root, int) and 0 <= root < p:
+    if isinstance(root, int) and 0 <= root < p:  # every rank takes part, whether or not it needs it
         dtype, shape, module = _announce(c, root, x)
-        if rank != root:
+        if rank != root and out is None:
             import importlib
 
             like = importlib.import_module(module).empty(shape, np.dtype(dtype))
@@ -282,6 +278,7 @@ def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any 
             _input(args, template, "out")
             result = template if out is not None else _new(template, template.shape[1:])
             block = result.size
+            args.sendcounts, args.senddispls = (block,) * p, tuple(i * block for i in range(p))
         args.recv, args.count = _flat(result), block
         args.result = lambda: result
 
@@ -295,10 +292,10 @@ def scatterv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algo
     p, rank = c.Get_size(), c.Get_rank()
     args = Args("scatterv")
     mine = None
-    if out is None and isinstance(root, int) and 0 <= root < p:
+    if isinstance(root, int) and 0 <= root < p:  # every rank takes part, whether or not it needs it
         info = (x.dtype.str, array_module(x).__name__, list(counts or [])) if rank == root else None
         dtype, module, cs = c.library_comm.bcast(info, root=root)
-        if rank != root:
+        if rank != root and out is None:
             import importlib
 
             mine = importlib.import_module(module).empty(cs[rank] if rank < len(cs) else 0, np.dtype(dtype))
@@ -358,8 +355,8 @@ def allgatherv(x: Any, counts: Sequence[int] | None = None, *, algorithm: str | 
     """Every rank's *x* (any sizes) flattened and concatenated in rank order, on every rank."""
     c = _comm(comm)
     p = c.Get_size()
-    if counts is None:
-        counts = c.library_comm.allgather(getattr(x, "size", 0))
+    sizes = c.library_comm.allgather(getattr(x, "size", 0))  # always: no rank skips a call the others make
+    counts = sizes if counts is None else counts
     args = Args("allgatherv")
 
     def read() -> None:
@@ -415,8 +412,8 @@ def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | Non
     """
     c = _comm(comm)
     p = c.Get_size()
-    if recvcounts is None:
-        recvcounts = c.library_comm.alltoall([int(n) for n in sendcounts])
+    exchanged = c.library_comm.alltoall(list(sendcounts) if len(sendcounts) == p else [0] * p)  # always
+    recvcounts = exchanged if recvcounts is None else recvcounts
     args = Args("alltoallv")
 
     def read() -> None:

@@ -150,6 +150,14 @@ def _retype(flat: Any, dt: np.dtype, name: str) -> Any:
     return flat.view(np.uint8).view(dt)
 
 
+def _typed(buf: Any, datatype: Any, name: str) -> tuple[Any, ModuleType]:
+    """*buf* as a flat array of *datatype* elements (its own type when None), and its module."""
+    flat, xp = _as_array(buf, name)
+    dt = flat.dtype if datatype is None else _datatype_dtype(datatype)
+    _supported(dt)
+    return _retype(flat, dt, name), xp
+
+
 def _count(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} count must be an integer, got {value!r}")
@@ -177,14 +185,11 @@ def simple(spec: Any, name: str) -> Buffer:
                             f"got a sequence of {len(spec)}")
     else:
         buf = spec
-    flat, xp = _as_array(buf, name)
-    dt = flat.dtype if datatype is None else _datatype_dtype(datatype)
-    _supported(dt)
-    flat = _retype(flat, dt, name)
+    flat, xp = _typed(buf, datatype, name)
     if count is not None:
         n = _count(count, name)
         if n > flat.size:
-            raise ValueError(f"{name} count {n} is more than the buffer's {flat.size} elements of {dt}")
+            raise ValueError(f"{name} count {n} is more than the buffer's {flat.size} elements of {flat.dtype}")
         flat = flat[:n]
     return Buffer(flat, xp)
 
@@ -222,10 +227,7 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
             raise TypeError(f"{name} spec has {len(spec)} items; use [buf, counts, displs, datatype] at most")
     else:
         buf = spec
-    flat, xp = _as_array(buf, name)
-    dt = flat.dtype if datatype is None else _datatype_dtype(datatype)
-    _supported(dt)
-    flat = _retype(flat, dt, name)
+    flat, xp = _typed(buf, datatype, name)
     if counts is None:
         counts_t = block_counts(flat.size, p, name)
     elif isinstance(counts, numbers.Integral) and not isinstance(counts, bool):

@@ -21,6 +21,12 @@ __all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabe
 SEGMENT_BYTES = 1 << 20
 
 
+def _folded_away(call: Call, partner: int, recv: Any) -> Steps:
+    """A rank the fold removes: its vector goes to *partner*, the result comes back from it."""
+    yield call.send(partner, recv)
+    yield call.recv(partner, recv)
+
+
 @register("allreduce", "recursive_doubling")
 def recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
     """Recursive doubling: lg p rounds of whole-vector exchange with the rank 2^k away.
@@ -37,8 +43,7 @@ def recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
     call.copy(recv, send)
     f = fold(call.rank, call.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
-        yield call.send(f.partner, recv)
-        yield call.recv(f.partner, recv)
+        yield from _folded_away(call, f.partner, recv)
         return
     tmp = call.empty(recv.size)
     if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
@@ -239,8 +244,7 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
     call.copy(recv, send)
     f = fold(call.rank, call.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
-        yield call.send(f.partner, recv)
-        yield call.recv(f.partner, recv)
+        yield from _folded_away(call, f.partner, recv)
         return
     tmp = None
     if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r

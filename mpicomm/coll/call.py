@@ -92,24 +92,21 @@ class Call:
         so both sides of an exchange never need to agree on skipping it.
         """
         step = Step()
-        lib, tag = self.lib, self.tag
-        for source, view in recvs:
-            if view is None or view.size == 0:
-                step.append(lib.Irecv(_EMPTY, source, tag))
-            else:
-                transfer = recv_buffer(view)
-                step.append(lib.Irecv(transfer.buf, source, tag))
-                step.after.append(transfer.finish)
-            step.peers.append(("recv", source))
-        for dest, view in sends:
-            if view is None or view.size == 0:
-                step.append(lib.Isend(_EMPTY, dest, tag))
-            else:
-                transfer = send_buffer(view)
-                step.append(lib.Isend(transfer.buf, dest, tag))
-                step.after.append(transfer.finish)
-            step.peers.append(("send", dest))
+        for peer, view in recvs:
+            self._post(step, "recv", peer, view)
+        for peer, view in sends:
+            self._post(step, "send", peer, view)
         return step
+
+    def _post(self, step: Step, kind: str, peer: int, view: Any) -> None:
+        empty = view is None or view.size == 0
+        transfer = None if empty else (recv_buffer(view) if kind == "recv" else send_buffer(view))
+        spec = _EMPTY if transfer is None else transfer.buf
+        post = self.lib.Irecv if kind == "recv" else self.lib.Isend
+        step.append(post(spec, peer, self.tag))
+        step.peers.append((kind, peer))
+        if transfer is not None:
+            step.after.append(transfer.finish)
 
     def send(self, dest: int, view: Any) -> Step:
         """A step that sends *view* to *dest*."""

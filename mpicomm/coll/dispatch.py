@@ -96,8 +96,17 @@ class Args:
     device: Any = None
 
     def fail(self, problem: BaseException) -> "Args":
+        """Record *problem* (the first one wins); returns self."""
         if self.problem is None:
             self.problem = problem
+        return self
+
+    def check_op(self) -> "Args":
+        """Record a problem if the op is not defined on the element type."""
+        if self.problem is None and self.op is not None and self.dtype is not None:
+            message = self.op.check_dtype(self.dtype)
+            if message:
+                self.fail(TypeError(message))
         return self
 
 
@@ -180,10 +189,7 @@ def _steps(call: Call, args: Args, chosen: registry.Algorithm | None, validate: 
     if validate:
         native = yield from agreement(call, args)
         if native:
-            if args.native is None:
-                raise ArgumentError(f"{call.label}: another rank's buffer spec needs the MPI library's own "
-                                    f"{call.collective}, which this call (an array function) cannot join")
-            yield Step([args.native()])
+            yield Step([args.native()])  # every rank has one: the agreement checked
             return
     assert chosen is not None  # a failed selection is a problem, raised by the agreement
     yield from _run(call, args, chosen)
@@ -222,10 +228,11 @@ def _run(call: Call, args: Args, algorithm: registry.Algorithm) -> Steps:
 # ---------------------------------------------------------------- agreement (validation mode)
 
 _MAGIC = 0x6D7069636F6D6D  # "mpicomm"
-_WORDS = 12
+_WORDS = 13
 _NAME = 32  # bytes for each of: algorithm name, dtype, op name
 _TEXT = 400  # bytes of this rank's problem, if any
-_W_MAGIC, _W_COLL, _W_ALG, _W_OP, _W_COMM, _W_DTYPE, _W_ITEM, _W_COUNT, _W_ROOT, _W_PROBLEM, _W_NATIVE, _W_VLEN = range(_WORDS)
+(_W_MAGIC, _W_COLL, _W_ALG, _W_OP, _W_COMM, _W_DTYPE, _W_ITEM, _W_COUNT, _W_ROOT, _W_PROBLEM, _W_NATIVE, _W_VLEN,
+ _W_CAN_NATIVE) = range(_WORDS)
 
 
 def _code(text: str) -> int:
@@ -268,6 +275,7 @@ def _pack(call: Call, args: Args, vector: list[int]) -> np.ndarray:
     words[_W_PROBLEM] = args.problem is not None
     words[_W_NATIVE] = args.unsupported is not None
     words[_W_VLEN] = len(vector)
+    words[_W_CAN_NATIVE] = args.native is not None
     words[_WORDS:] = vector
     text = np.zeros(3 * _NAME + _TEXT, np.uint8)
     for i, name in enumerate(names):
@@ -301,17 +309,19 @@ def agreement(call: Call, args: Args) -> Steps:
     rows = [_unpack(every[r], _WORDS + len(vector)) for r in range(p)]
     messages = _disagreements(call, args, rows)
     if messages:
-        raise ArgumentError(f"{call.label}: " + "; ".join(messages))
+        raise ArgumentError(f"{call.collective} #{call.seq}: " + "; ".join(messages))
     return any(words[_W_NATIVE] for words, _, _ in rows)
 
 
-def _differ(rows: list, index: int, what: str, show: Callable[[int, Any], str]) -> str | None:
+def _differ(rows: list, index: int, what: str, show: Callable[[int, Any], str],
+            unknown: int | None = None) -> str | None:
     values = [words[index] for words, _, _ in rows]
-    if len(set(values)) <= 1:
+    if len({v for v in values if v != unknown}) <= 1:
         return None
     groups: dict[int, list[int]] = {}
     for r, v in enumerate(values):
-        groups.setdefault(int(v), []).append(r)
+        if v != unknown:
+            groups.setdefault(int(v), []).append(r)
     parts = [f"{show(ranks[0], v)} on rank(s) {_ranks(ranks)}" for v, ranks in groups.items()]
     return f"ranks disagree on {what}: " + ", ".join(parts)
 
@@ -329,20 +339,28 @@ def _disagreements(call: Call, args: Args, rows: list) -> list[str]:
     first = _differ(rows, _W_COLL, "the collective", lambda r, v: COLLECTIVES[v])
     if first:
         return [first + " (every rank must call the same collectives in the same order)"]
+    native = any(words[_W_NATIVE] for words, _, _ in rows)
     checks: list[tuple[int, str, Callable[[int, Any], str]]] = [
-        (_W_ALG, "the algorithm", lambda r, v: repr(rows[r][1][0])),
         (_W_DTYPE, "the element type", lambda r, v: rows[r][1][1]),
     ]
+    if not native:  # the library runs it: no algorithm runs, and a rank whose spec it takes may know no dtype
+        checks.append((_W_ALG, "the algorithm", lambda r, v: repr(rows[r][1][0])))
     if c in ROOTED:
         checks.append((_W_ROOT, "the root", lambda r, v: f"root {v}"))
     if c in REDUCING:
         checks.append((_W_OP, "the op", lambda r, v: rows[r][1][2]))
         checks.append((_W_COMM, "the op's commutativity", lambda r, v: "commutative" if v else "non-commutative"))
-    native = any(words[_W_NATIVE] for words, _, _ in rows)
-    if not native:
+    if native:
+        unable = [r for r, (words, _, _) in enumerate(rows) if not words[_W_CAN_NATIVE]]
+        needing = [r for r, (words, _, _) in enumerate(rows) if words[_W_NATIVE]]
+        if unable:
+            out.append(f"rank(s) {_ranks(needing)} passed buffer specs only the MPI library runs, but rank(s) "
+                       f"{_ranks(unable)} called an array function, which cannot hand the call to the library; "
+                       f"use plain arrays everywhere, or Comm methods everywhere")
+    else:
         checks.append((_W_COUNT, "the count", lambda r, v: f"{v} elements"))
     for index, what, show in checks:
-        message = _differ(rows, index, what, show)
+        message = _differ(rows, index, what, show, -1 if native and index == _W_DTYPE else None)
         if message:
             out.append(message)
     if not out and not native:
@@ -363,7 +381,7 @@ def _check_vectors(c: str, vectors: list[np.ndarray], root: int) -> list[str]:
     elif c == "allgatherv":
         for r in range(p):
             if not np.array_equal(vectors[r][1:], vectors[0][1:]):
-                bad.append(f"rank {r}'s receive counts {list(vectors[r][1:])} differ from rank 0's {list(vectors[0][1:])}")
+                bad.append(f"rank {r}'s receive counts {vectors[r][1:].tolist()} differ from rank 0's {vectors[0][1:].tolist()}")
         for r in range(p):
             if vectors[r][0] != vectors[0][1 + r]:
                 bad.append(f"rank {r} sends {vectors[r][0]} elements but the receive counts say {vectors[0][1 + r]}")
@@ -375,7 +393,7 @@ def _check_vectors(c: str, vectors: list[np.ndarray], root: int) -> list[str]:
     elif c == "reduce_scatter":
         for r in range(p):
             if not np.array_equal(vectors[r], vectors[0]):
-                bad.append(f"rank {r}'s receive counts {list(vectors[r])} differ from rank 0's {list(vectors[0])}")
+                bad.append(f"rank {r}'s receive counts {vectors[r].tolist()} differ from rank 0's {vectors[0].tolist()}")
     if len(bad) > 6:
         bad = bad[:6] + [f"and {len(bad) - 6} more"]
     return bad
