@@ -17,6 +17,7 @@ from mpi4py import MPI
 from .. import specs
 from ..ops import resolve
 from ..validate import check_peer
+from .call import block as block_of
 from .dispatch import Args
 
 if TYPE_CHECKING:
@@ -133,20 +134,29 @@ def _allreduce(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = M
     _reduction(args, sendbuf, recvbuf, op)
 
 
+def _equal(block: int, p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Counts and displacements of p equal blocks of *block* elements, packed."""
+    return (block,) * p, tuple(i * block for i in range(p))
+
+
+def _layout(spec: Any, name: str, p: int, v: bool) -> tuple[specs.Buffer, tuple[int, ...], tuple[int, ...]]:
+    """A v-spec (per-rank counts and displacements) or a block spec (p equal blocks), read."""
+    if v:
+        buffer = specs.vector(spec, name, p)
+        return buffer, buffer.counts, buffer.displs
+    buffer, block = specs.block(spec, name, p)
+    return (buffer, *_equal(block, p))
+
+
 def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     is_root = _root(args, comm, root)
     if is_root:
-        if v:
-            recv: specs.Buffer = specs.vector(recvbuf, "recvbuf", p)
-            counts, displs = recv.counts, recv.displs  # type: ignore[attr-defined]
-        else:
-            recv, block = specs.block(recvbuf, "recvbuf", p)
-            counts, displs = (block,) * p, tuple(i * block for i in range(p))
+        recv, counts, displs = _layout(recvbuf, "recvbuf", p, v)
         _take(args, specs.writable(recv, "recvbuf"))
         args.recv, args.recvcounts, args.recvdispls = recv.array, counts, displs
         if specs.is_in_place(sendbuf):
-            args.send = recv.array[displs[rank] : displs[rank] + counts[rank]]
+            args.send = block_of(recv.array, counts, displs, rank)
             args.in_place = True
         else:
             send = _take(args, specs.simple(sendbuf, "sendbuf"))
@@ -159,23 +169,18 @@ def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0,
         send = _take(args, specs.simple(sendbuf, "sendbuf"))
         args.send, args.count = send.array, (-1 if v else send.count)
         if not v:
-            args.recvcounts, args.recvdispls = (send.count,) * p, tuple(i * send.count for i in range(p))
+            args.recvcounts, args.recvdispls = _equal(send.count, p)
 
 
 def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     is_root = _root(args, comm, root)
     if is_root:
-        if v:
-            send: specs.Buffer = specs.vector(sendbuf, "sendbuf", p)
-            counts, displs = send.counts, send.displs  # type: ignore[attr-defined]
-        else:
-            send, block = specs.block(sendbuf, "sendbuf", p)
-            counts, displs = (block,) * p, tuple(i * block for i in range(p))
+        send, counts, displs = _layout(sendbuf, "sendbuf", p, v)
         _take(args, send)
         args.send, args.sendcounts, args.senddispls = send.array, counts, displs
         if specs.is_in_place(recvbuf):
-            args.recv = send.array[displs[rank] : displs[rank] + counts[rank]]
+            args.recv = block_of(send.array, counts, displs, rank)
             args.in_place = True
         else:
             recv = _take(args, specs.writable(specs.simple(recvbuf, "recvbuf"), "recvbuf"))
@@ -188,21 +193,16 @@ def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0
         recv = _take(args, specs.writable(specs.simple(recvbuf, "recvbuf"), "recvbuf"))
         args.recv, args.count = recv.array, (-1 if v else recv.count)
         if not v:
-            args.sendcounts, args.senddispls = (recv.count,) * p, tuple(i * recv.count for i in range(p))
+            args.sendcounts, args.senddispls = _equal(recv.count, p)
 
 
 def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
-    if v:
-        recv: specs.Buffer = specs.vector(recvbuf, "recvbuf", p)
-        counts, displs = recv.counts, recv.displs  # type: ignore[attr-defined]
-    else:
-        recv, block = specs.block(recvbuf, "recvbuf", p)
-        counts, displs = (block,) * p, tuple(i * block for i in range(p))
+    recv, counts, displs = _layout(recvbuf, "recvbuf", p, v)
     _take(args, specs.writable(recv, "recvbuf"))
     args.recv, args.recvcounts, args.recvdispls = recv.array, counts, displs
     if specs.is_in_place(sendbuf):
-        args.send, args.in_place = recv.array[displs[rank] : displs[rank] + counts[rank]], True
+        args.send, args.in_place = block_of(recv.array, counts, displs, rank), True
     else:
         send = _take(args, specs.simple(sendbuf, "sendbuf"))
         _same_count(send.count, counts[rank], args.collective)
@@ -212,22 +212,13 @@ def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = F
 
 def _alltoall(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p = comm.Get_size()
-    read_spec: Callable = (lambda s, n: specs.vector(s, n, p)) if v else (lambda s, n: specs.block(s, n, p))
-
-    def layout(spec: Any, name: str) -> tuple[specs.Buffer, tuple, tuple]:
-        if v:
-            b = read_spec(spec, name)
-            return b, b.counts, b.displs
-        b, block = read_spec(spec, name)
-        return b, (block,) * p, tuple(i * block for i in range(p))
-
-    recv, rcounts, rdispls = layout(recvbuf, "recvbuf")
+    recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", p, v)
     _take(args, specs.writable(recv, "recvbuf"))
     args.recv, args.recvcounts, args.recvdispls = recv.array, rcounts, rdispls
     if specs.is_in_place(sendbuf):
         args.send, args.sendcounts, args.senddispls, args.in_place = recv.array, rcounts, rdispls, True
     else:
-        send, scounts, sdispls = layout(sendbuf, "sendbuf")
+        send, scounts, sdispls = _layout(sendbuf, "sendbuf", p, v)
         _take(args, send)
         if not v:
             _same_count(scounts[0], rcounts[0], args.collective + " (per rank)")
