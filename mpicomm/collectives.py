@@ -244,10 +244,30 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
     return _go(c, _guard(args, read), algorithm, True)
 
 
-def _announce(c: Comm, root: int, x: Any) -> tuple:
-    """The root's dtype and block shape, sent to ranks that have no *out* to learn them from."""
-    info = (x.dtype.str, tuple(x.shape), array_module(x).__name__) if c.Get_rank() == root else None
-    return c.library_comm.bcast(info, root=root)
+def _received_part(c: Comm, root: Any, x: Any, out: Any, shapes: Any) -> Any:
+    """Off the root and without *out*: a new array for this rank's part of the root's *x*, else None.
+
+    The root broadcasts x's dtype, module and ``shapes(x)`` (each rank's part);
+    every rank takes part whether or not it needs it, so none skips a call the
+    others make. A root whose *x* cannot be described sends nothing usable;
+    its own checks then report the problem on every rank.
+    """
+    p, rank = c.Get_size(), c.Get_rank()
+    if not (isinstance(root, int) and 0 <= root < p):
+        return None
+    info = None
+    if rank == root:
+        try:
+            info = (x.dtype.str, array_module(x).__name__, [tuple(s) for s in shapes(x)])
+        except Exception:  # the root's read() names the problem
+            info = None
+    info = c.library_comm.bcast(info, root=root)
+    if rank == root or out is not None:
+        return None
+    dtype, module, parts = info or ("u1", "numpy", [(0,)] * p)
+    import importlib
+
+    return importlib.import_module(module).empty(parts[rank] if rank < len(parts) else (0,), np.dtype(dtype))
 
 
 def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
@@ -255,17 +275,10 @@ def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any 
     c = _comm(comm)
     p, rank = c.Get_size(), c.Get_rank()
     args = Args("scatter")
-    like = x
-    if isinstance(root, int) and 0 <= root < p:  # every rank takes part, whether or not it needs it
-        dtype, shape, module = _announce(c, root, x)
-        if rank != root and out is None:
-            import importlib
-
-            like = importlib.import_module(module).empty(shape, np.dtype(dtype))
+    mine = _received_part(c, root, x, out, lambda a: [a.shape[1:]] * p)
 
     def read() -> None:
         args.root = check_peer(root, "root", p)
-        template = out if out is not None else like
         if rank == args.root:
             _input(args, x)
             if not x.shape or x.shape[0] != p:
@@ -275,8 +288,8 @@ def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any 
             args.senddispls = tuple(i * block for i in range(p))
             result = _output(args, x, out, x.shape[1:])
         else:
-            _input(args, template, "out")
-            result = template if out is not None else _new(template, template.shape[1:])
+            result = out if out is not None else mine
+            _input(args, result, "out")
             block = result.size
             args.sendcounts, args.senddispls = (block,) * p, tuple(i * block for i in range(p))
         args.recv, args.count = _flat(result), block
@@ -291,14 +304,7 @@ def scatterv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algo
     c = _comm(comm)
     p, rank = c.Get_size(), c.Get_rank()
     args = Args("scatterv")
-    mine = None
-    if isinstance(root, int) and 0 <= root < p:  # every rank takes part, whether or not it needs it
-        info = (x.dtype.str, array_module(x).__name__, list(counts or [])) if rank == root else None
-        dtype, module, cs = c.library_comm.bcast(info, root=root)
-        if rank != root and out is None:
-            import importlib
-
-            mine = importlib.import_module(module).empty(cs[rank] if rank < len(cs) else 0, np.dtype(dtype))
+    mine = _received_part(c, root, x, out, lambda a: [(int(n),) for n in counts or [0] * p])
 
     def read() -> None:
         args.root = check_peer(root, "root", p)

@@ -313,7 +313,8 @@ class Comm(MPI.Intracomm):
 
     # ------------------------------------------------------------ collectives (mpi4py's signatures + algorithm=)
     #
-    # Each reads mpi4py's buffer specs and runs the selected algorithm; specs
+    # Each reads mpi4py's buffer specs and runs the selected algorithm (the op
+    # always travels as a keyword, so the library path can convert it); specs
     # mpicomm does not run itself (derived datatypes, MPI.BOTTOM) go to the MPI
     # library's own collective. The I-forms return an mpicomm.Request.
 
@@ -345,20 +346,20 @@ class Comm(MPI.Intracomm):
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root)."""
-        self._collective("reduce", True, algorithm, sendbuf, recvbuf, op, root)
+        self._collective("reduce", True, algorithm, sendbuf, recvbuf, op=op, root=root)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Reduce`."""
-        return self._collective("reduce", False, algorithm, sendbuf, recvbuf, op, root)
+        return self._collective("reduce", False, algorithm, sendbuf, recvbuf, op=op, root=root)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the input)."""
-        self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op)
+        self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op=op)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Allreduce`."""
-        return self._collective("allreduce", False, algorithm, sendbuf, recvbuf, op)
+        return self._collective("allreduce", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Gather equal blocks from every rank into *recvbuf* on *root*, in rank order."""
@@ -427,24 +428,24 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce p equal blocks with *op*; rank r receives reduced block r."""
-        self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op)
+        self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op=op)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Reduce_scatter_block`."""
-        return self._collective("reduce_scatter_block", False, algorithm, sendbuf, recvbuf, op)
+        return self._collective("reduce_scatter_block", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
                        algorithm: str | None = None) -> None:
         """Reduce with *op*; rank r receives the recvcounts[r] elements of block r (None: gathered from recvbuf sizes)."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        self._collective("reduce_scatter", True, algorithm, sendbuf, recvbuf, recvcounts, op)
+        self._collective("reduce_scatter", True, algorithm, sendbuf, recvbuf, recvcounts, op=op)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
                         algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Reduce_scatter`."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self._collective("reduce_scatter", False, algorithm, sendbuf, recvbuf, recvcounts, op)
+        return self._collective("reduce_scatter", False, algorithm, sendbuf, recvbuf, recvcounts, op=op)
 
     def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
         """mpi4py's rule: without recvcounts (and not in place), each rank's receive count is gathered."""
@@ -460,19 +461,19 @@ class Comm(MPI.Intracomm):
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r."""
-        self._collective("scan", True, algorithm, sendbuf, recvbuf, op)
+        self._collective("scan", True, algorithm, sendbuf, recvbuf, op=op)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Scan`."""
-        return self._collective("scan", False, algorithm, sendbuf, recvbuf, op)
+        return self._collective("scan", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it was."""
-        self._collective("exscan", True, algorithm, sendbuf, recvbuf, op)
+        self._collective("exscan", True, algorithm, sendbuf, recvbuf, op=op)
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Exscan`."""
-        return self._collective("exscan", False, algorithm, sendbuf, recvbuf, op)
+        return self._collective("exscan", False, algorithm, sendbuf, recvbuf, op=op)
 
     # ------------------------------------------------------------ communicator constructors
 

@@ -28,6 +28,9 @@ generator raises completes with that error; ``Wait``/``Test`` re-raise it.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Generator, Iterable, Sequence
 
@@ -411,8 +414,6 @@ class Watchdog:
     """
 
     def __init__(self, timeout: float):
-        import time
-
         self.timeout = timeout
         self.clock = time.monotonic
         self.sleep = time.sleep
@@ -434,9 +435,6 @@ class Watchdog:
         self.sleep(0 if self.naps < 100 else 0.001)
 
     def abort(self, stuck: Sequence[Any]) -> None:
-        import os
-        import sys
-
         world = MPI.COMM_WORLD.Get_rank()
         lines = [f"mpicomm watchdog: rank {world} of MPI_COMM_WORLD waited more than {self.timeout:g} s "
                  f"(MPICOMM_TIMEOUT) and aborts the job."]

@@ -37,7 +37,7 @@ def read(collective: str, comm: "Comm", *positional: Any, **keywords: Any) -> Ar
     """Read one call's mpi4py-style arguments; never raises (see the module docstring)."""
     args = Args(collective)
     method = getattr(MPI.Intracomm, _NATIVE[collective])
-    args.native = lambda: method(comm, *_native_positional(collective, positional), **_native_keywords(keywords))
+    args.native = lambda: method(comm, *positional, **_native_keywords(keywords))
     try:
         _READERS[collective](args, comm, *positional, **keywords)
     except specs.Unsupported as exc:
@@ -47,20 +47,8 @@ def read(collective: str, comm: "Comm", *positional: Any, **keywords: Any) -> Ar
     return args.check_op()
 
 
-_OP_AT = {"reduce": 2, "allreduce": 2, "reduce_scatter_block": 2, "reduce_scatter": 3, "scan": 2, "exscan": 2}
-
-
-def _native_positional(collective: str, positional: tuple) -> tuple:
-    """*positional* with a non-MPI op (the Comm methods pass it positionally) made the library's MPI.Op."""
-    at = _OP_AT.get(collective)
-    if at is None or len(positional) <= at:
-        return positional
-    out = list(positional)
-    out[at] = _native_keywords({"op": out[at]})["op"]
-    return tuple(out)
-
-
 def _native_keywords(keywords: dict) -> dict:
+    """The keywords for the library's own collective: an op given as a name or a Python op made an ``MPI.Op``."""
     out = dict(keywords)
     op = out.get("op")
     if op is not None and not isinstance(op, MPI.Op):

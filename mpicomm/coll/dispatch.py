@@ -191,7 +191,8 @@ def _steps(call: Call, args: Args, chosen: registry.Algorithm | None, validate: 
         if native:
             yield Step([args.native()])  # every rank has one: the agreement checked
             return
-    assert chosen is not None  # a failed selection is a problem, raised by the agreement
+    if chosen is None:  # the selection failed: recorded as this rank's problem, raised by the agreement above
+        raise args.problem or ValueError(f"{call.label}: no algorithm selected")
     yield from _run(call, args, chosen)
 
 
