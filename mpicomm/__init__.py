@@ -16,7 +16,9 @@ Main names:
 * collectives - ``Comm.Allreduce`` & co. with mpi4py's signatures plus
   ``algorithm=``, and array-first functions (:func:`allreduce`, :func:`bcast`,
   :func:`allgather`...) that return new arrays; :mod:`mpicomm.ops` for ops;
-* :func:`algorithms` - registered algorithm names per collective;
+* :func:`algorithms` - registered algorithm names per collective, and
+  :func:`predict` - the cost model's time for one of them
+  (:func:`mpicomm.model.predict`; ``comm.machine`` is a communicator's fit);
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI.
 """
 
@@ -35,6 +37,7 @@ _LAZY = {
     "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
     "RemoteError": ("mpicomm.p2p", "RemoteError"),
     "algorithms": ("mpicomm.registry", "algorithms"),
+    "predict": ("mpicomm.model", "predict"),
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),

@@ -66,6 +66,12 @@ def algorithms(markdown: bool = False) -> int:
                 limits.append("p a power of two")
             if not algorithm.in_place:
                 limits.append("copies input when in place")
+            if getattr(algorithm, "single_node", False):
+                limits.append("one node (shared memory)")
+            if getattr(algorithm, "host_only", False):
+                limits.append("host memory only")
+            if getattr(algorithm, "blocking_only", False):
+                limits.append("blocking calls only")
             rows.append((collective, name, ", ".join(limits) or "-", algorithm.cost))
     if markdown:
         lines = ["| collective | algorithm | restrictions | cost |", "|---|---|---|---|"]

@@ -11,7 +11,9 @@ one state:
   ``Split_type(COMM_TYPE_SHARED)``;
 * a private duplicate for collectives (``library_comm``) and a typed-message
   :class:`~mpicomm.p2p.Channel`, so library traffic never matches user messages;
-* per-communicator algorithm defaults and the collective sequence number.
+* per-communicator algorithm defaults and the collective sequence number;
+* the fitted cost model of the machine for this rank layout (``machine``,
+  loaded by rank 0 and broadcast), which ``algorithm="auto"`` consults.
 
 Constructing a ``Comm`` is therefore collective over ``mpi_comm`` the first time.
 All topology values are computed then, never lazily, so reading
@@ -42,17 +44,19 @@ class _State:
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
         barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
         rank = comm.Get_rank()
+        self.rank, self.size = rank, comm.Get_size()
         self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
         first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
         leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
         self.leader_comm: MPI.Intracomm | None = None if leaders == MPI.COMM_NULL else leaders
-        where = np.zeros(2, np.int64)
+        where = np.zeros(3, np.int64)
         if self.leader_comm is not None:
-            where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size()
+            most = self.leader_comm.allreduce(self.local_size, op=MPI.MAX)
+            where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size(), most
         self.node_comm.Bcast(where, root=0)
-        self.node, self.nodes = int(where[0]), int(where[1])
+        self.node, self.nodes, self.ppn = int(where[0]), int(where[1]), int(where[2])
         self.host = MPI.Get_processor_name()
         self.library_comm = p2p.private_dup(comm)
         self.channel = p2p.Channel(comm)
@@ -60,12 +64,21 @@ class _State:
         self.tag_modulus = min(self.tag_ub + 1, 1 << 20)
         self.collectives = 0  # sequence number of the next library collective
         self.defaults: dict[str, str] = {}
+        self.machine = _machine(self.library_comm, self.host, self.nodes, self.local_size)
+        self.choices: dict[tuple, Any] = {}  # the dispatcher's algorithm choices for facts seen before
 
     def free(self) -> None:
         for c in (self.node_comm, self.leader_comm, self.library_comm):
             if c is not None and c != MPI.COMM_NULL:
                 c.Free()
         self.channel.free()
+
+
+def _machine(comm: MPI.Intracomm, host: str, nodes: int, local_size: int) -> Any:
+    """The fitted cost model for this communicator (:func:`mpicomm.model.for_comm`; collective), or None."""
+    from . import model
+
+    return model.for_comm(comm, host, nodes, local_size)
 
 
 def _local_order(comm: MPI.Intracomm) -> int:
@@ -112,6 +125,15 @@ def _state_of(comm: MPI.Intracomm) -> _State:
         state = _State(comm)
         comm.Set_attr(_keyval[0], state)
     return state
+
+
+_COLL: list = []  # (arguments.read, dispatch.start), imported at the first collective call
+
+
+def _bind_collectives() -> None:
+    from .coll import arguments, dispatch
+
+    _COLL[:] = [arguments.read, dispatch.start]
 
 
 class Comm(MPI.Intracomm):
@@ -164,6 +186,16 @@ class Comm(MPI.Intracomm):
     def nodes(self) -> int:
         """Nodes this communicator spans."""
         return self._state.nodes
+
+    @property
+    def ppn(self) -> int:
+        """The most ranks of this communicator on any one node (the same on every rank; selection uses it)."""
+        return self._state.ppn
+
+    @property
+    def machine(self) -> Any:
+        """The fitted cost model of the machine (a ``mpicomm.model.Machine``), or None when none was fitted."""
+        return self._state.machine
 
     @property
     def host(self) -> str:
@@ -319,9 +351,10 @@ class Comm(MPI.Intracomm):
     # library's own collective. The I-forms return an mpicomm.Request.
 
     def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any:
-        from .coll import arguments, dispatch
-
-        return dispatch.start(self, arguments.read(collective, self, *args, **kwargs), algorithm, blocking)
+        if not _COLL:
+            _bind_collectives()
+        read, start = _COLL
+        return start(self, read(collective, self, *args, **kwargs), algorithm, blocking)
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""

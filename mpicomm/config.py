@@ -7,10 +7,12 @@
 | ``MPICOMM_CUDA_AWARE_RMA`` | ``0``, ``1`` | ``0`` | expose device arrays in RMA windows directly (many CUDA-aware MPIs support point-to-point but not one-sided on device memory); otherwise through a pinned host mirror |
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
-| ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one small allgather); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt |
+| ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one 32-byte allreduce of a digest; the full descriptions are exchanged only when something differs); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt |
 | ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation and the peers it waits for, then aborts the job |
 
 Values are read when used, so a test or a program may change them at run time.
+Reading one costs a dictionary look-up (collectives read several per call), and
+a value already parsed once is not parsed again.
 """
 
 from __future__ import annotations
@@ -18,27 +20,56 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "timeout", "check",
+    "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "timeout", "check",
 ]
+
+
+_ENVIRON = os.environ
+# The process environment as os.environ keeps it (a dict of encoded names and values): one look-up per read,
+# instead of os.environ's encode-look-up-decode. Changes made through os.environ (monkeypatch.setenv...) land
+# in it too; where os.environ is not the usual mapping (replaced, or another platform), it is read plainly.
+_DATA: dict | None = getattr(_ENVIRON, "_data", None)
+_ENCODE = getattr(_ENVIRON, "encodekey", None)
+_DECODE = getattr(_ENVIRON, "decodevalue", None)
+_FAST = _DATA is not None and _ENCODE is not None and _DECODE is not None
+_KEYS: dict[str, object] = {}
+_PARSED: dict[tuple, object] = {}  # (variable, raw value, ...) -> parsed value, for values read before
+
+
+def raw(name: str) -> str | None:
+    """Environment variable *name* as set, or None (cheap: collectives read several per call)."""
+    if _FAST and os.environ is _ENVIRON:
+        key = _KEYS.get(name)
+        if key is None:
+            key = _KEYS[name] = _ENCODE(name)  # type: ignore[misc]
+        value = _DATA.get(key)  # type: ignore[union-attr]
+        return None if value is None else _DECODE(value)  # type: ignore[misc]
+    return os.environ.get(name)
 
 
 def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
     """Return environment variable *name*, which must be one of *allowed*."""
-    raw = os.environ.get(name)
-    if not raw:  # the common case, on every message: keep it cheap
+    value = raw(name)
+    if not value:  # the common case, on every message: keep it cheap
         return default
-    value = raw.strip().lower() or default
-    if value not in allowed:
+    known = _PARSED.get((name, value, allowed))
+    if known is not None:
+        return known  # type: ignore[return-value]
+    parsed = value.strip().lower() or default
+    if parsed not in allowed:
         raise ValueError(
-            f"environment variable {name}={os.environ[name]!r} is not one of "
+            f"environment variable {name}={value!r} is not one of "
             f"{', '.join(allowed)}; set it to one of those or unset it"
         )
-    return value
+    if len(_PARSED) > 256:
+        _PARSED.clear()
+    _PARSED[(name, value, allowed)] = parsed
+    return parsed
 
 
 def optional_int(name: str) -> int | None:
     """Return environment variable *name* as a non-negative int, or None when unset."""
-    value = os.environ.get(name, "").strip()
+    value = (raw(name) or "").strip()
     if not value:
         return None
     try:
@@ -75,29 +106,46 @@ def device_override() -> int | None:
     return optional_int("MPICOMM_DEVICE")
 
 
+_ALGORITHM_VARIABLES: dict[str, str] = {}
+
+
 def algorithm_setting(collective: str) -> str | None:
     """``MPICOMM_<COLLECTIVE>_ALGORITHM``, or None when unset."""
-    value = os.environ.get(f"MPICOMM_{collective.upper()}_ALGORITHM", "").strip()
-    return value or None
+    name = _ALGORITHM_VARIABLES.get(collective)
+    if name is None:
+        name = _ALGORITHM_VARIABLES[collective] = f"MPICOMM_{collective.upper()}_ALGORITHM"
+    value = raw(name)
+    return (value.strip() or None) if value else None
+
+
+_YES = ("1", "yes", "true", "on")
 
 
 def validate() -> bool:
     """``MPICOMM_VALIDATE``: whether collectives check their arguments across ranks first (default on)."""
-    return choice("MPICOMM_VALIDATE", ("1", "0", "yes", "no", "true", "false", "on", "off"), "1") in ("1", "yes", "true", "on")
+    value = raw("MPICOMM_VALIDATE")
+    if not value:
+        return True
+    known = _PARSED.get(("validate", value))
+    if known is None:
+        known = _PARSED[("validate", value)] = choice(
+            "MPICOMM_VALIDATE", ("1", "0", "yes", "no", "true", "false", "on", "off"), "1") in _YES
+    return known  # type: ignore[return-value]
 
 
 def timeout() -> float | None:
     """``MPICOMM_TIMEOUT``: the hang watchdog's limit in seconds, or None (off)."""
-    raw = os.environ.get("MPICOMM_TIMEOUT", "").strip()
-    if not raw:
+    value = raw("MPICOMM_TIMEOUT")
+    if not value or not value.strip():
         return None
+    value = value.strip()
     try:
-        seconds = float(raw)
+        seconds = float(value)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
         raise ValueError(
-            f"environment variable MPICOMM_TIMEOUT={raw!r} is not a positive number of seconds; fix or unset it"
+            f"environment variable MPICOMM_TIMEOUT={value!r} is not a positive number of seconds; fix or unset it"
         )
     return seconds
 

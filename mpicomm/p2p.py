@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import trace
 from .buffers import (
     array_module,
     check_array,
@@ -111,11 +112,34 @@ def parse_header(message: np.ndarray, nbytes: int, source: int) -> tuple[int, np
     return kind, dtype_from_code(code), tuple(words[FIXED_WORDS : FIXED_WORDS + ndim]), seq, flags, (FIXED_WORDS + ndim) * 8
 
 
-def send_steps(channel: Channel, x: Any, dest: int, tag: int, kind: int = ARRAY) -> Steps:
-    """Send array *x* (already checked) to *dest*: inline, or header then payload."""
+def send_steps(
+    channel: Channel,
+    x: Any,
+    dest: int,
+    tag: int,
+    kind: int = ARRAY,
+    event: str | None = "send_array",
+    note: dict | None = None,
+) -> Steps:
+    """Send array *x* (already checked) to *dest*: inline, or header then payload.
+
+    With the trace on (:mod:`mpicomm.trace`), the send is one event named
+    *event* (None: not recorded) with peer, bytes, tag, dtype, shape and the
+    message's sequence number ``msg``, added to the args in *note* if given.
+    """
+    if trace.ON and event:
+        note = {} if note is None else note
+        note.update(peer=dest, tag=tag, bytes=int(x.nbytes), dtype=trace.dtype_name(x.dtype), shape=list(x.shape))
+        return trace.steps(_send_steps(channel, x, dest, tag, kind, note), event, "p2p", note)
+    return _send_steps(channel, x, dest, tag, kind, None)
+
+
+def _send_steps(channel: Channel, x: Any, dest: int, tag: int, kind: int, note: dict | None) -> Steps:
     if dest == MPI.PROC_NULL:
         return None
     seq = channel.next_seq(dest)
+    if note is not None:
+        note["msg"] = seq
     if x.nbytes <= INLINE_BYTES:
         header = make_header(kind, x.dtype, x.shape, seq, INLINE)
         message = np.empty(header.nbytes + x.nbytes, np.uint8)
@@ -152,9 +176,36 @@ def _destination(buf: Any, xp: ModuleType, dtype: np.dtype, shape: tuple[int, ..
     return buf
 
 
-def recv_steps(channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType, what: str = "recv_array") -> Steps:
-    """Receive one array from *source*/*tag* into *buf* (checked) or a new array of module *xp*."""
+def recv_steps(
+    channel: Channel,
+    buf: Any,
+    source: int,
+    tag: int,
+    xp: ModuleType,
+    what: str = "recv_array",
+    event: str | None = "recv_array",
+    note: dict | None = None,
+) -> Steps:
+    """Receive one array from *source*/*tag* into *buf* (checked) or a new array of module *xp*.
+
+    *what* names the call in error messages. With the trace on, the receive is
+    one event named *event* (None: not recorded) with the source it came from
+    (``peer``), tag, bytes, dtype, shape, the message's sequence number ``msg``
+    and ``call`` (*what*). *note*, a dict, receives those same facts as they
+    become known (a caller that records the event itself passes one).
+    """
+    if trace.ON and event:
+        note = {"peer": source, "tag": tag, "call": what} if note is None else note
+        return trace.steps(_recv_steps(channel, buf, source, tag, xp, what, note), event, "p2p", note)
+    return _recv_steps(channel, buf, source, tag, xp, what, note)
+
+
+def _recv_steps(
+    channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType, what: str, note: dict | None
+) -> Steps:
     if source == MPI.PROC_NULL:
+        if note is not None:
+            note.update(peer=source, bytes=0)
         return Envelope(buf, MPI.PROC_NULL, MPI.ANY_TAG, 0, MPI.BYTE)
     message = np.empty(RECEIVE_BYTES, np.uint8)
     (status,) = yield [channel.header.Irecv(message, source, tag)]
@@ -162,6 +213,8 @@ def recv_steps(channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType
     kind, dtype, shape, seq, flags, at = parse_header(message, received, src)
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
+    if note is not None:
+        note.update(peer=src, tag=utag, bytes=nbytes, dtype=trace.dtype_name(dtype), shape=list(shape), msg=seq)
 
     if flags & INLINE:
         if received != at + nbytes:

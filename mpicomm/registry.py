@@ -11,33 +11,61 @@ Choosing an algorithm is data, in this order of precedence:
 1. the call's ``algorithm=`` argument (``"auto"`` or None passes);
 2. the communicator's default (``comm.set_algorithm(collective, name)``);
 3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
-4. :data:`SELECTION`, the static table: per collective, rules tried in order;
-   the first whose conditions hold (and whose algorithm accepts the op) wins.
-   Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
+4. ``auto``, with a fitted model of the machine (``facts["machine"]``, a
+   :class:`mpicomm.model.Machine`) and a known message size: the allowed
+   algorithm with the least :func:`mpicomm.model.predict` (ties, within a
+   relative 1e-9: the first name in alphabetical order);
+5. otherwise :data:`SELECTION`, the static table: per collective, rules tried
+   in order; the first whose conditions hold (and whose algorithm is allowed)
+   wins. Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
    (the message size, see :func:`mpicomm.coll.dispatch.selection_bytes`),
    ``pof2`` (p is a power of two), ``min_p``/``max_p``, and ``min_count``
    (elements ≥ a multiple of p: ``min_count: 1`` means count ≥ p).
 
-The choice and where it came from are logged at debug level on the
-``mpicomm`` logger.
+An algorithm's restrictions (:class:`Algorithm`) say when it cannot run:
+:func:`allowed` checks them against the call's facts. A named algorithm that
+is not allowed raises ValueError; ``auto`` skips it. ``min_count`` in the table
+is about speed only - every algorithm runs with any count, count < p included -
+so the model ignores it.
+
+:func:`choose` returns the algorithm and where the choice came from
+(``"call"``, ``"communicator"``, ``"environment"``, ``"model"``, ``"table"``);
+both are logged at debug level on the ``mpicomm`` logger.
+
+Facts (every key optional): ``p`` ranks, ``bytes`` (selection size or None),
+``count``, ``commutative`` and ``op`` (its name), ``nodes`` and ``ppn`` (the
+communicator's layout), ``device`` (true, or a device object, when the
+buffers are not host memory; None/False on the host), ``machine``.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from . import config
 
-__all__ = ["Algorithm", "register", "algorithms", "lookup", "select", "auto", "SELECTION", "table"]
+__all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "SELECTION",
+           "table"]
 
 log = logging.getLogger("mpicomm")
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A registered algorithm and its declared restrictions."""
+    """A registered algorithm and its declared restrictions.
+
+    ``commutative_only``: reorders operands (needs a commutative op);
+    ``power_of_two``: needs p a power of two; ``in_place``: may read what it
+    writes (else the dispatcher copies an in-place input first);
+    ``single_node``: needs every rank on one node (shared memory);
+    ``host_only``: host-memory buffers only; ``blocking_only``: not for the
+    nonblocking forms (``Iallreduce``...): the algorithm's calls on one
+    communicator share state (the shared-memory scratch, the hierarchy's
+    levels) and must not overlap.
+    """
 
     collective: str
     name: str
@@ -45,6 +73,9 @@ class Algorithm:
     commutative_only: bool = False
     power_of_two: bool = False
     in_place: bool = True
+    single_node: bool = False
+    host_only: bool = False
+    blocking_only: bool = False
 
     @property
     def cost(self) -> str:
@@ -67,9 +98,8 @@ def cost_of(fn: Callable) -> str:
 
 _TABLE: dict[str, dict[str, Algorithm]] = {}
 
-#: Static selection when nothing else names an algorithm: collective → rules, first match wins.
-#: Sizes follow MPICH's defaults (see ``algorithms.md`` in the shared references); the
-#: performance work replaces this table with a model fitted on the machine.
+#: Static selection when nothing else names an algorithm and no fitted model applies: collective → rules,
+#: first match wins. Sizes follow MPICH's defaults (see ``algorithms.md`` in the shared references).
 SELECTION: dict[str, list[dict]] = {
     "barrier": [{"algorithm": "dissemination"}],
     "bcast": [{"max_bytes": 12288, "algorithm": "binomial"}, {"max_p": 7, "algorithm": "binomial"},
@@ -121,19 +151,78 @@ def _holds(rule: dict, facts: dict) -> bool:
     return True
 
 
+def allowed(algorithm: Algorithm, facts: dict) -> str | None:
+    """Why *algorithm* cannot run a call with these *facts* (see the module docstring), or None if it can."""
+    if algorithm.commutative_only and not facts.get("commutative", True):
+        return (f"reorders operands and needs a commutative op, but op {facts.get('op', '?')} "
+                f"is not commutative")
+    nodes = facts.get("nodes") or 1
+    if algorithm.single_node and nodes > 1:
+        return f"needs every rank on one node (shared memory), but the communicator spans {nodes} nodes"
+    device = facts.get("device")
+    if algorithm.host_only and device is not None and device is not False:
+        return "works on host memory only, but the buffers are device (GPU) arrays"
+    if algorithm.blocking_only and facts.get("blocking") is False:
+        return "runs blocking calls only (its calls share the communicator's scratch), but this call is nonblocking"
+    p = facts.get("p") or 1
+    if algorithm.power_of_two and p & (p - 1):
+        return f"needs a power-of-two number of ranks, but p = {p}"
+    return None
+
+
 def auto(collective: str, facts: dict) -> "Algorithm":
-    """The table's choice for a call with these *facts* (``p``, ``bytes``, ``count``, ``commutative``)."""
-    commutative = facts.get("commutative", True)
+    """The static table's choice for a call with these *facts*, skipping algorithms that are not :func:`allowed`."""
     for rule in SELECTION.get(collective, ()):
         if _holds(rule, facts):
             algorithm = lookup(collective, rule["algorithm"])
-            if commutative or not algorithm.commutative_only:
+            if allowed(algorithm, facts) is None:
                 return algorithm
-    for name in algorithms(collective):  # nothing in the table fits: any algorithm that keeps rank order
+    for name in algorithms(collective):  # nothing in the table fits: any algorithm that can run
         algorithm = lookup(collective, name)
-        if commutative or not algorithm.commutative_only:
+        if allowed(algorithm, facts) is None:
             return algorithm
-    raise ValueError(f"no {collective} algorithm accepts these arguments ({facts})")
+    raise ValueError(f"no {collective} algorithm accepts these arguments ({_show(facts)})")
+
+
+def _show(facts: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in facts.items() if k != "machine")
+
+
+#: Model choices already made: (collective, bytes, p, commutative, nodes, on device, blocking, id(machine))
+#: → (algorithm, why, machine).
+_choices: dict[tuple, tuple[Algorithm, str, Any]] = {}
+_CHOICES_KEPT = 4096
+_TIE = 1e-9  # relative difference below which two predictions are equal
+
+
+def _by_model(collective: str, facts: dict, machine: Any) -> tuple[Algorithm, str] | None:
+    """The allowed algorithm the model predicts fastest, with a note for the log; None if none is modelled."""
+    nbytes, p = facts["bytes"], facts.get("p") or 1
+    device = facts.get("device")
+    key = (collective, nbytes, p, bool(facts.get("commutative", True)), facts.get("nodes") or 1,
+           device is not None and device is not False, facts.get("blocking") is not False, id(machine))
+    hit = _choices.get(key)
+    if hit is not None and hit[2] is machine:  # the same machine object, not one that took a freed one's id
+        return hit[0], hit[1]
+    from . import model
+
+    scored = []
+    for name in algorithms(collective):
+        algorithm = _TABLE[collective][name]
+        if allowed(algorithm, facts) is None and model.cost_function(collective, name) is not None:
+            scored.append((model.communication(collective, name, nbytes, p, machine), name, algorithm))
+    if not scored:
+        return None
+    least = min(row[0] for row in scored)
+    tie = least * (1 + _TIE) + 1e-15  # formulas that agree but for rounding are a tie: the first name wins
+    scored.sort(key=lambda row: (row[0] > tie, row[1] if row[0] <= tie else "", row[0]))
+    seconds, _, best = scored[0]
+    why = f"{seconds * 1e6:.1f} us predicted" + (
+        f"; next {scored[1][1]} {scored[1][0] * 1e6:.1f} us" if len(scored) > 1 else "")
+    if len(_choices) >= _CHOICES_KEPT:
+        _choices.clear()
+    _choices[key] = (best, why, machine)
+    return best, why
 
 
 def register(collective: str, name: str, **restrictions: bool) -> Callable[[Callable], Callable]:
@@ -146,6 +235,7 @@ def register(collective: str, name: str, **restrictions: bool) -> Callable[[Call
         if name in algorithms_of:
             raise ValueError(f"algorithm {collective}/{name} is registered twice")
         algorithms_of[name] = Algorithm(collective, name, fn, **restrictions)
+        _choices.clear()
         return fn
 
     return decorate
@@ -167,24 +257,28 @@ def algorithms(collective: str) -> list[str]:
 
 def lookup(collective: str, name: str) -> Algorithm:
     """The algorithm *name* of *collective*; ValueError listing the registered names otherwise."""
-    names = algorithms(collective)
+    _load()
     try:
         return _TABLE[collective][name]
     except (KeyError, TypeError):
+        names = algorithms(collective)  # an unknown collective raises here, naming the known ones
         raise ValueError(
             f"unknown {collective} algorithm {name!r}; registered: {', '.join(names)} (or 'auto')"
         ) from None
 
 
-def select(collective: str, requested: str | None, comm_default: str | None = None,
-           facts: dict | None = None) -> Algorithm:
-    """Resolve the algorithm for one call (see the module docstring for the precedence).
+def choose(collective: str, requested: str | None, comm_default: str | None = None,
+           facts: dict | None = None) -> tuple[Algorithm, str]:
+    """Resolve the algorithm for one call and say where the choice came from (see the module docstring).
 
-    A named algorithm that needs a commutative op, given a non-commutative
-    one (``facts["commutative"]`` False), raises ValueError naming the
-    algorithms that keep rank order.
+    Returns ``(algorithm, source)``, source one of ``"call"``,
+    ``"communicator"``, ``"environment"``, ``"model"``, ``"table"``. A named
+    algorithm that is not :func:`allowed` with these *facts* (a non-commutative
+    op for a commutative-only one, several nodes for a single-node one...)
+    raises ValueError with the reason and the algorithms that can run.
     """
     facts = facts or {}
+    note = ""
     for source, name in (
         ("call", requested),
         ("communicator", comm_default),
@@ -192,22 +286,41 @@ def select(collective: str, requested: str | None, comm_default: str | None = No
     ):
         if name is not None and name != "auto":
             algorithm = lookup(collective, name)
-            if algorithm.commutative_only and not facts.get("commutative", True):
-                keep = [n for n in algorithms(collective) if not lookup(collective, n).commutative_only]
-                raise ValueError(
-                    f"{collective} algorithm {name!r} (from the {source}) reorders operands and needs a commutative "
-                    f"op, but op {facts.get('op', '?')} is not commutative; use one that keeps rank order: "
-                    f"{', '.join(keep)} (or 'auto')"
-                )
+            reason = allowed(algorithm, facts)
+            if reason is not None:
+                can = [n for n in algorithms(collective) if allowed(_TABLE[collective][n], facts) is None]
+                fix = ("keeps rank order" if algorithm.commutative_only and not facts.get("commutative", True)
+                       else "can run here")
+                raise ValueError(f"{collective} algorithm {name!r} (from the {source}) {reason}; use one that "
+                                 f"{fix}: {', '.join(can)} (or 'auto')")
             break
     else:
-        source = "table"
-        algorithm = auto(collective, facts)
+        machine = facts.get("machine")
+        picked = None
+        if machine is not None and facts.get("bytes") is not None and (facts.get("p") or 1) > 1:
+            picked = _by_model(collective, facts, machine)
+        if picked is not None:
+            source = "model"
+            algorithm, note = picked
+        else:
+            source = "table"
+            algorithm = auto(collective, facts)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s: algorithm %s (from the %s)", collective, algorithm.name, source)
-    return algorithm
+        log.debug("%s: algorithm %s (from the %s%s)", collective, algorithm.name, source, f": {note}" if note else "")
+    return algorithm, source
+
+
+def select(collective: str, requested: str | None, comm_default: str | None = None,
+           facts: dict | None = None) -> Algorithm:
+    """The algorithm :func:`choose` picks, without its source."""
+    return choose(collective, requested, comm_default, facts)[0]
+
+
+_loaded: list[bool] = []
 
 
 def _load() -> None:
     """Import the modules that register algorithms (once)."""
-    from . import coll  # noqa: F401
+    if not _loaded:
+        importlib.import_module(f"{__package__}.coll")
+        _loaded.append(True)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from . import p2p
+from . import p2p, trace
 from .buffers import array_module, check_array, element_view
 from .requests import Request, Steps, barrier, progress
 from .validate import check_int, check_peer
@@ -134,7 +134,8 @@ class Rendezvous:
             return
         piece = array if whole else element_view(array, offset, count, key)  # whole: keeps its shape
         self.served[key] += 1
-        self._send(key, p2p.send_steps(self._channel, piece, puller, tag), f"answer {key!r}")
+        note = {"key": key, "offset": offset, "count": count} if trace.ON else None
+        self._send(key, p2p.send_steps(self._channel, piece, puller, tag, event="answer", note=note), f"answer {key!r}")
 
     def _send(self, key: str, steps: Steps, label: str) -> None:
         self._answers = [(k, a) for k, a in self._answers if not a.done]
@@ -143,7 +144,8 @@ class Rendezvous:
     def _send_error(self, puller: int, tag: int, text: str) -> None:
         raw = text.encode("utf-8")[: p2p.INLINE_BYTES]  # error answers always travel inline
         payload = np.frombuffer(raw, np.uint8).copy()
-        self._send("", p2p.send_steps(self._channel, payload, puller, tag, p2p.ERROR), "error answer")
+        note = {"refusal": text} if trace.ON else None
+        self._send("", p2p.send_steps(self._channel, payload, puller, tag, p2p.ERROR, "answer", note), "error answer")
 
     def progress(self) -> int:
         """Serve pending pull requests now (also happens inside any mpicomm wait); return steps made."""
@@ -181,7 +183,13 @@ class Rendezvous:
         message[: _FIELDS * 8].view(np.int64)[:] = (request_id, offset, count, len(raw))
         message[_FIELDS * 8 :] = np.frombuffer(raw, np.uint8)
         tag = request_id % (self._channel.tag_ub + 1)
-        request = Request(self._pull_steps(message, owner, tag, out, xp), f"pull {key!r} from {owner}")
+        if trace.ON:  # one event per pull: from the request to the answer's arrival
+            note = {"peer": owner, "key": key, "offset": offset, "count": None if count == -1 else count,
+                    "request": request_id}
+            steps = trace.steps(self._pull_steps(message, owner, tag, out, xp, note), "pull", "p2p", note)
+        else:
+            steps = self._pull_steps(message, owner, tag, out, xp, None)
+        request = Request(steps, f"pull {key!r} from {owner}")
         self._pulls = [p for p in self._pulls if not p.delivered]  # finished and reported: drop (and its array)
         self._pulls.append(request)
         return request
@@ -203,12 +211,14 @@ class Rendezvous:
             raise RuntimeError("pull after close(); pull before closing the rendezvous")
         return raw
 
-    def _pull_steps(self, message: np.ndarray, owner: int, tag: int, out: Any, xp: ModuleType) -> Steps:
+    def _pull_steps(
+        self, message: np.ndarray, owner: int, tag: int, out: Any, xp: ModuleType, note: dict | None
+    ) -> Steps:
         # The request goes out as a request object of its own, so the pull's first step is the
         # receive of the answer: a pull can be cancelled until the answer arrives.
         self._asks = [a for a in self._asks if not a.done]
         self._asks.append(Request(_send_step(self._control, message, owner), "pull request"))
-        return (yield from p2p.recv_steps(self._channel, out, owner, tag, xp, "pull"))
+        return (yield from p2p.recv_steps(self._channel, out, owner, tag, xp, "pull", None, note))
 
     def pull(self, key: str, owner: int, offset: int = 0, count: int | None = None, *, out: Any = None, xp: ModuleType = np) -> Any:
         """Pull elements [offset, offset+count) of *owner*'s *key* (all of it by default); return them.

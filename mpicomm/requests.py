@@ -36,6 +36,8 @@ from typing import Any, Generator, Iterable, Sequence
 
 from mpi4py import MPI
 
+from . import config
+
 __all__ = ["Request", "Step", "Envelope", "Steps", "run", "progress", "outstanding", "barrier", "Watchdog"]
 
 #: A step generator: yields lists of MPI requests, receives their statuses.
@@ -53,18 +55,25 @@ class Envelope:
     datatype: Any = None
 
 
+_list_init = list.__init__
+_Waitall = MPI.Request.Waitall
+
+
 class Step(list):
     """One step's MPI requests, with ``after`` (callables run once all have
     completed, before the generator resumes) and ``peers`` (``("recv"|"send",
-    rank)`` per request, or ``("all", -1)`` for a collective over every rank;
-    named by the watchdog when a step never completes)."""
+    rank)`` per request, ``("all", -1)`` for the argument agreement over every
+    rank, ``("library", -1)`` for the MPI library's own collective; named by
+    the watchdog when a step never completes). ``owner``, when set, is the
+    traced collective call whose steps these are (a nested call's steps pass
+    through the calls around it)."""
 
-    __slots__ = ("after", "peers")
+    __slots__ = ("after", "peers", "owner")
 
     def __init__(self, requests: Iterable[MPI.Request] = (), after: list | None = None, peers: list | None = None):
-        super().__init__(requests)
-        self.after = after if after is not None else []
-        self.peers = peers if peers is not None else []
+        _list_init(self, requests)
+        self.after = [] if after is None else after
+        self.peers = [] if peers is None else peers
 
     def finish(self) -> None:
         for fn in self.after:
@@ -89,10 +98,10 @@ class Request:
 
     __slots__ = (
         "_gen", "_reqs", "_statuses", "_step", "_done", "_result", "_error", "_envelope", "_cancelled",
-        "_delivered", "label", "__weakref__",
+        "_delivered", "_label", "__weakref__",
     )
 
-    def __init__(self, steps: Steps, label: str = "request"):
+    def __init__(self, steps: Steps, label: Any = "request"):
         self._gen = steps
         self._reqs: list[MPI.Request] = []
         self._statuses: list[MPI.Status] = []
@@ -103,10 +112,19 @@ class Request:
         self._envelope: Envelope | None = None
         self._cancelled = False
         self._delivered = False  # completion reported by a wait/test (Waitany then skips it, like REQUEST_NULL)
-        self.label = label
+        self._label = label  # a string, or an object whose str() is one (built only when shown)
         self._resume(None, first=True)
         if not self._done:
             _active.append(self)
+
+    @property
+    def label(self) -> str:
+        """What the request is, for messages: ``"allreduce #12 (ring)"``, ``"irecv_array"``..."""
+        return str(self._label)
+
+    @label.setter
+    def label(self, value: Any) -> None:
+        self._label = value
 
     # ------------------------------------------------------------ engine
 
@@ -422,8 +440,6 @@ class Watchdog:
 
     @classmethod
     def start(cls) -> "Watchdog | None":
-        from . import config
-
         timeout = config.timeout()
         return None if timeout is None else cls(timeout)
 
@@ -455,6 +471,9 @@ def _describe(item: Any) -> str:
     if any(kind == "all" for kind, _ in peers) and any(bool(r) for r in reqs):
         return (f"stuck in {label}, step {step + 1}: waiting for every rank to enter it "
                 f"(the argument agreement); some rank has not called this collective")
+    if any(kind == "library" for kind, _ in peers) and any(bool(r) for r in reqs):
+        return (f"stuck in {label}, step {step + 1}: in the MPI library's own collective (a buffer spec "
+                f"mpicomm hands on); some rank has not called this collective")
     pending = [bool(r) and not r.Get_status() for r in reqs]  # Get_status: done yet, without freeing it
     missing_from = sorted({peer for (kind, peer), wait in zip(peers, pending) if kind == "recv" and wait})
     untaken_by = sorted({peer for (kind, peer), wait in zip(peers, pending) if kind == "send" and wait})
@@ -468,17 +487,20 @@ def _describe(item: Any) -> str:
     return ": ".join(parts[:1]) + (": " + "; ".join(parts[1:]) if parts[1:] else "")
 
 
-def _waitall(step: Sequence[MPI.Request], statuses: list[MPI.Status], label: str, index: int, watchdog: "Watchdog | None") -> None:
+def _waitall(step: Sequence[MPI.Request], statuses: list[MPI.Status], label: Any, index: int, watchdog: "Watchdog | None") -> None:
     if watchdog is None:
-        MPI.Request.Waitall(list(step), statuses)
+        MPI.Request.Waitall(step, statuses)
         return
     requests = list(step)
     while not MPI.Request.Testall(requests, statuses):
         watchdog.pause([(label, index, step)])
 
 
-def run(steps: Steps, status: MPI.Status | None = None, label: str = "operation") -> Any:
+def run(steps: Steps, status: MPI.Status | None = None, label: Any = "operation") -> Any:
     """Drive *steps* to completion (a blocking operation); return its result.
+
+    *label* names the operation in the watchdog's report: a string, or any
+    object whose ``str()`` is one (so a label is only built if it is shown).
 
     When no other mpicomm request is outstanding the steps run straight through
     ``MPI_Waitall``; otherwise they join the progress engine, so a blocking call
@@ -492,8 +514,12 @@ def run(steps: Steps, status: MPI.Status | None = None, label: str = "operation"
         step = next(steps)
         while True:
             statuses = [MPI.Status() for _ in step]
-            _waitall(step, statuses, label, index, watchdog)
-            _after(step)
+            if watchdog is None:
+                _Waitall(step, statuses)
+            else:
+                _waitall(step, statuses, label, index, watchdog)
+            if type(step) is Step and step.after:
+                step.finish()
             step = steps.send(statuses)
             index += 1
     except StopIteration as stop:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, trace
 from .buffers import check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
 from .requests import barrier
 from .validate import agree, check_int, check_peer, check_span
@@ -105,12 +105,23 @@ class Window:
         *out* receives them (dtype and size must match), else a new 1-D array of
         module *xp* (default: the module of this rank's exposed array).
         """
+        if trace.ON:
+            with trace.span("get", "rma", peer=target, offset=offset, count=count) as note:
+                return self._get(target, offset, count, out, xp, note)
+        return self._get(target, offset, count, out, xp, None)
+
+    def _get(
+        self, target: int, offset: int, count: int | None, out: Any, xp: ModuleType | None, note: dict | None
+    ) -> Any:
         target = self._target(target)
         if out is not None:
             check_array(out, "out", writable=True)
         if target == MPI.PROC_NULL:
             return out
         offset, count = self._span(target, offset, count)
+        if note is not None:
+            nbytes = count * self.dtype.itemsize
+            note.update(peer=target, offset=offset, count=count, bytes=nbytes, dtype=trace.dtype_name(self.dtype))
         if out is None:
             out = (xp or self.xp).empty(count, self.dtype)
         elif out.dtype != self.dtype or out.size != count:
@@ -130,6 +141,12 @@ class Window:
 
     def put(self, x: Any, target: int, offset: int = 0) -> None:
         """Write array *x* into rank *target*'s array at element *offset*; it has landed on return."""
+        if trace.ON:
+            with trace.span("put", "rma", peer=target, offset=offset) as note:
+                return self._put(x, target, offset, note)
+        return self._put(x, target, offset, None)
+
+    def _put(self, x: Any, target: int, offset: int, note: dict | None) -> None:
         check_array(x, "x")
         target = self._target(target)
         if x.dtype != self.dtype:
@@ -137,6 +154,9 @@ class Window:
         if target == MPI.PROC_NULL:
             return
         offset, _ = self._span(target, offset, x.size)
+        if note is not None:
+            nbytes = int(x.nbytes)
+            note.update(peer=target, offset=offset, count=int(x.size), bytes=nbytes, dtype=trace.dtype_name(x.dtype))
         transfer = send_buffer(x)
         try:
             self.win.Put(transfer.buf, target, (offset, x.nbytes, MPI.BYTE))

@@ -39,7 +39,7 @@ from .buffers import DTYPES, array_module
 from .device import cupy_module
 from .ops import is_pair_dtype
 
-__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "simple", "vector", "block", "block_counts", "writable"]
+__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable"]
 
 
 class Unsupported(Exception):
@@ -166,8 +166,27 @@ def _count(value: Any, name: str) -> int:
     return int(value)
 
 
+#: Element types a plain C-contiguous NumPy array may have to be taken as it is (native byte order).
+_PLAIN = frozenset(dt for dt in DTYPES if dt.isnative)
+
+
+def plain(spec: Any) -> Any:
+    """*spec* as a flat array when it is a plain NumPy array :func:`simple` takes as it is, else None.
+
+    The common case, checked first by the readers: a C-contiguous
+    ``numpy.ndarray`` (not a subclass) of a supported element type in native
+    byte order. Its flat view is what ``simple(spec, name).array`` would be.
+    """
+    if type(spec) is np.ndarray and spec.dtype in _PLAIN and spec.flags.c_contiguous:
+        return spec.reshape(-1)
+    return None
+
+
 def simple(spec: Any, name: str) -> Buffer:
     """Read a simple spec (``buf``, ``[buf, count]``, ``[buf, datatype]``, ``[buf, count, datatype]``)."""
+    flat = plain(spec)
+    if flat is not None:
+        return Buffer(flat, np)
     count = datatype = None
     if isinstance(spec, (list, tuple)):
         if len(spec) == 2:

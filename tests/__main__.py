@@ -1,8 +1,14 @@
-"""Run the whole test suite: serially, then under mpiexec at 2, 3 and 4 ranks.
+"""Run the whole test suite: serially, then under mpiexec at 2, 3 and 4 ranks, then on 2 simulated nodes.
 
     python -m tests                       # the README's test command
     python -m tests --ranks 5,7           # the slower tier
     python -m tests --ranks 3 -- -k p2p   # pytest arguments after --
+    python -m tests --ranks 2x2,1x3       # simulated nodes: 2 nodes of 2 ranks, 1 node of 3...
+
+A pass written ``NxM`` runs N·M ranks as M "nodes" of N ranks each (hydra's
+``-launcher fork -hosts nodeA:N,nodeB:N,…``: MPI then reports M nodes, so
+node-local and hierarchical code runs as on a cluster, on this one machine);
+by default it runs the collective tests (tests/coll, tests/test_shm.py).
 
 Each pass is ``python -m pytest --with-mpi tests/`` (1 rank) or
 ``mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/``: ``-m mpi4py``
@@ -25,29 +31,45 @@ import time
 from tests import mpirun
 
 
+#: What a simulated-nodes pass runs by default: the code that depends on where ranks live.
+NODE_TESTS = [os.path.join(mpirun.REPO, "tests", "coll"), os.path.join(mpirun.REPO, "tests", "test_shm.py")]
+
+
+def _layout(text: str) -> tuple[int, int]:
+    """``"4"`` → (4, 1): 4 ranks on one node; ``"2x3"`` → (2, 3): 3 nodes of 2 ranks."""
+    per_node, _, nodes = text.strip().lower().partition("x")
+    return int(per_node), int(nodes or 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", default="1,2,3,4", help="comma-separated rank counts (default: 1,2,3,4; 1 = serial)")
+    parser.add_argument("--ranks", default="1,2,3,4,2x2",
+                        help="comma-separated passes: rank counts, or NxM for M simulated nodes of N ranks "
+                             "(default: 1,2,3,4,2x2; 1 = serial)")
     parser.add_argument("--timeout", type=float, default=1200, help="wall-clock limit per pass in seconds (default: 1200)")
     parser.add_argument("--slow", action="store_true", help="also run the slower tier (tests marked slow: >2 GiB messages)")
     parser.add_argument("--exitfirst", action="store_true", help="stop after the first failing pass")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (put them after --)")
     args = parser.parse_args(argv)
     try:
-        counts = [int(n) for n in args.ranks.split(",") if n.strip()]
+        passes = [_layout(n) for n in args.ranks.split(",") if n.strip()]
     except ValueError:
-        parser.error(f"--ranks {args.ranks!r}: expected comma-separated integers such as 1,2,3,4")
-    if not counts or min(counts) < 1:
-        parser.error(f"--ranks {args.ranks!r}: rank counts must be >= 1")
+        parser.error(f"--ranks {args.ranks!r}: expected comma-separated rank counts or NxM node layouts, "
+                     f"such as 1,2,3,4,2x2")
+    if not passes or min(n * m for n, m in passes) < 1:
+        parser.error(f"--ranks {args.ranks!r}: rank and node counts must be >= 1")
 
     paths = [a for a in args.pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
     default = [] if paths else [os.path.join(mpirun.REPO, "tests")]
     # Every rank must collect the same tests in the same order: no per-process random order.
     pytest_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly", *default, *args.pytest_args]
     results = []
-    for n in counts:
-        print(f"\n==== mpicomm tests at {n} rank{'s' if n > 1 else ''} " + "=" * 40, flush=True)
-        logs = os.path.join(mpirun.REPO, ".pytest_cache", f"rank-logs-{n}")
+    for per_node, nodes in passes:
+        n = per_node * nodes
+        name = str(n) if nodes == 1 else f"{per_node}x{nodes}"
+        where = "" if nodes == 1 else f" on {nodes} simulated nodes"
+        print(f"\n==== mpicomm tests at {n} rank{'s' if n > 1 else ''}{where} " + "=" * 40, flush=True)
+        logs = os.path.join(mpirun.REPO, ".pytest_cache", f"rank-logs-{name}")
         os.makedirs(logs, exist_ok=True)
         for old in glob.glob(os.path.join(logs, "rank*.log")):
             os.remove(old)
@@ -59,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             # a 1 µs sleep after idle polls lets it run (no effect on other MPI libraries).
             env["MPIR_CVAR_CH4_PROGRESS_THROTTLE"] = "1"
         start = time.monotonic()
-        if n == 1:
+        if nodes > 1:
+            hosts = ",".join(f"node{chr(65 + k)}:{per_node}" for k in range(nodes))
+            argv = pytest_argv if paths else [a for a in pytest_argv if a not in default] + NODE_TESTS
+            result = mpirun.run(n, [sys.executable, "-m", "mpi4py", *argv], timeout=args.timeout, env=env,
+                                capture=False, hosts=hosts, launcher="fork")
+            code, timed_out = result.returncode, result.timed_out
+        elif n == 1:
             try:
                 code = subprocess.run(
                     [sys.executable, *pytest_argv], cwd=mpirun.REPO, env=mpirun.job_env(env), timeout=args.timeout
@@ -78,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n---- {os.path.relpath(log, mpirun.REPO)} (last {len(tail)} lines) ----")
                 print("\n".join(tail))
         status = "timed out" if timed_out else ("passed" if code == 0 else f"failed ({code})")
-        results.append((n, status, seconds))
+        results.append((name, status, seconds))
         if code != 0 and args.exitfirst:
             break
 
@@ -86,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ranks':>5}  {'result':<12} {'seconds':>8}")
     for n, status, seconds in results:
         print(f"{n:>5}  {status:<12} {seconds:>8.1f}")
-    return 0 if all(status == "passed" for _, status, _ in results) and len(results) == len(counts) else 1
+    return 0 if all(status == "passed" for _, status, _ in results) and len(results) == len(passes) else 1
 
 
 if __name__ == "__main__":

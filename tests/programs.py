@@ -111,6 +111,99 @@ def stuck_nonblocking() -> None:
 
 PROGRAMS = {f.__name__: f for f in (topology, sigkill, uncaught, exits, stuck, stuck_nonblocking)}
 
+def traced() -> None:
+    """A known sequence of traced calls (run with MPICOMM_TRACE set; tests/test_trace.py checks the file).
+
+    Rank r, with left = r-1 and right = r+1 (mod p), in this order:
+
+    * p2p: isend_array of 10+r float64 to right (tag 11) / recv_array from left;
+      isend_array of 6000+r float32 to right (tag 12: two-part) / irecv_array from left;
+    * rendezvous: publish "part<r>" (20+r float64), pull "part<right>" from right at offset 2
+      (and answer left's pull);
+    * window of 8 float64: Barrier (dissemination), get 3 elements at offset 2 from right,
+      Allreduce of 1000 float64 (ring), Bcast of 300 float64 from root 1 (binomial),
+      put 2 elements at offset 5 into left, Barrier (dissemination).
+
+    Every rank checks the data it received; rank 0 prints {"ok": true, "ranks": p}.
+    """
+    import numpy as np
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    rank, p = comm.rank, comm.size
+    left, right = (rank - 1) % p, (rank + 1) % p
+
+    small = rank * 1000.0 + np.arange(10 + rank, dtype=np.float64)
+    send = comm.isend_array(small, right, tag=11)
+    got = comm.recv_array(source=left, tag=11)
+    send.Wait()
+    if not np.array_equal(got, left * 1000.0 + np.arange(10 + left)):
+        raise RuntimeError(f"rank {rank}: wrong small message from {left}")
+    big = rank + np.arange(6000 + rank, dtype=np.float32)
+    requests = [comm.isend_array(big, right, tag=12), comm.irecv_array(source=left, tag=12)]
+    _, got = mpicomm.Request.waitall(requests)
+    if not np.array_equal(got, left + np.arange(6000 + left, dtype=np.float32)):
+        raise RuntimeError(f"rank {rank}: wrong large message from {left}")
+
+    with comm.rendezvous() as rv:
+        rv.publish(f"part{rank}", rank * 10.0 + np.arange(20 + rank, dtype=np.float64))
+        got = rv.pull(f"part{right}", right, offset=2)
+        if not np.array_equal(got, right * 10.0 + np.arange(2, 20 + right)):
+            raise RuntimeError(f"rank {rank}: wrong pull from {right}")
+
+    local = rank * 100.0 + np.arange(8, dtype=np.float64)
+    win = comm.expose(local)
+    win.publish()
+    comm.Barrier(algorithm="dissemination")
+    got = win.get(right, offset=2, count=3)
+    if not np.array_equal(got, right * 100.0 + np.arange(2, 5)):
+        raise RuntimeError(f"rank {rank}: wrong get from {right}")
+    x = rank + np.arange(1000, dtype=np.float64)
+    total = np.empty_like(x)
+    comm.Allreduce(x, total, algorithm="ring")
+    if not np.array_equal(total, sum(range(p)) + p * np.arange(1000)):
+        raise RuntimeError(f"rank {rank}: wrong allreduce")
+    buf = np.arange(300, dtype=np.float64) + (7.0 if rank == 1 % p else -1.0)
+    comm.Bcast(buf, root=1 % p, algorithm="binomial")
+    if not np.array_equal(buf, np.arange(300) + 7.0):
+        raise RuntimeError(f"rank {rank}: wrong bcast")
+    win.put(np.full(2, rank + 0.5), left, offset=5)
+    comm.Barrier(algorithm="dissemination")
+    win.collect()
+    if not np.array_equal(local[5:7], np.full(2, right + 0.5)):
+        raise RuntimeError(f"rank {rank}: the put from {right} did not land")
+    win.Free()
+    if rank == 0:
+        print(json.dumps({"ok": True, "ranks": p}), flush=True)
+
+
+def traced_finalized() -> None:
+    """Traced calls after ``chdir(argv[2])``, then MPI_Finalize before exit: each rank writes its own file.
+
+    MPICOMM_TRACE is a relative path: it names a file in argv[2] even though the
+    program leaves that directory before the trace is written. Each rank sends
+    one array of 5+r int64 to itself (tag 3) and receives it.
+    """
+    os.chdir(sys.argv[2])
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    x = np.arange(5 + comm.rank, dtype=np.int64)
+    send = comm.isend_array(x, comm.rank, tag=3)
+    if not np.array_equal(comm.recv_array(source=comm.rank, tag=3), x):
+        raise RuntimeError("wrong message to self")
+    send.Wait()
+    os.chdir(os.path.dirname(os.path.abspath(sys.argv[2])))
+    MPI.COMM_WORLD.Barrier()
+    MPI.Finalize()
+
+
+PROGRAMS.update({f.__name__: f for f in (traced, traced_finalized)})
+
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in PROGRAMS:
         sys.exit(f"usage: python -m tests.programs {{{','.join(PROGRAMS)}}}")

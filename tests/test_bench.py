@@ -1,13 +1,22 @@
-"""mpicomm.bench: size parsing, and the ping-pong benchmark end to end at small sizes."""
+"""mpicomm.bench: sizes, the nccl-tests and OSU conventions as pure functions, the command line, and the
+ping-pong and collective benchmarks end to end at small sizes (with --validate, --json, --plot, --out).
+
+The end-to-end tests start their own MPI jobs (marked ``launches``: the serial pass runs them).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import sys
 
+import numpy as np
 import pytest
 
-from mpicomm.bench import parse_sizes
+from mpicomm import bench
+from mpicomm.bench import (COLLECTIVES, bandwidths, bus_factor, layout, markdown_table, mismatch, model_bytes,
+                           nccl_bytes, parse_sizes, rank_values)
 from tests import mpirun
 
 
@@ -24,11 +33,158 @@ def test_bad_sizes_are_named(bad):
         parse_sizes(bad)
 
 
+# ---------------------------------------------------------------- conventions as pure functions
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7])
+def test_busbw_factors_are_nccl_tests(p):
+    assert bus_factor("allreduce", p) == pytest.approx(2 * (p - 1) / p)
+    for c in ("reduce_scatter", "allgather", "alltoall", "gather", "scatter"):
+        assert bus_factor(c, p) == pytest.approx((p - 1) / p), c
+    for c in ("bcast", "reduce", "scan"):
+        assert bus_factor(c, p) == 1.0, c
+    with pytest.raises(ValueError, match="allreduc.*known: allreduce"):
+        bus_factor("allreduc", p)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_algbw_counts_what_nccl_tests_counts(p):
+    # allreduce, bcast, reduce: S = count·typesize; the others: S = count·typesize·p (count = one rank's block)
+    for c in ("allreduce", "bcast", "reduce", "scan"):
+        assert nccl_bytes(c, 1000, 8, p) == 8000
+    for c in ("reduce_scatter", "allgather", "alltoall", "gather", "scatter"):
+        assert nccl_bytes(c, 1000, 8, p) == 8000 * p
+    algbw, busbw = bandwidths("allreduce", 1 << 17, 8, p, 1e-3)  # 1 MiB in 1 ms
+    assert algbw == pytest.approx((1 << 20) / 1e-3 / 1e9)
+    assert busbw == pytest.approx(algbw * 2 * (p - 1) / p)
+    algbw, busbw = bandwidths("allgather", 100, 4, p, 2e-6)
+    assert algbw == pytest.approx(400 * p / 2e-6 / 1e9) and busbw == pytest.approx(algbw * (p - 1) / p)
+    assert bandwidths("barrier", 0, 8, p, 1e-6) is None
+    assert nccl_bytes("barrier", 0, 8, p) == 0
+
+
+@pytest.mark.parametrize("collective", [c for c in COLLECTIVES if c != "barrier"])
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_model_bytes_are_the_dispatchers_selection_bytes(collective, p):
+    from mpicomm.coll import dispatch
+
+    spec = COLLECTIVES[collective]
+    for unit in (1, 5, 4096):
+        args = dispatch.Args(spec.registry, dtype=np.dtype(np.float64), count=unit)
+        assert model_bytes(collective, unit, 8, p) == dispatch.selection_bytes(args, p), (collective, unit)
+
+
+def test_layout_rounds_to_float64_elements_and_reports_osu_size():
+    # whole-vector collectives: Size = the vector, rounded down to whole elements, at least one
+    assert layout("allreduce", 8, 3) == (1, 1, 1, 8)
+    assert layout("allreduce", 100, 3) == (12, 12, 12, 96)
+    assert layout("bcast", 3, 2) == (1, 1, 1, 8)
+    # per-rank block collectives: Size = one block
+    assert layout("allgather", 4096, 3) == (512, 512, 1536, 4096)
+    assert layout("alltoall", 64, 3) == (8, 24, 24, 64)
+    assert layout("gather", 16, 4) == (2, 2, 8, 16)
+    assert layout("scatter", 16, 4) == (2, 8, 2, 16)
+    # reduce_scatter: Size = the whole input vector, a whole number of elements per rank
+    assert layout("reduce_scatter", 4096, 3) == (170, 510, 170, 4080)
+    assert layout("reduce_scatter", 8, 2) == (1, 2, 1, 16)
+    assert layout("barrier", 4096, 3) == (0, 0, 0, 0)
+
+
+def test_rank_values_differ_by_rank_and_index_and_sum_exactly():
+    p, n = 3, 5000
+    parts = [rank_values(n, r, p, salt=2) for r in range(p)]
+    every = np.concatenate(parts)
+    assert np.unique(every).size == every.size  # no two (rank, index) pairs share a value
+    total = np.sum(parts, axis=0)
+    exact = np.array([sum(i * p + r + 2 for r in range(p)) for i in (0, 1, n - 1)], np.float64)
+    assert np.array_equal(total[[0, 1, n - 1]], exact)
+
+
+def test_mismatch_finds_the_first_differing_element():
+    want = rank_values(10, 1, 2)
+    assert mismatch(want.copy(), want) is None
+    got = want.copy()
+    got[7] += 1
+    assert "1 of 10 elements differ (first at index 7" in mismatch(got, want)
+    stale = np.full(10, np.nan)  # a result never written
+    assert "10 of 10" in mismatch(stale, want)
+    assert "shape" in mismatch(want[:5], want)
+
+
+def test_validation_flags_the_variant_that_differs():
+    # local stand-ins for calls (no MPI): native doubles the data, a wrong variant misplaces one element
+    spec = COLLECTIVES["allreduce"]
+    send, recv = np.zeros(6), np.zeros(6)
+    good_recv, bad_recv = np.zeros(6), np.zeros(6)
+
+    def wrong():
+        bad_recv[...] = 2 * send
+        bad_recv[[2, 3]] = bad_recv[[3, 2]]
+
+    variants = [
+        bench._Variant("native", None, send, recv, lambda: recv.__setitem__(..., 2 * send)),
+        bench._Variant("good", "good", send, good_recv, lambda: good_recv.__setitem__(..., 2 * send)),
+        bench._Variant("wrong", "wrong", send, bad_recv, wrong),
+    ]
+    verdicts = bench._validate(spec, variants, rank=1, p=2, salt=3)
+    assert verdicts["native"] is None and verdicts["good"] is None
+    assert "2 of 6 elements differ (first at index 2" in verdicts["wrong"]
+
+
+def test_markdown_table_lines_up():
+    text = markdown_table(["Size", "Avg Latency(us)"], [["8", "1.50"], ["65536", "120.25"]])
+    lines = text.splitlines()
+    assert lines[0] == "| Size  | Avg Latency(us) |"
+    assert lines[1] == "|:------|----------------:|"
+    assert lines[3] == "| 65536 |          120.25 |"
+
+
+# ---------------------------------------------------------------- the command line (no MPI job)
+
+
+def test_unknown_benchmark_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["allreduc"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'allreduc'" in err
+    for name in ("pingpong", "allreduce", "bcast", "alltoall", "reduce_scatter", "barrier"):
+        assert f"'{name}'" in err
+
+
+def test_unknown_algorithm_lists_the_registered_ones(capsys):
+    import mpicomm
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["bcast", "--algorithms", "binomial,bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown bcast algorithm(s) 'bogus'" in err
+    assert all(name in err for name in mpicomm.algorithms("bcast"))
+
+
+def test_collective_help_names_its_algorithms_and_factors(capsys):
+    import mpicomm
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["allgather", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(name in out for name in mpicomm.algorithms("allgather"))
+    assert "busbw = algbw * (p-1)/p" in out and "--validate" in out and "--plot" in out
+
+
+# ---------------------------------------------------------------- end to end, under mpiexec
+
+
+def _bench(n: int, *argv: str, timeout: float = 120) -> mpirun.Result:
+    return mpirun.run(n, [sys.executable, "-m", "mpicomm.bench", *argv], timeout=timeout)
+
+
 @pytest.mark.launches
 def test_pingpong_writes_its_table(tmp_path):
     out = tmp_path / "pingpong.md"
-    result = mpirun.run(2, [sys.executable, "-m", "mpicomm.bench", "pingpong", "--sizes", "8,20000,65536",
-                            "--iters", "20", "--out", str(out)], timeout=120)
+    result = _bench(2, "pingpong", "--sizes", "8,20000,65536", "--iters", "20", "--out", str(out))
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [int(r.split("|")[1]) for r in rows] == [8, 20000, 65536]
@@ -37,11 +193,94 @@ def test_pingpong_writes_its_table(tmp_path):
         assert native > 0 and ours > 0 and ratio == pytest.approx(ours / native, rel=0.01)
     text = out.read_text()
     assert "Command: `mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8,20000,65536" in text
-    assert "| 65536 |" in text
+    assert "| 65536 " in text
 
 
 @pytest.mark.launches
 def test_pingpong_needs_two_ranks():
-    result = mpirun.run(1, [sys.executable, "-m", "mpicomm.bench", "pingpong", "--sizes", "8"], timeout=60)
+    result = _bench(1, "pingpong", "--sizes", "8", timeout=60)
     assert result.returncode != 0
     assert "pingpong needs 2 ranks" in result.stderr
+
+
+# The collectives the issue names run at 2 and 3 ranks; the others at 3 (not a power of two).
+_RUNS = [(c, n) for c in ("allreduce", "bcast", "allgather", "alltoall", "reduce_scatter") for n in (2, 3)]
+_RUNS += [(c, 3) for c in ("reduce", "gather", "scatter", "scan", "barrier")]
+_HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("collective,n", _RUNS, ids=[f"{c}-{n}" for c, n in _RUNS])
+def test_collective_validates_every_algorithm(tmp_path, collective, n):
+    from mpicomm import registry
+
+    spec = COLLECTIVES[collective]
+    sizes = [8, 4096, 65536]
+    out = tmp_path / "result.json"
+    argv = [collective, "--sizes", ",".join(map(str, sizes)), "--iters", "4", "--validate", "--json", str(out)]
+    extra = collective == "allreduce" and n == 2  # one run also draws, writes Markdown and uses the pool
+    if extra:
+        argv += ["--pool", "--out", str(tmp_path / "result.md")] + (["--plot", str(tmp_path / "result.png")]
+                                                                      if _HAS_MATPLOTLIB else [])
+    result = _bench(n, *argv)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(out.read_text())
+    assert document["p"] == n and document["benchmark"] == collective and document["validated"]
+    assert document["command"].startswith(f"mpiexec -n {n} python -m mpicomm.bench {collective} --sizes")
+    assert document["mpi_library"] and document["machine"] and document["date"]
+    rows = document["rows"]
+
+    # every registered algorithm was measured or skipped with a reason; native and auto always run
+    skipped = {note.split(" algorithm ")[1].split(":")[0] for note in document["notes"] if note.startswith("skipped")}
+    registered = set(registry.algorithms(spec.registry))
+    measured = {r["algorithm"] for r in rows} - {None}
+    assert measured | skipped == registered | {"auto"} and not measured & skipped
+    for name in skipped:
+        assert registry.lookup(spec.registry, name).power_of_two or getattr(
+            registry.lookup(spec.registry, name), "single_node", False)
+
+    expected_sizes = [0] if collective == "barrier" else list(dict.fromkeys(layout(collective, s, n)[3] for s in sizes))
+    assert sorted({r["size"] for r in rows}) == expected_sizes
+    pool = extra and "shm" in measured and importlib.util.find_spec("mpicomm.shm") is not None
+    for size in expected_sizes:
+        here = [r for r in rows if r["size"] == size]
+        assert here[0]["name"] == "native" and here[0]["vs_native"] == 1.0
+        assert len(here) == len(measured) + 1 + bool(pool)
+        for r in here:
+            assert r["validation"] == "Pass", r
+            assert r["iterations"] == 4
+            assert 0 < r["min_us"] <= r["avg_us"] <= r["max_us"]
+            assert r["vs_native"] == pytest.approx(r["avg_us"] / here[0]["avg_us"])
+            if collective != "barrier":
+                algbw, busbw = bandwidths(collective, r["count"], 8, n, r["avg_us"] * 1e-6)
+                assert r["algbw_GBps"] == pytest.approx(algbw) and r["busbw_GBps"] == pytest.approx(busbw)
+            if r["algorithm"] is not None and document["model"] is not None:
+                assert r["model_us"] > 0 and r["meas_over_model"] == pytest.approx(r["avg_us"] / r["model_us"])
+        auto = [r for r in here if r["name"] == "auto"][0]
+        assert auto["chose"] in registered and auto["source"]
+        if pool:
+            assert [r["name"] for r in here].count("shm+pool") == 1
+    assert document["overhead"]["overhead_us"] == pytest.approx(
+        document["overhead"]["auto_us"] - document["overhead"]["native_us"])
+    assert "Python overhead of one" in result.stdout
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].split("|")[1].strip() == "Size" and "Avg Latency(us)" in table[0] and "busbw (GB/s)" in table[0]
+    assert len(table) == 1 + len(rows)  # the header, then one line per row (the rule starts with "|:")
+    if extra:
+        text = (tmp_path / "result.md").read_text()
+        assert "Command: `mpiexec -n 2 python -m mpicomm.bench allreduce --sizes 8,4096,65536" in text
+        assert "Machine: " in text and "| 65536 " in text and "Python overhead of one 8-byte call" in text
+        if _HAS_MATPLOTLIB:
+            assert (tmp_path / "result.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert "![allreduce latency](result.png)" in text
+
+
+@pytest.mark.launches
+def test_bad_algorithm_name_exits_2_on_every_rank():
+    result = _bench(2, "alltoall", "--algorithms", "pairwise,spiral", "--sizes", "8", timeout=60)
+    assert result.returncode == 2 and not result.timed_out
+    assert result.stderr.count("unknown alltoall algorithm(s) 'spiral'") == 2  # both ranks say it
+    import mpicomm
+
+    assert "valid: all, auto, " in result.stderr
+    assert all(name in result.stderr for name in mpicomm.algorithms("alltoall"))

@@ -119,6 +119,49 @@ def test_collective_tags_agree_and_advance(comm):
     assert comm.allgather(first) == [first] * comm.size
 
 
+@pytest.mark.mpi
+def test_ppn_is_the_most_ranks_of_any_node(comm):
+    assert comm.ppn == max(comm.allgather(comm.local_size))
+    assert comm.allgather(comm.ppn) == [comm.ppn] * comm.size
+
+
+@pytest.mark.mpi
+def test_machine_is_the_saved_fit_on_every_rank(comm, monkeypatch):
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from mpicomm import model
+
+    folder = comm.bcast(tempfile.mkdtemp(prefix="mpicomm-fit-") if comm.rank == 0 else None, root=0)
+    monkeypatch.setenv("MPICOMM_CACHE_DIR", folder)
+    try:
+        empty = comm.Dup()
+        assert empty.machine is None, "no fit saved: no model"
+        empty.Free()
+        fit = dataclasses.replace(model.NOMINAL, gamma=1.25e-10, host=comm.host, nodes=comm.nodes, ppn=comm.ppn)
+        if comm.rank == 0:
+            model.save(fit, model.path_for(comm.host, model.layout_key(comm.size, comm.nodes, comm.local_size)))
+        comm.Barrier()
+        fitted = comm.Dup()
+        try:
+            assert fitted.machine is not None and fitted.machine.gamma == 1.25e-10
+            assert comm.allgather(fitted.machine.to_json()) == [fit.to_json()] * comm.size  # rank 0's, everywhere
+            assert comm.machine is not fitted.machine  # loaded when the state was built, per communicator
+        finally:
+            fitted.Free()
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_predict_is_exported():
+    from mpicomm import model
+
+    assert mpicomm.predict is model.predict
+
+
 def test_bad_constructor_arguments():
     with pytest.raises(TypeError, match="Intracomm"):
         mpicomm.Comm("world")

@@ -1,11 +1,15 @@
-"""mpicomm.registry: one table of algorithms, each with a cost; selection as data."""
+"""mpicomm.registry: one table of algorithms, each with a cost; restrictions; selection by call, communicator,
+environment, fitted model or table."""
 
 from __future__ import annotations
+
+import logging
+from dataclasses import replace
 
 import pytest
 
 import mpicomm
-from mpicomm import registry
+from mpicomm import model, registry
 
 
 def all_algorithms():
@@ -16,7 +20,7 @@ def all_algorithms():
 def test_every_algorithm_documents_steps_and_cost(algorithm):
     doc = algorithm.steps.__doc__ or ""
     assert algorithm.cost, f"{algorithm.collective}/{algorithm.name} has no Cost: line"
-    assert "α" in algorithm.cost
+    assert "α" in algorithm.cost or "T_" in algorithm.cost  # α-β-γ, or a composition of other algorithms' costs
     assert "Steps:" in doc and "Restrictions:" in doc
     assert algorithm.summary
 
@@ -60,3 +64,143 @@ def test_selection_precedence(monkeypatch):
     monkeypatch.setenv("MPICOMM_BARRIER_ALGORITHM", "nope")
     with pytest.raises(ValueError, match="'nope'"):
         registry.select("barrier", None)
+
+
+# ---------------------------------------------------------------- restrictions, sources, and the model's choice
+
+
+def fake(name="fake", **restrictions):
+    """An unregistered algorithm with these restrictions (allowed() only reads the flags)."""
+    return registry.Algorithm("allreduce", name, registry.lookup("allreduce", "ring").steps, **restrictions)
+
+
+def test_allowed_names_the_reason():
+    assert registry.allowed(fake(), {"p": 3, "nodes": 2, "device": True, "commutative": False}) is None
+    assert "not commutative" in registry.allowed(fake(commutative_only=True), {"commutative": False, "op": "matmul"})
+    assert registry.allowed(fake(commutative_only=True), {"commutative": True}) is None
+    assert "spans 2 nodes" in registry.allowed(fake(single_node=True), {"nodes": 2})
+    assert registry.allowed(fake(single_node=True), {"nodes": 1}) is None
+    assert registry.allowed(fake(single_node=True), {}) is None
+    assert "host memory only" in registry.allowed(fake(host_only=True), {"device": True})
+    assert registry.allowed(fake(host_only=True), {"device": False}) is None
+    assert registry.allowed(fake(host_only=True), {"device": None}) is None
+    assert "p = 6" in registry.allowed(fake(power_of_two=True), {"p": 6})
+    assert registry.allowed(fake(power_of_two=True), {"p": 8}) is None
+
+
+def test_choose_says_where_the_choice_came_from(monkeypatch):
+    monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM", raising=False)
+    facts = {"p": 4, "bytes": 8, "count": 1}
+    assert registry.choose("allreduce", "ring", "tree", facts) == (registry.lookup("allreduce", "ring"), "call")
+    assert registry.choose("allreduce", "auto", "tree", facts) == (registry.lookup("allreduce", "tree"), "communicator")
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "naive")
+    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", "naive"), "environment")
+    monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM")
+    assert registry.choose("allreduce", None, None, facts) == (registry.auto("allreduce", facts), "table")
+    assert registry.choose("allreduce", None, None, {**facts, "machine": MACHINE})[1] == "model"
+    assert registry.select("allreduce", None, None, {**facts, "machine": MACHINE}) is \
+        registry.choose("allreduce", None, None, {**facts, "machine": MACHINE})[0]
+
+
+def single_node_allreduce():
+    names = [a.name for a in registry.table()["allreduce"].values() if a.single_node]
+    if not names:
+        pytest.skip("no single-node allreduce algorithm is registered")
+    return names[0]
+
+
+def test_a_named_algorithm_that_cannot_run_raises_with_the_reason():
+    name = single_node_allreduce()
+    with pytest.raises(ValueError, match=f"allreduce algorithm '{name}' \\(from the call\\) needs every rank on one "
+                                         f"node .* spans 2 nodes; use one that can run here: .*ring"):
+        registry.choose("allreduce", name, None, {"p": 4, "nodes": 2})
+    with pytest.raises(ValueError, match="host memory only") as info:
+        registry.choose("allreduce", None, name, {"p": 4, "nodes": 1, "device": True})
+    assert "(from the communicator)" in str(info.value) and f" {name}," not in str(info.value)
+    assert registry.choose("allreduce", name, None, {"p": 4, "nodes": 1})[0].name == name
+
+
+#: Every link alike: α 20 µs, β 0.125 ns/B (8 GB/s), γ 0.03 ns/B, δ 0.02 ns/B; two ranks per node.
+MACHINE = model.Machine(intra=model.Link(20e-6, 0.125e-9), inter=model.Link(20e-6, 0.125e-9), gamma=0.03e-9,
+                        copy=0.02e-9, overhead=40e-6, validation=20e-6, ppn=2, nodes=2, host="h", created="")
+
+
+def argmin(collective, facts, machine):
+    """The allowed algorithm of least prediction, ties by name - worked out here independently of choose()."""
+    seconds = {name: model.predict(collective, name, facts["bytes"], facts["p"], machine)
+               for name in registry.table()[collective]
+               if registry.allowed(registry.lookup(collective, name), facts) is None}
+    least = min(seconds.values())
+    return min(name for name, s in seconds.items() if s <= least * (1 + 1e-9))  # equal but for rounding: by name
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "bcast", "reduce", "allgather", "alltoall", "reduce_scatter",
+                                        "scan", "gather"])
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 << 16, 1 << 22])
+def test_auto_with_a_machine_picks_the_least_predicted(collective, p, nbytes):
+    for facts in ({"p": p, "bytes": nbytes, "count": nbytes // 8, "nodes": -(-p // 2)},
+                  {"p": p, "bytes": nbytes, "commutative": False, "nodes": 1},
+                  {"p": p, "bytes": nbytes, "nodes": 1, "device": True}):
+        chosen, source = registry.choose(collective, None, None, {**facts, "machine": MACHINE})
+        assert source == "model"
+        assert chosen.name == argmin(collective, facts, MACHINE)
+        assert registry.allowed(chosen, facts) is None
+
+
+def test_the_balance_of_alpha_and_beta_flips_the_choice():
+    facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "nodes": 2, "ppn": 2}
+    latency = replace(MACHINE, intra=model.Link(1e-3, 1e-15), inter=model.Link(1e-3, 1e-15), gamma=1e-15, copy=1e-15)
+    bandwidth = replace(MACHINE, intra=model.Link(1e-9, 1e-6), inter=model.Link(1e-9, 1e-6), gamma=1e-9, copy=1e-6)
+    fewest_messages = registry.choose("allreduce", None, None, {**facts, "machine": latency})[0].name
+    fewest_bytes = registry.choose("allreduce", None, None, {**facts, "machine": bandwidth})[0].name
+    assert fewest_messages == "recursive_doubling"  # lg p messages
+    assert fewest_bytes in ("ring", "rabenseifner")  # 2n(p−1)/p bytes instead of n·lg p
+    assert registry.choose("bcast", None, None, {**facts, "machine": latency})[0].name == "binomial"
+    assert registry.choose("bcast", None, None, {**facts, "machine": bandwidth})[0].name in ("scatter_allgather",
+                                                                                          "pipeline")
+
+
+def test_auto_respects_restrictions_when_the_model_prefers_a_restricted_algorithm():
+    name = single_node_allreduce()
+    cheap_copies = replace(MACHINE, copy=1e-15, gamma=1e-15)  # shared memory costs next to nothing
+    facts = {"p": 2, "bytes": 1 << 20, "nodes": 1, "machine": cheap_copies}
+    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", name), "model")
+    for restricted in ({"nodes": 2}, {"device": True}):
+        chosen = registry.choose("allreduce", None, None, {**facts, **restricted})[0]
+        assert chosen.name != name and registry.allowed(chosen, {**facts, **restricted}) is None
+    chosen = registry.choose("allreduce", None, None, {**facts, "commutative": False, "nodes": 2})[0]
+    assert not chosen.commutative_only and not chosen.single_node
+
+
+def test_without_a_machine_or_a_size_the_table_decides():
+    facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "nodes": 1}
+    table = registry.auto("allreduce", facts)
+    assert table.name == "ring"
+    assert registry.choose("allreduce", None, None, facts) == (table, "table")
+    assert registry.choose("allreduce", None, None, {**facts, "machine": None}) == (table, "table")
+    assert registry.choose("gatherv", None, None, {"p": 4, "bytes": None, "machine": MACHINE})[1] == "table"
+    assert registry.choose("allreduce", None, None, {"p": 1, "bytes": 8, "machine": MACHINE})[1] == "table"
+
+
+def test_the_table_skips_algorithms_that_cannot_run():
+    facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "commutative": False}
+    assert not registry.auto("allreduce", facts).commutative_only
+    name = single_node_allreduce()
+    saved = registry.SELECTION["allreduce"]
+    registry.SELECTION["allreduce"] = [{"algorithm": name}] + saved
+    try:
+        assert registry.auto("allreduce", {"p": 4, "nodes": 1}).name == name
+        assert registry.auto("allreduce", {"p": 4, "nodes": 2}).name != name
+        assert registry.auto("allreduce", {"p": 4, "nodes": 1, "device": True}).name != name
+    finally:
+        registry.SELECTION["allreduce"] = saved
+
+
+def test_the_choice_and_its_source_are_logged(caplog):
+    with caplog.at_level(logging.DEBUG, logger="mpicomm"):
+        registry.choose("allreduce", None, None, {"p": 4, "bytes": 1 << 20, "machine": MACHINE})
+        registry.choose("allreduce", None, None, {"p": 4, "bytes": 1 << 20})
+    text = caplog.text
+    assert "allreduce: algorithm" in text and "(from the model: " in text and "us predicted" in text
+    assert "(from the table)" in text

@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from mpicomm.buffers import mpi_datatype
-from mpicomm.requests import Envelope, Request, outstanding, progress, run
+from mpicomm.requests import Envelope, Request, Step, outstanding, progress, run
 
 from .conftest import rank_data
 
@@ -486,6 +486,37 @@ def test_repr():
     assert repr(r) == "<mpicomm.Request my op: done>"
     assert Request(no_steps(1)).label == "request"
     assert repr(Request(no_steps(1))) == "<mpicomm.Request request: done>"
+
+
+def test_a_label_is_built_only_when_shown():
+    class Lazy:
+        shown = 0
+
+        def __str__(self) -> str:
+            Lazy.shown += 1
+            return "allreduce #3 (ring)"
+
+    r = Request(empty_step([]), Lazy())
+    r.wait()
+    assert Lazy.shown == 0
+    assert r.label == "allreduce #3 (ring)" and Lazy.shown == 1
+    assert repr(r) == "<mpicomm.Request allreduce #3 (ring): done>" and Lazy.shown == 2
+    assert run(no_steps(5), label=Lazy()) == 5 and Lazy.shown == 2  # run shows it only when stuck
+
+
+def test_watchdog_describes_agreement_and_library_steps(private):
+    from mpicomm.requests import _describe
+
+    pending = private.Irecv(np.empty(1), source=private.Get_rank(), tag=77)  # nobody sends: it stays pending
+    try:
+        agreement = _describe(("allgather #4 (ring)", 0, Step([pending], peers=[("all", -1)])))
+        library = _describe(("allgather #4 (ring)", 1, Step([pending], peers=[("library", -1)])))
+    finally:
+        pending.Cancel()
+        pending.Wait()
+    assert agreement.startswith("stuck in allgather #4 (ring), step 1: waiting for every rank to enter it")
+    assert library.startswith("stuck in allgather #4 (ring), step 2: in the MPI library's own collective")
+    assert "some rank has not called this collective" in library
 
 
 def test_progress_and_outstanding_are_inspectable():

@@ -29,6 +29,22 @@ def test_bare_array_is_its_whole_buffer_flat_without_copy():
     assert x[1, 1] == -1
 
 
+def test_plain_arrays_take_the_short_path_and_read_the_same():
+    x = np.arange(12.0).reshape(3, 4)
+    flat = specs.plain(x)
+    assert flat is not None and flat.shape == (12,) and shares(flat, x)
+    assert flat.tolist() == simple(x, "buf").array.tolist()
+    readonly = np.frombuffer(np.arange(4.0).tobytes())
+    assert specs.plain(readonly) is not None  # writability is the reader's check (writable())
+    for other in (x[:, ::2],                                  # not contiguous
+                  np.arange(4.0).astype(">f8"),               # not native byte order
+                  np.zeros(2, pair_dtype(np.float64)),        # structured
+                  np.zeros(2, object),                        # not an element type mpicomm moves
+                  np.ma.masked_array(np.arange(3.0)),         # a subclass
+                  [x, 4], bytearray(8), None, MPI.IN_PLACE):
+        assert specs.plain(other) is None, other
+
+
 def test_count_takes_the_first_elements():
     x = np.arange(10, dtype=np.int32)
     b = simple([x, 4], "sendbuf")

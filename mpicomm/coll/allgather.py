@@ -23,7 +23,7 @@ from ..requests import Steps
 from .call import Call, block
 from .schedules import bruck_allgather, doubling_partners, fold, ring_allgather
 
-__all__ = ["linear", "ring", "recursive_doubling", "bruck"]
+__all__ = ["linear", "ring", "recursive_doubling", "bruck", "shm", "hierarchical"]
 
 
 def _offsets(counts: Sequence[int]) -> list[int]:
@@ -181,3 +181,70 @@ def bruck(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Seque
     else:
         for i, r in enumerate(order):
             call.copy(block(recv, counts, displs, r), tmp[offsets[i] : offsets[i + 1]])
+
+
+@register("allgather", "shm", single_node=True, host_only=True, blocking_only=True)
+@register("allgatherv", "shm", single_node=True, host_only=True, blocking_only=True)
+def shm(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Shared memory: every rank publishes its block, then copies every block straight from the peers' memory.
+
+    Steps: publish the block (a :class:`mpicomm.shm.Pool` array where it is,
+    another copied once into scratch); barrier; copy the p blocks into place;
+    barrier (the blocks stay valid until everyone has read them).
+    Restrictions: every rank on one node; host buffers.
+    Cost: 2⌈lg p⌉·α + n(p+1)/p·δ  (a pool block skips its copy in)
+    """
+    from .. import shm as _shm
+
+    a = _shm.arena(call.comm)
+    item = call.dtype.itemsize
+    a.publish(_shm.place(a, send, a.scratch(max(counts, default=0) * item), 0))
+    yield from a.fence()
+    for r in range(call.p):
+        if counts[r]:
+            mine = block(recv, counts, displs, r)
+            if r == call.rank:
+                call.copy(mine, send)
+            else:
+                mine[...] = a.view(r, a.word(r, 0), a.word(r, 1), a.word(r, 2), counts[r], call.dtype)
+    yield from a.fence()
+
+
+@register("allgather", "hierarchical", blocking_only=True)
+@register("allgatherv", "hierarchical", blocking_only=True)
+def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+    """Hierarchical: gather on each node, allgather the nodes' blocks among the leaders, broadcast on each node.
+
+    Steps: (1) gatherv of the node's blocks to its leader, packed node after
+    node in local-rank order; (2) allgatherv of the node packs among the
+    leaders; (3) broadcast of everything over each node; (4) every rank moves
+    the blocks from node order to their places in *recv*. Each level runs
+    through the dispatcher.
+    Restrictions: none.
+    Cost: T_gather(n/p, ppn; intra) + T_allgatherv(n, nodes; inter) + T_bcast(n, ppn; intra) + n·δ
+    """
+    from .dispatch import nested
+    from .hierarchy import levels
+
+    lv = levels(call.comm)
+    order = [r for node in lv.members for r in node]  # ranks in node-major order
+    where = _offsets([counts[r] for r in order])
+    start = {r: where[i] for i, r in enumerate(order)}
+    node_index = lv.node_of[call.rank]
+    mine = lv.members[node_index]
+    node_counts = [sum(counts[r] for r in node) for node in lv.members]
+    node_starts = [start[node[0]] if node else 0 for node in lv.members]
+    packed = call.empty(where[-1])
+    leader = lv.leaders is not None
+    base = node_starts[node_index]
+    local_counts = [counts[r] for r in mine]
+    local_displs = [start[r] - base for r in mine]
+    node_pack = packed[base : base + node_counts[node_index]]
+    yield from nested(lv.node, "gatherv", send=send, recv=node_pack if leader else None, root=0,
+                      recvcounts=local_counts if leader else None, recvdispls=local_displs if leader else None)
+    if leader:
+        yield from nested(lv.leaders, "allgatherv", send=node_pack, recv=packed,
+                          recvcounts=node_counts, recvdispls=node_starts)
+    yield from nested(lv.node, "bcast", recv=packed, root=0, count=packed.size)
+    for r in range(call.p):
+        call.copy(block(recv, counts, displs, r), packed[start[r] : start[r] + counts[r]])

@@ -14,7 +14,7 @@ from ..requests import Step, Steps
 from .call import Call
 from .schedules import binomial, block_partition, doubling_partners, fold, ring_allgather, ring_reduce_scatter, unfold
 
-__all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabenseifner"]
+__all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabenseifner", "shm", "hierarchical"]
 
 #: Largest message of the segmented ring: each block travels in pieces of at most this many bytes,
 #: so the reduction of one piece overlaps the transfer of the next (and scratch space stays small).
@@ -278,3 +278,43 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
         lo, hi = outer_lo, outer_hi
     if f.partner is not None:
         yield call.send(f.partner, recv)
+
+
+@register("allreduce", "shm", single_node=True, host_only=True, blocking_only=True)
+def shm(call: Call, send: Any, recv: Any) -> Steps:
+    """Shared memory: each rank reduces its slice straight from the peers' memory, then all copy the reduced slices.
+
+    Steps: (see :func:`mpicomm.shm.reduce_steps`) publish where the input and the
+    output live (arrays from a :class:`mpicomm.shm.Pool` where they are, others
+    copied once into the rank's scratch); barrier; rank r reduces slice r of
+    all p inputs in rank order and writes it into every pool output; barrier;
+    ranks whose output is not in a pool copy the p reduced slices.
+    Restrictions: every rank on one node; host buffers; any op (rank order kept).
+    Cost: 2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (δ: seconds per byte copied; pool buffers skip both copies)
+    """
+    from ..shm import reduce_steps
+
+    yield from reduce_steps(call, send, recv, None)
+
+
+@register("allreduce", "hierarchical", commutative_only=True, blocking_only=True)
+def hierarchical(call: Call, send: Any, recv: Any) -> Steps:
+    """Hierarchical: reduce on each node, allreduce among the node leaders, broadcast on each node.
+
+    Steps: (1) reduce to the node's leader over the node communicator, (2)
+    allreduce among the leaders, (3) broadcast from the leader over the node -
+    each through the dispatcher, so each level runs the algorithm chosen for
+    it (shared memory on a node, a message-passing one between nodes).
+    Restrictions: commutative ops (ranks meet in node order, not rank order).
+    Cost: T_reduce(n, ppn; intra) + T_allreduce(n, nodes; inter) + T_bcast(n, ppn; intra)
+    """
+    from .dispatch import nested
+    from .hierarchy import levels
+
+    lv = levels(call.comm)
+    leader = lv.leaders is not None
+    count = recv.size
+    yield from nested(lv.node, "reduce", send=send, recv=recv if leader else None, op=call.op, root=0, count=count)
+    if leader:
+        yield from nested(lv.leaders, "allreduce", send=recv, recv=recv, op=call.op, count=count)
+    yield from nested(lv.node, "bcast", recv=recv, root=0, count=count)

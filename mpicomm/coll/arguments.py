@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from .. import specs
-from ..ops import resolve
+from ..ops import BUILTIN, resolve
 from ..validate import check_peer
 from .call import block as block_of
 from .dispatch import Args
@@ -78,13 +79,28 @@ def _take(args: Args, buffer: specs.Buffer) -> specs.Buffer:
     return buffer
 
 
-def _same_count(send: int, recv: int, what: str) -> None:
+def _same_count(send: int, recv: int, what: str, where: str = "") -> None:
     if send != recv:
-        raise ValueError(f"{what}: send count {send} and receive count {recv} differ; they must be equal")
+        raise ValueError(f"{what}{where}: send count {send} and receive count {recv} differ; they must be equal")
+
+
+def _op(op: Any) -> Any:
+    """:func:`mpicomm.ops.resolve`, with MPI's predefined op objects looked up directly."""
+    return _PREDEFINED.get(id(op)) or resolve(op)
+
+
+_PREDEFINED = {id(builtin.mpi): builtin for builtin in BUILTIN.values()}  # (the table keeps the objects alive)
 
 
 def _reduction(args: Args, sendbuf: Any, recvbuf: Any, op: Any, in_place_ok: bool = True) -> None:
-    args.op = resolve(op)
+    args.op = _op(op)
+    recv_flat = specs.plain(recvbuf)
+    if recv_flat is not None and recvbuf.flags.writeable:  # the common case: plain arrays, read as below would
+        send_flat = recv_flat if specs.is_in_place(sendbuf) and in_place_ok else specs.plain(sendbuf)
+        if send_flat is not None and send_flat.dtype == recv_flat.dtype and send_flat.size == recv_flat.size:
+            args.xp, args.dtype, args.recv, args.send = np, recv_flat.dtype, recv_flat, send_flat
+            args.in_place, args.count = send_flat is recv_flat, int(recv_flat.size)
+            return
     recv = _take(args, specs.writable(specs.simple(recvbuf, "recvbuf"), "recvbuf"))
     args.recv = recv.array
     if specs.is_in_place(sendbuf) and in_place_ok:
@@ -94,11 +110,14 @@ def _reduction(args: Args, sendbuf: Any, recvbuf: Any, op: Any, in_place_ok: boo
         _same_count(send.count, recv.count, args.collective)
         args.send = send.array
     args.count = recv.count
-    args.result = lambda: None
 
 
 def _bcast(args: Args, comm: "Comm", buf: Any, root: Any = 0) -> None:
     is_root = _root(args, comm, root)
+    flat = specs.plain(buf)
+    if flat is not None and (is_root or buf.flags.writeable):  # the common case, read as below would
+        args.xp, args.dtype, args.send, args.recv, args.count = np, flat.dtype, flat, flat, int(flat.size)
+        return
     b = _take(args, specs.simple(buf, "buf"))
     if not is_root:
         specs.writable(b, "buf")
@@ -111,7 +130,7 @@ def _reduce(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.
     if is_root:
         _reduction(args, sendbuf, recvbuf, op)
         return
-    args.op = resolve(op)
+    args.op = _op(op)
     if specs.is_in_place(sendbuf):
         raise ValueError("sendbuf is MPI.IN_PLACE on a rank that is not the root; only the root may reduce in place")
     send = _take(args, specs.simple(sendbuf, "sendbuf"))
@@ -148,7 +167,7 @@ def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0,
             args.in_place = True
         else:
             send = _take(args, specs.simple(sendbuf, "sendbuf"))
-            _same_count(send.count, counts[rank], f"{args.collective} on the root")
+            _same_count(send.count, counts[rank], args.collective, " on the root")
             args.send = send.array
         args.count = -1 if v else counts[0]
     else:
@@ -172,7 +191,7 @@ def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0
             args.in_place = True
         else:
             recv = _take(args, specs.writable(specs.simple(recvbuf, "recvbuf"), "recvbuf"))
-            _same_count(counts[rank], recv.count, f"{args.collective} on the root")
+            _same_count(counts[rank], recv.count, args.collective, " on the root")
             args.recv = recv.array
         args.count = -1 if v else counts[0]
     else:
@@ -209,14 +228,14 @@ def _alltoall(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = Fa
         send, scounts, sdispls = _layout(sendbuf, "sendbuf", p, v)
         _take(args, send)
         if not v:
-            _same_count(scounts[0], rcounts[0], args.collective + " (per rank)")
+            _same_count(scounts[0], rcounts[0], args.collective, " (per rank)")
         args.send, args.sendcounts, args.senddispls = send.array, scounts, sdispls
     args.count = -1 if v else rcounts[0]
 
 
 def _reduce_scatter_block(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
     p = comm.Get_size()
-    args.op = resolve(op)
+    args.op = _op(op)
     if specs.is_in_place(sendbuf):
         whole, block = specs.block(recvbuf, "recvbuf", p)
         _take(args, specs.writable(whole, "recvbuf"))
@@ -236,7 +255,7 @@ def _reduce_scatter_block(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, 
 def _reduce_scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                     op: Any = MPI.SUM) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
-    args.op = resolve(op)
+    args.op = _op(op)
     if recvcounts is None:
         raise ValueError("reduce_scatter in place needs recvcounts (the receive buffer holds the whole input)")
     counts = tuple(specs._count(c, "recvcounts") for c in recvcounts)

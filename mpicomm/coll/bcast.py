@@ -16,7 +16,7 @@ from .call import Call
 from .schedules import binomial as binomial_tree
 from .schedules import block_partition, ring_allgather
 
-__all__ = ["SEGMENT_BYTES", "linear", "binomial", "scatter_allgather", "pipeline"]
+__all__ = ["SEGMENT_BYTES", "linear", "binomial", "scatter_allgather", "pipeline", "shm", "hierarchical"]
 
 #: Segment size of the pipelined chain: small enough that the chain fills in a few
 #: segments, large enough that α stays small next to the segment's n/S·β.
@@ -117,3 +117,54 @@ def pipeline(call: Call, buf: Any) -> Steps:
         sends = [(nxt, buf[s * seg : (s + 1) * seg])] if nxt is not None and 0 <= s < nseg else []
         if recvs or sends:
             yield call.exchange(sends=sends, recvs=recvs)
+
+
+@register("bcast", "shm", single_node=True, host_only=True, blocking_only=True)
+def shm(call: Call, buf: Any) -> Steps:
+    """Shared memory: the root publishes its vector, every other rank copies it straight from there.
+
+    Steps: the root publishes its buffer (a :class:`mpicomm.shm.Pool` array
+    where it is, another copied once into its scratch); barrier; every other
+    rank copies it; barrier (the root's memory stays valid until all have read).
+    Restrictions: every rank on one node; host buffers.
+    Cost: 2⌈lg p⌉·α + 2n·δ  (a pool buffer at the root skips the copy in)
+    """
+    from .. import shm as _shm
+
+    a = _shm.arena(call.comm)
+    root = call.root
+    if call.rank == root:
+        a.publish(_shm.place(a, buf, a.scratch(buf.nbytes), 0))
+    else:
+        a.scratch(buf.nbytes)  # collective when it grows: every rank asks for the same size
+    yield from a.fence()
+    if call.rank != root and buf.size:
+        buf[...] = a.view(root, a.word(root, 0), a.word(root, 1), a.word(root, 2), buf.size, call.dtype)
+    yield from a.fence()
+
+
+@register("bcast", "hierarchical", blocking_only=True)
+def hierarchical(call: Call, buf: Any) -> Steps:
+    """Hierarchical: broadcast on the root's node, among the node leaders, then on every other node.
+
+    Steps: (1) when the root is not its node's leader, broadcast over the
+    root's node (its leader now has the vector); (2) broadcast among the
+    leaders from the root's node; (3) broadcast over every node that has not
+    got it yet. Each step runs through the dispatcher (shared memory on a
+    node, any message-passing algorithm between nodes).
+    Restrictions: none.
+    Cost: 2·T_bcast(n, ppn; intra) + T_bcast(n, nodes; inter)
+    """
+    from .dispatch import nested
+    from .hierarchy import levels
+
+    lv = levels(call.comm)
+    root_node, root_local = lv.node_of[call.root], lv.local_of[call.root]
+    mine = lv.node_of[call.rank]
+    count = buf.size
+    if root_local != 0 and mine == root_node:
+        yield from nested(lv.node, "bcast", recv=buf, root=root_local, count=count)
+    if lv.leaders is not None:
+        yield from nested(lv.leaders, "bcast", recv=buf, root=root_node, count=count)
+    if mine != root_node or root_local == 0:
+        yield from nested(lv.node, "bcast", recv=buf, root=0, count=count)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ..buffers import ops_for, recv_buffer, send_buffer
+from ..buffers import recv_buffer, send_buffer, transfer_path
 from ..ops import Op
 from ..requests import Step
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Call", "block"]
 
 _EMPTY = [None, 0, MPI.BYTE]
+_BYTE = MPI.BYTE
 
 
 def block(buf: Any, counts: Sequence[int], displs: Sequence[int], r: int) -> Any:
@@ -45,8 +46,16 @@ def block(buf: Any, counts: Sequence[int], displs: Sequence[int], r: int) -> Any
     return buf[displs[r] : displs[r] + counts[r]]
 
 
+def _root(x: Any) -> Any:
+    """The object that owns *x*'s memory (*x* itself, or the base its views share)."""
+    base = x.base
+    return x if base is None else base
+
+
 def _address(x: Any) -> int:
     """Where array *x*'s first element lives (host or device)."""
+    if type(x) is np.ndarray:
+        return x.__array_interface__["data"][0]
     data = x.data
     return data.ptr if hasattr(data, "ptr") else x.__array_interface__["data"][0]
 
@@ -54,25 +63,41 @@ def _address(x: Any) -> int:
 class Call:
     """One collective call: who, with what, and how to move and reduce its arrays."""
 
-    __slots__ = ("comm", "lib", "rank", "p", "tag", "seq", "collective", "algorithm", "xp", "dtype", "op", "root",
-                 "_ops", "_device")
+    __slots__ = ("comm", "lib", "rank", "p", "tag", "seq", "collective", "algorithm", "source", "blocking", "xp",
+                 "dtype", "op", "root", "_device", "_direct")
 
     def __init__(self, comm: "Comm", collective: str, xp: ModuleType, dtype: np.dtype,
                  op: Op | None = None, root: int = 0, device: Any = None):
+        state = comm._state
         self.comm = comm
-        self.lib: MPI.Intracomm = comm.library_comm
-        self.rank = self.lib.Get_rank()
-        self.p = self.lib.Get_size()
-        self.seq = comm._state.collectives
-        self.tag = comm.collective_tag()
+        self.lib: MPI.Intracomm = state.library_comm
+        self.rank = state.rank
+        self.p = state.size
+        self.seq = seq = state.collectives  # as Comm.collective_tag(), inline: this runs on every call
+        state.collectives = seq + 1
+        self.tag = seq % state.tag_modulus
         self.collective = collective
         self.algorithm = "?"
+        self.source = "?"  # where the algorithm choice came from: call, communicator, environment, model, table
+        self.blocking = True  # False for the nonblocking forms (Iallreduce...)
         self.xp = xp
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.op = op
         self.root = root
-        self._ops = ops_for(xp)
         self._device = device  # CuPy device of the buffers (None on the host)
+        self._direct: bool | None = None  # NumPy views go to MPI as they are (decided at the first one)
+
+    def for_bytes(self) -> "Call":
+        """A copy of this call that moves host bytes (same communicator, tag and sequence number).
+
+        For the dispatcher's own exchanges within a call (the argument
+        agreement's second round), run with an algorithm from the table.
+        """
+        other = Call.__new__(Call)
+        for name in Call.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.xp, other.dtype, other.op, other._device, other._direct = np, np.dtype(np.uint8), None, None, None
+        return other
 
     def real_rank(self, vrank: int) -> int:
         """The rank whose relative rank (rank − root mod p) is *vrank*."""
@@ -83,6 +108,9 @@ class Call:
         """``"allreduce #12 (ring)"``: the collective, its sequence number on the communicator, the algorithm."""
         return f"{self.collective} #{self.seq} ({self.algorithm})"
 
+    def __str__(self) -> str:
+        return self.label
+
     # ------------------------------------------------------------ messages
 
     def exchange(self, sends: Iterable[tuple[int, Any]] = (), recvs: Iterable[tuple[int, Any]] = ()) -> Step:
@@ -91,22 +119,32 @@ class Call:
         Receives are posted first. Empty views still send an (empty) message,
         so both sides of an exchange never need to agree on skipping it.
         """
-        step = Step()
+        requests: list = []
+        after: list = []
+        peers: list = []
+        post = self.lib.Irecv
         for peer, view in recvs:
-            self._post(step, "recv", peer, view)
+            requests.append(post(self._spec(view, recv_buffer, after), peer, self.tag))
+            peers.append(("recv", peer))
+        post = self.lib.Isend
         for peer, view in sends:
-            self._post(step, "send", peer, view)
-        return step
+            requests.append(post(self._spec(view, send_buffer, after), peer, self.tag))
+            peers.append(("send", peer))
+        return Step(requests, after, peers)
 
-    def _post(self, step: Step, kind: str, peer: int, view: Any) -> None:
-        empty = view is None or view.size == 0
-        transfer = None if empty else (recv_buffer(view) if kind == "recv" else send_buffer(view))
-        spec = _EMPTY if transfer is None else transfer.buf
-        post = self.lib.Irecv if kind == "recv" else self.lib.Isend
-        step.append(post(spec, peer, self.tag))
-        step.peers.append((kind, peer))
-        if transfer is not None:
-            step.after.append(transfer.finish)
+    def _spec(self, view: Any, transfer: Any, after: list) -> Any:
+        """The buffer spec MPI gets for *view* (see :mod:`mpicomm.buffers`); adds what must run after to *after*."""
+        if view is None or view.size == 0:
+            return _EMPTY
+        if type(view) is np.ndarray:
+            direct = self._direct
+            if direct is None:
+                direct = self._direct = transfer_path(view) == "direct"  # the same for every NumPy view of the call
+            if direct:
+                return [view, view.nbytes, _BYTE]  # what buffers.send_buffer/recv_buffer give a direct NumPy array
+        moved = transfer(view)
+        after.append(moved.finish)
+        return moved.buf
 
     def send(self, dest: int, view: Any) -> Step:
         """A step that sends *view* to *dest*."""
@@ -128,21 +166,30 @@ class Call:
 
     def empty(self, count: int, dtype: Any = None) -> Any:
         """Scratch space for *count* elements, in the buffers' module and device."""
-        with self.on_device():
+        if self._device is None:
+            return self.xp.empty(count, self.dtype if dtype is None else dtype)
+        with self._device:
             return self.xp.empty(count, self.dtype if dtype is None else dtype)
 
     def copy(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` (nothing when they are the same memory, as in place)."""
-        if dst is src or dst.size == 0 or (_address(dst) == _address(src) and dst.size == src.size):
+        if dst is src or dst.size == 0 or (dst.size == src.size and _root(dst) is _root(src)
+                                           and _address(dst) == _address(src)):
+            return  # (arrays over different memory owners are copied: at worst a copy onto itself)
+        if self._device is None:
+            dst[...] = src
             return
-        with self.on_device():
+        with self._device:
             dst[...] = src
 
     def combine(self, a: Any, b: Any, out: Any) -> None:
         """``out = a ⊕ b`` with the call's op; *a* holds the lower ranks' contribution."""
         if out.size == 0:
             return
-        with self.on_device():
+        if self._device is None:
+            self.op(a, b, out)  # type: ignore[misc]
+            return
+        with self._device:
             self.op(a, b, out)  # type: ignore[misc]
 
     @property

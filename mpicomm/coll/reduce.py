@@ -14,7 +14,7 @@ from .call import Call
 from .schedules import binomial as binomial_tree
 from .schedules import block_partition, fold, unfold
 
-__all__ = ["linear", "binomial", "rabenseifner"]
+__all__ = ["linear", "binomial", "rabenseifner", "shm"]
 
 
 @register("reduce", "linear")
@@ -163,3 +163,20 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
         distance *= 2
     if rank != root:  # this rank is the root's odd partner: the root was folded away
         yield call.send(root, acc)
+
+
+@register("reduce", "shm", single_node=True, host_only=True, blocking_only=True)
+def shm(call: Call, send: Any, recv: Any) -> Steps:
+    """Shared memory: each rank reduces its slice straight from the peers' memory into the root's result.
+
+    Steps: (see :func:`mpicomm.shm.reduce_steps`) publish inputs (pool arrays in
+    place, others copied once into scratch) and the root's output; barrier;
+    rank r reduces slice r of all p inputs in rank order, into the root's
+    output when it is a pool array; barrier; otherwise the root copies the p
+    reduced slices.
+    Restrictions: every rank on one node; host buffers; any op (rank order kept).
+    Cost: 2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ
+    """
+    from ..shm import reduce_steps
+
+    yield from reduce_steps(call, send, recv, call.root)

@@ -86,7 +86,8 @@ def test_commutative_only_refuses_non_commutative_op(comm, algorithm):
     with pytest.raises(ValueError, match=f"'{algorithm}'.*matmul2x2") as info:
         comm.Reduce(x, recv, op=R.MATMUL, root=root, algorithm=algorithm)
     for name in ORDERED:
-        assert name in str(info.value)  # the message names the algorithms that keep rank order
+        if comm.nodes == 1 or not registry.lookup("reduce", name).single_node:  # those that can run here
+            assert name in str(info.value)  # the message names the algorithms that keep rank order
 
 
 @pytest.mark.mpi

@@ -1,0 +1,808 @@
+"""The α-β-γ cost model: every algorithm's cost as code, fitted to the machine by ``python -m mpicomm.tune``.
+
+A :class:`Machine` holds what one message costs on each path (a :class:`Link`:
+α seconds of latency, β seconds per byte), what reducing and copying a byte
+cost locally (γ, δ), and the fixed Python cost of one mpicomm collective
+call (plus what validation adds). Each algorithm's ``Cost:`` docstring line is
+written here as a function ``fn(machine, n, p) -> seconds``, registered with
+:func:`cost`; :func:`predict` adds the per-call overhead::
+
+    mpicomm.model.predict("allreduce", "ring", 1 << 20, 4)   # seconds
+
+*n* is the message size the selection table compares
+(:func:`mpicomm.coll.dispatch.selection_bytes`): the whole vector for
+bcast/reduce/allreduce/scan/exscan, the per-rank block for gather/scatter(v),
+everything gathered for allgather(v), each rank's whole send for
+alltoall(v), the whole input for reduce_scatter(_block). The v-forms and
+``reduce_scatter_block`` use their family's functions, plus their own where the
+docstring adds a term (header messages). Flat algorithms pay ``m.link(p)``:
+the intra-node link when all p ranks fit on one node, else the inter-node one.
+Conventions for reading the docstrings: ``lg p`` of a tree is ⌈lg p⌉ (its
+depth); algorithms that fold a non-power-of-two p run their rounds over p' (the
+largest power of two ≤ p), so their ``lg p`` and ``(p−1)/p`` are lg p' and
+(p'−1)/p', plus the fold's terms. With p = 1 no message moves: every
+algorithm costs 0 (plus the call overhead). Rooted collectives are modelled
+with root 0.
+
+Two regimes: a Machine holds per-byte costs for working sets that fit in the
+cache (``intra.beta``, ``inter.beta``, ``gamma``, ``copy``) and for those that
+do not (``intra_mem.beta``, ``inter_mem.beta``, ``gamma_mem``, ``copy_mem``).
+The working set of a call is its message size n (every rank reads n bytes of
+input and writes n of output), except for gather/scatter(v), whose n is one
+rank's block: there it is all p blocks, n·p. A call whose working set is
+≤ ``cache_bytes`` pays the cache values, a larger one the memory values (a
+step, no blend): :func:`communication` hands each cost function
+``machine.at(working set)``.
+
+Fits are saved per host and rank layout as small JSON files in
+:func:`cache_dir`; :func:`for_comm` (collective) loads the one for a
+communicator, and ``algorithm="auto"`` then picks the algorithm with the least
+prediction (:func:`mpicomm.registry.choose`). Without a fit, predictions use
+:data:`NOMINAL`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+from . import config
+
+__all__ = [
+    "Link", "Machine", "NOMINAL", "FORMAT_VERSION", "cost", "costs", "cost_function", "communication", "predict",
+    "cheapest", "cache_dir", "layout_key", "path_for", "save", "load", "for_comm", "fit_line", "fit_memory_slope",
+    "working_set", "now",
+]
+
+log = logging.getLogger("mpicomm")
+
+#: Version of the saved JSON layout; files of another version are ignored (with a warning).
+FORMAT_VERSION = 1
+_FORMAT = "mpicomm-model"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One communication path: ``alpha`` seconds per message, ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The fitted (or nominal) costs of one host and rank layout.
+
+    ``intra``/``inter``: the links within a node and between nodes; ``gamma``:
+    seconds per byte reduced (``np.add(a, b, out=c)`` on float64, per byte of
+    one operand); ``copy`` (δ): seconds per byte of a local copy
+    ``dst[...] = src``; ``overhead``: seconds of Python per mpicomm collective
+    call with validation off; ``validation``: seconds added per call with it
+    on; ``ppn``: the most ranks on any one node; ``nodes``; ``host`` (rank
+    0's); ``created``: ISO time of the fit.
+
+    The memory regime (working sets above ``cache_bytes``, see :meth:`at`):
+    ``intra_mem``/``inter_mem`` (links; their α is normally the cache
+    link's), ``gamma_mem``, ``copy_mem``. Left out (None), each takes its
+    cache-regime value, so a machine without them has one regime.
+    """
+
+    intra: Link
+    inter: Link
+    gamma: float
+    copy: float
+    overhead: float
+    validation: float
+    ppn: int
+    nodes: int
+    host: str
+    created: str
+    cache_bytes: int = 32 << 20
+    intra_mem: Link | None = None
+    inter_mem: Link | None = None
+    gamma_mem: float | None = None
+    copy_mem: float | None = None
+
+    def __post_init__(self) -> None:
+        """Fill the memory-regime values left out with the cache-regime ones."""
+        for mem, cached in (("intra_mem", "intra"), ("inter_mem", "inter"), ("gamma_mem", "gamma"),
+                            ("copy_mem", "copy")):
+            if getattr(self, mem) is None:
+                object.__setattr__(self, mem, getattr(self, cached))
+
+    def at(self, working_set: float) -> "Machine":
+        """The machine a call with *working_set* bytes pays: itself when working_set ≤ ``cache_bytes``, else a
+        copy whose ``intra``/``inter``/``gamma``/``copy`` are the memory-regime values."""
+        if working_set <= self.cache_bytes:
+            return self
+        return replace(self, intra=self.intra_mem, inter=self.inter_mem, gamma=self.gamma_mem, copy=self.copy_mem)
+
+    def link(self, p: int) -> Link:
+        """The link a flat algorithm over *p* ranks pays: intra when they fit on one node (p ≤ ppn), else inter."""
+        return self.intra if p <= self.ppn else self.inter
+
+    def to_json(self) -> str:
+        """This machine as a JSON document (see :meth:`from_json`)."""
+        body = {"format": _FORMAT, "version": FORMAT_VERSION, **asdict(self)}
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Machine":
+        """Read a machine written by :meth:`to_json`; ValueError naming what is wrong otherwise."""
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(body, dict) or body.get("format") != _FORMAT:
+            raise ValueError(f"not an mpicomm model file (no \"format\": \"{_FORMAT}\")")
+        if body.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {body.get('version')!r}, this mpicomm reads version {FORMAT_VERSION}")
+
+        def number(value: Any, what: str) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{what} = {value!r} is not a non-negative number")
+            return float(value)
+
+        def count(value: Any, what: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what} = {value!r} is not a positive integer")
+            return value
+
+        def link(value: Any, what: str) -> Link:
+            if not isinstance(value, dict):
+                raise ValueError(f"{what} = {value!r} is not an object with alpha and beta")
+            return Link(number(value.get("alpha"), f"{what}.alpha"), number(value.get("beta"), f"{what}.beta"))
+
+        def optional_link(key: str) -> Link | None:
+            return link(body[key], key) if body.get(key) is not None else None
+
+        def optional_number(key: str) -> float | None:
+            return number(body[key], key) if body.get(key) is not None else None
+
+        extra: dict[str, Any] = {}
+        if body.get("cache_bytes") is not None:
+            extra["cache_bytes"] = count(body["cache_bytes"], "cache_bytes")
+        text_fields = {}
+        for key in ("host", "created"):
+            if not isinstance(body.get(key), str):
+                raise ValueError(f"{key} = {body.get(key)!r} is not a string")
+            text_fields[key] = body[key]
+        return cls(
+            intra=link(body.get("intra"), "intra"), inter=link(body.get("inter"), "inter"),
+            gamma=number(body.get("gamma"), "gamma"), copy=number(body.get("copy"), "copy"),
+            overhead=number(body.get("overhead"), "overhead"), validation=number(body.get("validation"), "validation"),
+            ppn=count(body.get("ppn"), "ppn"), nodes=count(body.get("nodes"), "nodes"), **text_fields, **extra,
+            intra_mem=optional_link("intra_mem"), inter_mem=optional_link("inter_mem"),
+            gamma_mem=optional_number("gamma_mem"), copy_mem=optional_number("copy_mem"),
+        )
+
+
+#: Used when nothing was fitted: α 5 µs within a node and 20 µs between nodes, β for 5 GB/s and 1 GB/s,
+#: γ for 2 GB/s reduced, δ for 5 GB/s copied, 30 µs per call and 30 µs more with validation; one node of
+#: up to 64 ranks (predictions for a communicator replace ppn and nodes by its layout); one regime (the
+#: memory-regime values equal the cache ones).
+NOMINAL = Machine(
+    intra=Link(5e-6, 1 / 5e9), inter=Link(20e-6, 1 / 1e9), gamma=1 / 2e9, copy=1 / 5e9,
+    overhead=30e-6, validation=30e-6, ppn=64, nodes=1, host="nominal", created="",
+)
+
+# ---------------------------------------------------------------- cost functions
+
+CostFunction = Callable[[Machine, float, int], float]
+_COSTS: dict[tuple[str, str], CostFunction] = {}
+_FAMILY = {"gatherv": "gather", "scatterv": "scatter", "allgatherv": "allgather", "alltoallv": "alltoall",
+           "reduce_scatter_block": "reduce_scatter"}
+
+
+def cost(collective: str, *names: str) -> Callable[[CostFunction], CostFunction]:
+    """Decorator: register ``fn(machine, n, p) -> seconds`` as the cost of *collective*'s algorithms *names*."""
+    if not names:
+        raise TypeError(f"cost({collective!r}) names no algorithm; give one or more: cost({collective!r}, 'ring')")
+
+    def decorate(fn: CostFunction) -> CostFunction:
+        for name in names:
+            if (collective, name) in _COSTS:
+                raise ValueError(f"cost of {collective}/{name} is registered twice")
+            _COSTS[(collective, name)] = fn
+        return fn
+
+    return decorate
+
+
+def costs() -> dict[tuple[str, str], CostFunction]:
+    """Every registered cost function, by (collective, algorithm) (a copy; v-forms fall back to their family)."""
+    return dict(_COSTS)
+
+
+def cost_function(collective: str, algorithm: str) -> CostFunction | None:
+    """The cost function of *collective*'s *algorithm* (its own, else its family's), or None."""
+    fn = _COSTS.get((collective, algorithm))
+    if fn is None and collective in _FAMILY:
+        fn = _COSTS.get((_FAMILY[collective], algorithm))
+    return fn
+
+
+_BLOCKWISE = ("gather", "gatherv", "scatter", "scatterv")
+
+
+def working_set(collective: str, nbytes: float, p: int) -> float:
+    """Bytes a call touches, compared with :attr:`Machine.cache_bytes`: *nbytes* (the message size of the
+    module docstring), times *p* for gather/scatter(v), whose *nbytes* is one rank's block."""
+    return nbytes * p if collective in _BLOCKWISE else nbytes
+
+
+def communication(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine) -> float:
+    """Seconds the algorithm's formula predicts, without the per-call overhead (0 when p ≤ 1)."""
+    fn = cost_function(collective, algorithm)
+    if fn is None:
+        known = sorted(a for c, a in _COSTS if c in (collective, _FAMILY.get(collective)))
+        raise ValueError(f"no cost function for {collective} algorithm {algorithm!r}; "
+                         f"modelled: {', '.join(known) or 'none'}")
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"p = {p!r} is not a positive number of ranks")
+    if nbytes < 0:
+        raise ValueError(f"nbytes = {nbytes!r} is negative; give the message size in bytes")
+    if p == 1:
+        return 0.0
+    return fn(machine.at(working_set(collective, nbytes, p)), nbytes, p)
+
+
+def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine | None = None) -> float:
+    """Predicted seconds for one call of *collective* with *algorithm*, *nbytes* (see the module docstring), *p* ranks.
+
+    The formula plus ``machine.overhead``, plus ``machine.validation`` when
+    validation is on (``MPICOMM_VALIDATE``, read now). *machine* None: the fit
+    of the ``mpicomm.Comm()`` over ``MPI.COMM_WORLD`` if that exists and a fit
+    is saved for its layout, else :data:`NOMINAL` with its layout; never starts
+    MPI or a collective (before any ``Comm`` exists: :data:`NOMINAL`).
+    """
+    m = machine if machine is not None else _default_machine()
+    seconds = communication(collective, algorithm, nbytes, p, m) + m.overhead
+    if config.validate():
+        seconds += m.validation
+    return seconds
+
+
+def _default_machine() -> Machine:
+    """The world communicator's fit, else NOMINAL in its layout (see :func:`predict`)."""
+    if "mpi4py.MPI" not in sys.modules or "mpicomm.comm" not in sys.modules:
+        return NOMINAL
+    from mpi4py import MPI
+
+    from . import comm as comm_module
+
+    if not MPI.Is_initialized() or MPI.Is_finalized() or not comm_module._keyval:
+        return NOMINAL
+    state = MPI.COMM_WORLD.Get_attr(comm_module._keyval[0])
+    if state is None:
+        return NOMINAL
+    ppn = getattr(state, "ppn", state.local_size)
+    fitted = getattr(state, "machine", _MISSING)
+    if fitted is _MISSING:  # a Comm that does not load its fit itself: read this rank's view of the file
+        fitted = load(state.host, layout_key(MPI.COMM_WORLD.Get_size(), state.nodes, ppn), quiet=True)
+    if fitted is not None:
+        return fitted
+    return replace(NOMINAL, ppn=ppn, nodes=state.nodes, host=state.host)
+
+
+_MISSING = object()
+
+
+def _ceil_lg(p: int) -> int:
+    """⌈lg p⌉: rounds of a tree or dissemination over p ranks."""
+    return (p - 1).bit_length()
+
+
+def _pof2(p: int) -> int:
+    """p': the largest power of two ≤ p (the ranks left after a fold)."""
+    return 1 << (p.bit_length() - 1)
+
+
+def _folded(p: int) -> bool:
+    return p & (p - 1) != 0
+
+
+def _segments(nbytes: float, segment: int) -> int:
+    """Messages needed for *nbytes* in pieces of at most *segment* bytes (at least one)."""
+    return max(1, math.ceil(nbytes / segment))
+
+
+# barrier ---------------------------------------------------------------------
+
+
+@cost("barrier", "dissemination", "native")
+def _barrier(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α"""
+    return _ceil_lg(p) * m.link(p).alpha
+
+
+# bcast -----------------------------------------------------------------------
+
+
+@cost("bcast", "linear")
+def _bcast_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + (p−1)n·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + (p - 1) * n * b
+
+
+@cost("bcast", "binomial")
+def _bcast_binomial(m: Machine, n: float, p: int) -> float:
+    """lg p·α + n·lg p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return _ceil_lg(p) * (a + n * b)
+
+
+@cost("bcast", "scatter_allgather")
+def _bcast_scatter_allgather(m: Machine, n: float, p: int) -> float:
+    """(lg p + p − 1)α + 2n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (_ceil_lg(p) + p - 1) * a + 2 * n * (p - 1) / p * b
+
+
+@cost("bcast", "pipeline")
+def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
+    """(p − 2 + S)·(α + n/S·β), S = ⌈n / SEGMENT_BYTES⌉"""
+    from .coll.bcast import SEGMENT_BYTES
+
+    a, b = m.link(p).alpha, m.link(p).beta
+    s = _segments(n, SEGMENT_BYTES)
+    return (p - 2 + s) * (a + n / s * b)
+
+
+@cost("bcast", "shm")
+def _bcast_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ  (α of the intra-node link)"""
+    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy
+
+
+# reduce ----------------------------------------------------------------------
+
+
+@cost("reduce", "linear")
+def _reduce_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + (p−1)nβ + (p−1)nγ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * (a + n * b + n * m.gamma)
+
+
+@cost("reduce", "binomial")
+def _reduce_binomial(m: Machine, n: float, p: int) -> float:
+    """lg p·α + n·lg p·β + n·lg p·γ  (root 0: no hand-over to the root)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return _ceil_lg(p) * (a + n * b + n * m.gamma)
+
+
+@cost("reduce", "rabenseifner")
+def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
+    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + α + nβ + nγ to fold, + α + nβ for the folded root 0"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = _pof2(p)
+    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    if _folded(p):
+        t += (a + n * b + n * m.gamma) + (a + n * b)
+    return t
+
+
+@cost("reduce", "shm")
+def _reduce_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+
+
+# allreduce -------------------------------------------------------------------
+
+
+@cost("allreduce", "recursive_doubling")
+def _allreduce_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n·lg p'·β + n·lg p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    t = math.log2(_pof2(p)) * (a + n * b + n * m.gamma)
+    if _folded(p):
+        t += 2 * a + 2 * n * b + n * m.gamma
+    return t
+
+
+@cost("allreduce", "naive")
+def _allreduce_naive(m: Machine, n: float, p: int) -> float:
+    """2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return 2 * (p - 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * m.gamma
+
+
+@cost("allreduce", "tree")
+def _allreduce_tree(m: Machine, n: float, p: int) -> float:
+    """2lg p·α + 2n·lg p·β + n·lg p·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = _ceil_lg(p)
+    return 2 * lg * a + 2 * n * lg * b + n * lg * m.gamma
+
+
+@cost("allreduce", "ring")
+def _allreduce_ring(m: Machine, n: float, p: int) -> float:
+    """2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ, + one α per extra segment: each of the 2(p−1) steps sends
+    ⌈(n/p) / SEGMENT_BYTES⌉ messages"""
+    from .coll.allreduce import SEGMENT_BYTES
+
+    a, b = m.link(p).alpha, m.link(p).beta
+    messages = _segments(n / p, SEGMENT_BYTES)
+    return 2 * (p - 1) * messages * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
+
+
+@cost("allreduce", "rabenseifner")
+def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
+    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = _pof2(p)
+    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    if _folded(p):
+        t += 2 * a + 2 * n * b + n * m.gamma
+    return t
+
+
+@cost("allreduce", "shm")
+def _allreduce_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+
+
+# gather / scatter (n: the per-rank block; the docstrings' n is all p blocks, N = n·p) -------------------
+
+
+@cost("gather", "linear")
+@cost("scatter", "linear")
+def _rooted_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + N(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    total = n * p
+    return (p - 1) * a + total * (p - 1) / p * b
+
+
+@cost("gather", "binomial")
+@cost("scatter", "binomial")
+def _rooted_binomial(m: Machine, n: float, p: int) -> float:
+    """lg p·α + N(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    total = n * p
+    return _ceil_lg(p) * a + total * (p - 1) / p * b
+
+
+@cost("gatherv", "binomial")
+@cost("scatterv", "binomial")
+def _rooted_binomial_v(m: Machine, n: float, p: int) -> float:
+    """lg p·α + N(p−1)/p·β, + lg p·α for the size headers"""
+    return _rooted_binomial(m, n, p) + _ceil_lg(p) * m.link(p).alpha
+
+
+# allgather -------------------------------------------------------------------
+
+
+@cost("allgather", "linear", "ring")
+def _allgather_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b
+
+
+@cost("allgather", "recursive_doubling")
+def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n(p'−1)/p'·β; p ≠ p': + 2α + n·β for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = _pof2(p)
+    t = math.log2(q) * a + n * (q - 1) / q * b
+    if _folded(p):
+        t += 2 * a + n * b
+    return t
+
+
+@cost("allgather", "bruck")
+def _allgather_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + n(p−1)/p·β, plus two local copies of n (2n·δ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return _ceil_lg(p) * a + n * (p - 1) / p * b + 2 * n * m.copy
+
+
+@cost("allgather", "shm")
+def _allgather_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + n(p+1)/p·δ  (α of the intra-node link)"""
+    return 2 * _ceil_lg(p) * m.intra.alpha + n * (p + 1) / p * m.copy
+
+
+# alltoall (n: each rank's whole send) --------------------------------------------------------------
+
+
+@cost("alltoall", "linear", "pairwise")
+def _alltoall_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b
+
+
+@cost("alltoall", "bruck")
+def _alltoall_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = _ceil_lg(p)
+    return lg * a + n / 2 * lg * b
+
+
+@cost("alltoallv", "bruck")
+def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β, + α and (p/2)·8 header bytes per round"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = _ceil_lg(p)
+    return _alltoall_bruck(m, n, p) + a + lg * (p / 2) * 8 * b
+
+
+# reduce_scatter (n: the whole input) ---------------------------------------------------------------
+
+
+@cost("reduce_scatter", "ring", "pairwise")
+def _reduce_scatter_ring(m: Machine, n: float, p: int) -> float:
+    """(p−1)·α + n(p−1)/p·β + n(p−1)/p·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
+
+
+@cost("reduce_scatter", "recursive_halving")
+def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = _pof2(p)
+    t = math.log2(q) * a + n * (q - 1) / q * (b + m.gamma)
+    if _folded(p):
+        t += 2 * a + n * b + n * m.gamma
+    return t
+
+
+@cost("reduce_scatter", "shm")
+def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * _ceil_lg(p) * m.intra.alpha + n * m.copy + n * (p - 1) / p * m.gamma
+
+
+# scan / exscan ---------------------------------------------------------------
+
+
+@cost("scan", "linear")
+@cost("exscan", "linear")
+def _scan_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)(α + nβ + nγ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * (a + n * b + n * m.gamma)
+
+
+@cost("scan", "recursive_doubling")
+def _scan_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉(α + nβ + nγ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return _ceil_lg(p) * (a + n * b + n * m.gamma)
+
+
+@cost("exscan", "recursive_doubling")
+def _exscan_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉(α + nβ + 2nγ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return _ceil_lg(p) * (a + n * b + 2 * n * m.gamma)
+
+
+# hierarchical: compositions of the flat algorithms on the node's ranks and on the node leaders ---------
+
+
+def _levels(m: Machine, p: int) -> tuple[int, int]:
+    """(ranks per node, nodes) of *p* ranks laid out as the machine's: ppn = min(p, m.ppn), nodes = ⌈p / ppn⌉."""
+    ppn = max(1, min(p, m.ppn))
+    return ppn, -(-p // ppn)
+
+
+def cheapest(m: Machine, collective: str, n: float, q: int, link: Link, spans_nodes: bool) -> float:
+    """T(collective, n, q, link): the least cost of a registered non-hierarchical algorithm over *q* ranks.
+
+    Every level pays *link*; *spans_nodes* excludes single-node (shared
+    memory) algorithms. q = 1 costs 0.
+    """
+    if q <= 1:
+        return 0.0
+    from . import registry
+
+    level = replace(m, intra=link, inter=link)
+    facts = {"p": q, "nodes": q if spans_nodes else 1, "commutative": True}
+    best = math.inf
+    registry._load()
+    for name, algorithm in registry._TABLE.get(collective, {}).items():
+        fn = cost_function(collective, name)
+        if name == "hierarchical" or fn is None or registry.allowed(algorithm, facts) is not None:
+            continue
+        best = min(best, fn(level, n, q))
+    if best == math.inf:
+        raise ValueError(f"no modelled {collective} algorithm runs on {q} ranks for a hierarchical composition")
+    return best
+
+
+@cost("allreduce", "hierarchical")
+def _allreduce_hierarchical(m: Machine, n: float, p: int) -> float:
+    """T(reduce, n, ppn, intra) + T(allreduce, n, nodes, inter) + T(bcast, n, ppn, intra)"""
+    ppn, nodes = _levels(m, p)
+    return (cheapest(m, "reduce", n, ppn, m.intra, False) + cheapest(m, "allreduce", n, nodes, m.inter, True)
+            + cheapest(m, "bcast", n, ppn, m.intra, False))
+
+
+@cost("bcast", "hierarchical")
+def _bcast_hierarchical(m: Machine, n: float, p: int) -> float:
+    """2·T(bcast, n, ppn, intra) + T(bcast, n, nodes, inter)"""
+    ppn, nodes = _levels(m, p)
+    return 2 * cheapest(m, "bcast", n, ppn, m.intra, False) + cheapest(m, "bcast", n, nodes, m.inter, True)
+
+
+@cost("allgather", "hierarchical")
+def _allgather_hierarchical(m: Machine, n: float, p: int) -> float:
+    """T(gather, n/p, ppn, intra) + T(allgatherv, n, nodes, inter) + T(bcast, n, ppn, intra) + n·δ"""
+    ppn, nodes = _levels(m, p)
+    return (cheapest(m, "gather", n / p, ppn, m.intra, False) + cheapest(m, "allgatherv", n, nodes, m.inter, True)
+            + cheapest(m, "bcast", n, ppn, m.intra, False) + n * m.copy)
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def fit_line(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """Fit ``t = α + β·n`` to measurements; returns ``(alpha, beta)``, both ≥ 0.
+
+    Least squares on the *relative* error, Σ((α + β·nᵢ − tᵢ) / tᵢ)², so an
+    8-byte latency counts as much as a 4 MiB transfer. A negative β is
+    clamped to 0 (α: the weighted mean), a negative α to 0 (β refitted
+    through the origin). Deterministic: plain arithmetic, no randomness.
+    """
+    n = [float(x) for x in sizes]
+    t = [float(x) for x in seconds]
+    if len(n) != len(t):
+        raise ValueError(f"fit_line: {len(n)} sizes but {len(t)} times; give one time per size")
+    if len(set(n)) < 2:
+        raise ValueError(f"fit_line: sizes {n} have fewer than two distinct values; measure at least two sizes")
+    if any(not math.isfinite(x) or x < 0 for x in n) or any(not math.isfinite(x) or x <= 0 for x in t):
+        raise ValueError("fit_line: sizes must be finite and ≥ 0 and times finite and > 0")
+    scale = max(n)  # condition the normal equations: sizes in units of the largest
+    u = [x / scale for x in n]
+    w = [1.0 / (x * x) for x in t]
+    sw = sum(w)
+    swu = sum(wi * ui for wi, ui in zip(w, u))
+    swuu = sum(wi * ui * ui for wi, ui in zip(w, u))
+    swt = sum(wi * ti for wi, ti in zip(w, t))
+    swut = sum(wi * ui * ti for wi, ui, ti in zip(w, u, t))
+    det = sw * swuu - swu * swu
+    alpha = (swuu * swt - swu * swut) / det
+    slope = (sw * swut - swu * swt) / det
+    if slope < 0:
+        slope, alpha = 0.0, swt / sw
+    elif alpha < 0:
+        alpha, slope = 0.0, swut / swuu
+    return alpha, slope / scale
+
+
+def fit_memory_slope(sizes: Sequence[float], seconds: Sequence[float], alpha: float) -> float:
+    """Seconds per byte of the memory regime from measurements at sizes past the cache, given the cache fit's
+    intercept *alpha*: Σ(tᵢ − α) / Σnᵢ (the line through the cache intercept that fits the total time),
+    clamped to ≥ 0. One size is enough."""
+    n = [float(x) for x in sizes]
+    t = [float(x) for x in seconds]
+    if len(n) != len(t) or not n:
+        raise ValueError(f"fit_memory_slope: {len(n)} sizes and {len(t)} times; give one time per size, at least one")
+    if any(not math.isfinite(x) or x <= 0 for x in n) or any(not math.isfinite(x) or x <= 0 for x in t):
+        raise ValueError("fit_memory_slope: sizes and times must be finite and > 0")
+    return max(0.0, (sum(t) - alpha * len(t)) / sum(n))
+
+
+# ---------------------------------------------------------------- storage
+
+
+def cache_dir() -> str:
+    """Where fits are saved: ``$MPICOMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/mpicomm``, else ``~/.cache/mpicomm``."""
+    explicit = os.environ.get("MPICOMM_CACHE_DIR", "").strip()
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "mpicomm")
+
+
+def layout_key(p: int, nodes: int, ppn: int) -> str:
+    """The rank layout's part of a fit's name: ``layout_key(4, 2, 2) == "p4-2x2"``."""
+    for what, value in (("p", p), ("nodes", nodes), ("ppn", ppn)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"layout_key: {what} = {value!r} is not a positive integer")
+    return f"p{p}-{nodes}x{ppn}"
+
+
+def path_for(host: str, layout: str) -> str:
+    """The file of the fit for *host* and *layout* (a :func:`layout_key`) in :func:`cache_dir`."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host) or "host"
+    return os.path.join(cache_dir(), f"model-{safe}-{layout}.json")
+
+
+def save(machine: Machine, path: str | None = None) -> str:
+    """Write *machine* as JSON to *path* (default: :func:`path_for` its host and nodes × ppn layout); returns the path.
+
+    Atomic: a temporary file in the same directory, then ``os.replace``, so a
+    reader never sees half a file.
+    """
+    if path is None:
+        path = path_for(machine.host, layout_key(machine.nodes * machine.ppn, machine.nodes, machine.ppn))
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(machine.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load(host: str, layout: str, quiet: bool = False) -> Machine | None:
+    """The fit saved for *host* and *layout*, or None when there is none.
+
+    A file that cannot be read, is not a model file, or has another format
+    version gives None with a RuntimeWarning naming it and the fix (unless
+    *quiet*).
+    """
+    path = path_for(host, layout)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        problem = f"cannot read it ({exc})"
+    else:
+        try:
+            return Machine.from_json(text)
+        except ValueError as exc:
+            problem = str(exc)
+    if not quiet:
+        warnings.warn(f"ignoring the saved mpicomm model {path}: {problem}; rerun `python -m mpicomm.tune` "
+                      f"under mpiexec to fit it again, or delete the file", RuntimeWarning, stacklevel=2)
+    log.debug("model: ignoring %s: %s", path, problem)
+    return None
+
+
+def for_comm(comm: Any, host: str, nodes: int, ppn: int) -> Machine | None:
+    """The fit for communicator *comm* (an ``MPI.Intracomm``), the same on every rank. COLLECTIVE over *comm*.
+
+    Rank 0 loads the fit saved for its *host* and the layout
+    ``layout_key(comm size, nodes, ppn)`` (*ppn*: the most ranks on any one
+    node, as ``python -m mpicomm.tune`` names it; only rank 0's arguments
+    count) and broadcasts it (None when there is none or it is unusable; rank 0 warns),
+    so ranks never disagree on whether a fit exists.
+    """
+    from mpi4py import MPI
+
+    plain = MPI.Intracomm(comm)
+    text: str | None = None
+    if plain.Get_rank() == 0:
+        try:
+            machine = load(host, layout_key(plain.Get_size(), nodes, ppn))
+            text = machine.to_json() if machine is not None else None
+        except Exception as exc:  # never leave the other ranks waiting in the broadcast
+            warnings.warn(f"mpicomm model: could not load the saved fit ({exc}); using the static selection table",
+                          RuntimeWarning, stacklevel=2)
+            text = None
+    text = plain.bcast(text, root=0)
+    return Machine.from_json(text) if text is not None else None
+
+
+def now() -> str:
+    """The current UTC time in ISO format (for :attr:`Machine.created`)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

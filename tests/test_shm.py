@@ -1,0 +1,167 @@
+"""mpicomm.shm: the shared-memory pool, zero-copy collectives on pool arrays, slices, and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpicomm import shm
+
+from .coll import reference as R
+
+pytestmark = pytest.mark.mpi
+
+
+def one_node(comm):
+    if comm.nodes != 1:
+        pytest.skip("shared-memory pools need one node; this pass simulates several")
+
+
+def test_slices_start_on_cache_lines_and_cover_everything():
+    for count in (0, 1, 7, 8, 9, 63, 64, 65, 1000, 100003):
+        for p in (1, 2, 3, 4, 7):
+            for item in (1, 2, 4, 8, 16, 3):
+                counts, displs = shm.slices(count, p, item)
+                assert sum(counts) == count and len(counts) == p
+                assert displs == [sum(counts[:r]) for r in range(p)]
+                grain = shm.ALIGN // item if shm.ALIGN % item == 0 else 1
+                assert all(d % grain == 0 or c == 0 for d, c in zip(displs, counts)), (count, p, item, displs)
+    # literal: 20 float64 (160 bytes) over 2 ranks: whole lines of 8 elements, 16 then 4
+    assert shm.slices(20, 2, 8) == ([16, 4], [0, 16])
+
+
+def test_pool_arrays_live_in_the_window(comm):
+    one_node(comm)
+    with shm.Pool(comm, 4096) as pool:
+        a = pool.empty(10)
+        b = pool.zeros((3, 4), np.int32)
+        assert a.dtype == np.float64 and b.shape == (3, 4) and not b.any()
+        assert pool.offset(a) == 0 and pool.offset(b) == 128  # the second starts on the next cache line
+        assert pool.offset(np.empty(10)) is None and pool.offset(a[::2]) is None
+        assert pool.available == 4096 - 128 - 48
+        with pytest.raises(MemoryError, match="create the pool larger"):
+            pool.empty(10_000)
+        pool.reset()
+        assert pool.offset(pool.empty(1)) == 0
+    with pytest.raises(ValueError, match="freed"):
+        pool.empty(1)
+    with pytest.raises(ValueError, match="nbytes=-1"):
+        shm.Pool(comm, -1)
+
+
+def test_peers_see_pool_arrays(comm):
+    one_node(comm)
+    with shm.Pool(comm, 1024) as pool:
+        x = pool.empty(16, np.int64)
+        x[:] = R.data(comm.rank, 16, np.int64)
+        comm.Barrier()
+        pool.window.sync()
+        for r in range(comm.size):
+            seen = pool.window.segments[r][:128].view(np.int64)
+            assert np.array_equal(seen, R.data(r, 16, np.int64))
+        comm.Barrier()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allreduce_on_pool_arrays_matches_the_library(comm, in_place):
+    one_node(comm)
+    p = comm.size
+    with shm.Pool(comm, 1 << 20) as pool:
+        for count in sorted({0, 1, p - 1, p + 1, 1000, 20011}):
+            for op in (MPI.SUM, MPI.MAX):
+                x = R.data(comm.rank, count, np.int64)
+                want = np.empty_like(x)
+                MPI.COMM_WORLD.Allreduce(x, want, op=op)
+                pool.reset()
+                a = pool.empty(count, np.int64)
+                a[:] = x
+                if in_place:
+                    comm.Allreduce(MPI.IN_PLACE, a, op=op, algorithm="shm")
+                    got = a
+                else:
+                    got = pool.empty(count, np.int64)
+                    got[:] = -7
+                    comm.Allreduce(a, got, op=op, algorithm="shm")
+                    assert np.array_equal(a, x), "the input changed"
+                R.assert_matches(got, want, f"count={count} op={op}")
+                comm.Barrier()  # the next reset hands the same memory out again
+
+
+def test_mixed_pool_and_plain_arrays(comm):
+    one_node(comm)
+    # even ranks use pool arrays, odd ranks plain ones: each rank's choice is its own
+    count = 4099
+    x = R.data(comm.rank, count, np.int64)
+    want = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, want)
+    with shm.Pool(comm, 1 << 17) as pool:
+        if comm.rank % 2 == 0:
+            send, recv = pool.empty(count, np.int64), pool.empty(count, np.int64)
+            send[:] = x
+        else:
+            send, recv = x, np.zeros(count, np.int64)
+        comm.Allreduce(send, recv, algorithm="shm")
+        R.assert_matches(recv, want, "mixed")
+        root_data = R.data(comm.rank, count, np.int64)
+        buf = pool.empty(count, np.int64) if comm.rank % 2 else np.empty(count, np.int64)
+        buf[:] = root_data
+        comm.Bcast(buf, root=comm.size - 1, algorithm="shm")
+        R.assert_matches(buf, R.data(comm.size - 1, count, np.int64), "bcast")
+        comm.Barrier()
+
+
+def test_non_commutative_op_on_pool_arrays_keeps_rank_order(comm):
+    one_node(comm)
+    nmat = 37
+    x = R.matrices(comm.rank, nmat)
+    with shm.Pool(comm, 1 << 16) as pool:
+        a = pool.empty(x.size, x.dtype)
+        a[:] = x
+        out = pool.empty(x.size, x.dtype)
+        comm.Allreduce(a, out, op=R.MATMUL, algorithm="shm")
+        want = np.empty_like(x)
+        MPI.COMM_WORLD.Allreduce(x, want, op=R.native_matmul())
+        R.assert_matches(out, want, "matmul")
+        comm.Barrier()
+
+
+def test_scratch_grows_for_larger_calls(comm):
+    one_node(comm)
+    for count in (10, 300_000, 10, 600_000):  # 2.4 MiB, then 4.8 MiB: past the first scratch size twice
+        x = R.data(comm.rank, count, np.int64)
+        want = np.empty_like(x)
+        MPI.COMM_WORLD.Allreduce(x, want)
+        got = np.zeros_like(x)
+        comm.Allreduce(x, got, algorithm="shm")
+        R.assert_matches(got, want, f"count={count}")
+
+
+def test_several_nodes_refuse_shared_memory_with_the_fix(comm):
+    if comm.nodes == 1:
+        pytest.skip("needs a pass of simulated nodes (python -m tests --ranks 2x2)")
+    with pytest.raises(ValueError, match="spans 2 nodes"):
+        shm.Pool(comm, 1024)
+    with pytest.raises(ValueError, match="one node"):
+        comm.Allreduce(np.ones(4), np.empty(4), algorithm="shm")
+
+
+@pytest.mark.parametrize("collective, start", [
+    ("allreduce", lambda comm, x, a: comm.Iallreduce(x, np.empty_like(x), algorithm=a)),
+    ("bcast", lambda comm, x, a: comm.Ibcast(x, root=0, algorithm=a)),
+    ("allgather", lambda comm, x, a: comm.Iallgather(x, np.empty(x.size * comm.size), algorithm=a)),
+])
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_nonblocking_forms_refuse_blocking_only_algorithms_on_every_rank(comm, collective, start, algorithm):
+    import mpicomm
+
+    if algorithm == "shm" and comm.nodes != 1:
+        pytest.skip("shm needs one node")
+    with pytest.raises(mpicomm.ArgumentError, match="blocking calls only"):
+        start(comm, np.arange(4.0), algorithm).Wait()
+    x = R.data(comm.rank, 5, np.int64)
+    want = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, want)
+    got = np.empty_like(x)
+    comm.Iallreduce(x, got).Wait()  # auto picks one that runs nonblocking
+    R.assert_matches(got, want, "auto after the refusal")

@@ -1,0 +1,156 @@
+"""mpicomm.tune: the report of a fit (deterministic), options, and the command end to end at small sizes."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+from mpicomm import model, tune
+from tests import mpirun
+
+
+def synthetic_fit() -> tune.Fit:
+    """A Fit whose measurements lie exactly on known lines, but for the 8-byte intra-node sample (+10 %)."""
+    fit = tune.Fit()
+    fit.p, fit.layout = 4, "p4-2x2"
+    fit.sizes = [8, 1024, 65536]
+    fit.intra = [5e-6 + 1e-10 * n for n in fit.sizes]
+    fit.intra[0] *= 1.1
+    fit.inter = [20e-6 + 1e-9 * n for n in fit.sizes]
+    fit.add_bytes = [8, 1024, 65536]
+    fit.add = [1e-6 + 0.5e-10 * n for n in fit.add_bytes]
+    fit.copy = [0.5e-6 + 0.25e-10 * n for n in fit.add_bytes]
+    fit.lines = {"intra": (5e-6, 1e-10), "inter": (20e-6, 1e-9), "gamma": (1e-6, 0.5e-10), "copy": (0.5e-6, 0.25e-10)}
+    fit.call_seconds, fit.small_copy, fit.validated, fit.unvalidated = 31e-6, 1e-6, 80e-6, 50e-6
+    fit.machine = model.Machine(intra=model.Link(5e-6, 1e-10), inter=model.Link(20e-6, 1e-9), gamma=0.5e-10,
+                                copy=0.25e-10, overhead=30e-6, validation=30e-6, ppn=2, nodes=2, host="h1",
+                                created="2026-01-01T00:00:00+00:00")
+    return fit
+
+
+def test_report_shows_the_fit_and_the_residuals():
+    text = tune.report(synthetic_fit())
+    assert "4 ranks on 2 node(s), up to 2 per node (layout p4-2x2), host h1" in text
+    assert re.search(r"intra-node\s+alpha\s+5\.00 us\s+beta\s+0\.1000 ns/B\s+\(\s+10\.00 GB/s\)", text)
+    assert re.search(r"inter-node\s+alpha\s+20\.00 us\s+beta\s+1\.0000 ns/B\s+\(\s+1\.00 GB/s\)", text)
+    assert re.search(r"gamma\s+0\.0500 ns/B reduced \(20\.00 GB/s\)", text)
+    assert re.search(r"overhead\s+30\.00 us", text) and re.search(r"validation\s+30\.00 us", text)
+    ping, local = [line.split() for line in text.splitlines() if re.match(r"\s+8\s", line)]  # the 8-byte rows
+    assert ping[1:4] == ["5.50", "5.00", "-9.1%"]  # measured 10 % above the line
+    assert ping[4:7] == ["20.01", "20.01", "+0.0%"]  # 20 µs + 8 ns
+    assert local[1:7] == ["1.00", "1.00", "+0.0%", "0.50", "0.50", "+0.0%"]  # add and copy on their lines
+    assert "one node" not in text
+
+
+def test_report_says_when_inter_is_taken_from_intra():
+    fit = synthetic_fit()
+    fit.inter = None
+    del fit.lines["inter"]
+    text = tune.report(fit)
+    assert "one node: the inter-node link is taken to be the intra-node link" in text
+    assert "inter meas" not in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sizes", "8"], "fewer than two sizes"),
+    (["--iters", "0"], "--iters 0: must be >= 1"),
+    (["--sizes", "8:4"], "larger than the last"),
+])
+def test_bad_options_are_named(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        tune.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_help_explains_the_command(capsys):
+    with pytest.raises(SystemExit):
+        tune.main(["--help"])
+    out = capsys.readouterr().out
+    assert "mpiexec" in out and "--sizes" in out and "--show" in out and "MPICOMM_CACHE_DIR" in out
+
+
+@pytest.mark.launches
+def test_tune_writes_a_loadable_fit(tmp_path, monkeypatch):
+    env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
+    result = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--sizes", "8:64K", "--iters", "20"],
+                        timeout=180, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "fit:" in out and re.search(r"intra-node\s+alpha\s+\d+\.\d+ us", out)
+    assert "65536" in out and "local work" in out
+    saved = re.search(r"^saved: (.+)$", out, re.M)
+    assert saved, out
+    path = saved.group(1).strip()
+    assert os.path.dirname(path) == str(tmp_path) and path.endswith("-p2-1x2.json")
+    with open(path) as f:
+        machine = model.Machine.from_json(f.read())
+    assert machine.intra.alpha > 0 and machine.nodes == 1 and machine.ppn == 2
+    assert machine.inter == machine.intra  # one node
+    monkeypatch.setenv("MPICOMM_CACHE_DIR", str(tmp_path))
+    assert model.load(machine.host, "p2-1x2") == machine
+
+    shown = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--show"], timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert path in shown.stdout and re.search(r"intra-node\s+alpha", shown.stdout)
+
+
+@pytest.mark.launches
+def test_tune_needs_two_ranks_and_show_needs_a_fit(tmp_path):
+    env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
+    result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--sizes", "8,64"], timeout=60, env=env)
+    assert result.returncode == 2 and "needs at least 2 ranks" in result.stderr
+    result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--show"], timeout=60, env=env)
+    assert result.returncode == 1 and "no fit saved" in result.stderr and "p1-1x1" in result.stderr
+
+
+# ---------------------------------------------------------------- the two regimes
+
+#: Exact two-regime samples: 5 µs + 0.1 ns/B up to 1 MiB, 5 µs + 0.4 ns/B from 2 MiB on.
+TWO_SIZES = [8 << (2 * i) for i in range(9)] + [2 << 20, 8 << 20, 32 << 20]  # 8 B .. 512 KiB, then 2 .. 32 MiB
+TWO_TIMES = [5e-6 + (1e-10 if n <= 1 << 20 else 4e-10) * n for n in TWO_SIZES]
+
+
+def test_fit_regimes_recovers_both_slopes():
+    alpha, beta, beta_mem = tune.fit_regimes(TWO_SIZES, TWO_TIMES, 1 << 20)
+    assert alpha == pytest.approx(5e-6, rel=1e-9)
+    assert beta == pytest.approx(1e-10, rel=1e-9) and beta_mem == pytest.approx(4e-10, rel=1e-9)
+    # nothing at ≥ 2·cache_bytes: one regime
+    assert tune.fit_regimes(TWO_SIZES[:9], TWO_TIMES[:9], 1 << 20)[2] == pytest.approx(1e-10, rel=1e-9)
+
+
+def test_fit_knee_finds_the_switch():
+    assert tune.fit_knee(TWO_SIZES, TWO_TIMES) == 512 << 10  # the largest size on the cache line
+    assert tune.fit_knee([8, 16], [1e-6, 2e-6]) == 16  # too few sizes to split
+
+
+def test_cache_threshold_and_last_level_cache(tmp_path):
+    assert tune.cache_threshold(32 << 20, 2) == (32 << 20) // 6
+    with pytest.raises(ValueError):
+        tune.cache_threshold(0, 2)
+    for i, size in enumerate(["32K", "1024K", "32768K"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert tune.last_level_cache(str(tmp_path)) == 32 << 20
+    assert tune.last_level_cache(str(tmp_path / "missing")) is None
+
+
+def test_machine_from_fits_both_regimes_and_the_report_shows_them():
+    fit = tune.Fit()
+    fit.p, fit.layout, fit.cache_bytes, fit.cache_source = 2, "p2-1x2", 1 << 20, "test"
+    fit.sizes, fit.intra = TWO_SIZES, TWO_TIMES
+    fit.add_bytes, fit.add = TWO_SIZES, [2 * t for t in TWO_TIMES]
+    fit.copy = TWO_TIMES
+    m = tune.machine_from(fit, 2, 1, "h1")
+    assert m.cache_bytes == 1 << 20 and m.inter == m.intra
+    assert m.intra.beta == pytest.approx(1e-10, rel=1e-9) and m.intra_mem.beta == pytest.approx(4e-10, rel=1e-9)
+    assert m.gamma == pytest.approx(2e-10, rel=1e-9) and m.gamma_mem == pytest.approx(8e-10, rel=1e-9)
+    assert m.copy_mem == pytest.approx(4e-10, rel=1e-9)
+    fit.machine = m
+    text = tune.report(fit)
+    assert re.search(r"intra mem\s+alpha\s+5\.00 us\s+beta\s+0\.4000 ns/B", text)
+    assert re.search(r"gamma mem\s+0\.8000 ns/B", text) and "cache       1048576 B" in text
+    row = [line.split() for line in text.splitlines() if re.match(r"\s+33554432\s", line)][0]
+    assert row[3] in ("+0.0%", "-0.0%")  # the 32 MiB sample lies on the memory line
