@@ -98,7 +98,7 @@ class Request:
 
     __slots__ = (
         "_gen", "_reqs", "_statuses", "_step", "_done", "_result", "_error", "_envelope", "_cancelled",
-        "_delivered", "_label", "__weakref__",
+        "_delivered", "_label", "_busy", "__weakref__",
     )
 
     def __init__(self, steps: Steps, label: Any = "request"):
@@ -113,6 +113,7 @@ class Request:
         self._cancelled = False
         self._delivered = False  # completion reported by a wait/test (Waitany then skips it, like REQUEST_NULL)
         self._label = label  # a string, or an object whose str() is one (built only when shown)
+        self._busy = False  # its generator is running (a blocking set-up inside it may drive the engine)
         self._resume(None, first=True)
         if not self._done:
             _active.append(self)
@@ -129,6 +130,7 @@ class Request:
     # ------------------------------------------------------------ engine
 
     def _resume(self, statuses: list[MPI.Status] | None, first: bool = False) -> None:
+        self._busy = True
         try:
             step = next(self._gen) if first else self._gen.send(statuses)  # type: ignore[arg-type]
         except StopIteration as stop:
@@ -139,6 +141,8 @@ class Request:
                 raise
             self._finish(None, exc)  # later ones go to whoever waits or tests
             return
+        finally:
+            self._busy = False
         self._step += 0 if first else 1
         self._reqs = step if type(step) is Step else list(step)
         self._statuses = [MPI.Status() for _ in self._reqs]
@@ -155,6 +159,8 @@ class Request:
     def _poll(self) -> bool:
         """Advance as far as possible without blocking; True if any step completed."""
         progressed = False
+        if self._busy:  # re-entered from inside its own generator (a collective set-up waiting): not now
+            return False
         while not self._done:
             live = [i for i, r in enumerate(self._reqs) if r]
             if live:
@@ -386,7 +392,7 @@ def _block(extra: Sequence[MPI.Request] = ()) -> tuple[int, MPI.Status] | None:
     *extra* are plain MPI requests waited on too: if one of them completes,
     return ``(its index, its status)``.
     """
-    owners = [(r, i) for r in _active for i, m in enumerate(r._reqs) if m]
+    owners = [(r, i) for r in _active if not r._busy for i, m in enumerate(r._reqs) if m]
     if not owners and not extra:
         return None
     status = MPI.Status()

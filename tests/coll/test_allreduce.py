@@ -243,3 +243,23 @@ def test_more_than_2_gib(comm, algorithm):
     assert bad == 0, f"{algorithm}: {bad} of {HUGE} bytes differ ({first})"
     if os.environ.get("MPICOMM_TEST_VERBOSE") == "1":
         print(f"\n{algorithm} p={p}: {HUGE / 2**30:.2f} GiB in {seconds:.2f} s")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["hierarchical", "shm"])
+def test_first_call_sets_up_while_another_call_is_in_flight(comm, algorithm):
+    # the first shm / hierarchical call on a communicator builds its windows or levels (collective set-ups,
+    # blocking) from inside its step generator; a nonblocking call in flight meanwhile must not re-enter it
+    if algorithm == "shm" and comm.nodes != 1:
+        pytest.skip("shm needs one node")
+    fresh = mpicomm.Comm(MPI.COMM_WORLD.Dup())
+    try:
+        a, b = R.data(comm.rank, 1000, np.int64), R.data(comm.rank + 7, 999, np.int64)
+        ra, rb = np.zeros_like(a), np.zeros_like(b)
+        pending = fresh.Iallreduce(a, ra, op=MPI.SUM, algorithm="recursive_doubling")
+        fresh.Allreduce(b, rb, op=MPI.SUM, algorithm=algorithm)
+        pending.Wait()
+        R.assert_matches(ra, expected(a, MPI.SUM), "in flight")
+        R.assert_matches(rb, expected(b, MPI.SUM), algorithm)
+    finally:
+        fresh.Barrier()
