@@ -370,6 +370,8 @@ def _bcast_shm(m: Machine, n: float, p: int) -> float:
 
 
 @cost("reduce", "linear")
+@cost("scan", "linear")
+@cost("exscan", "linear")
 def _reduce_linear(m: Machine, n: float, p: int) -> float:
     """(p−1)α + (p−1)nβ + (p−1)nγ"""
     a, b = m.link(p).alpha, m.link(p).beta
@@ -377,8 +379,9 @@ def _reduce_linear(m: Machine, n: float, p: int) -> float:
 
 
 @cost("reduce", "binomial")
+@cost("scan", "recursive_doubling")
 def _reduce_binomial(m: Machine, n: float, p: int) -> float:
-    """lg p·α + n·lg p·β + n·lg p·γ  (root 0: no hand-over to the root)"""
+    """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root; scan: the same rounds)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return _ceil_lg(p) * (a + n * b + n * m.gamma)
 
@@ -572,21 +575,6 @@ def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
 
 
 # scan / exscan ---------------------------------------------------------------
-
-
-@cost("scan", "linear")
-@cost("exscan", "linear")
-def _scan_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)(α + nβ + nγ)"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * (a + n * b + n * m.gamma)
-
-
-@cost("scan", "recursive_doubling")
-def _scan_recursive_doubling(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉(α + nβ + nγ)"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return _ceil_lg(p) * (a + n * b + n * m.gamma)
 
 
 @cost("exscan", "recursive_doubling")

@@ -225,7 +225,8 @@ class Arena:
         """Rank *rank*'s piece of the scratch window (kind SCRATCH) or of pool *ident* (kind POOL)."""
         if kind == POOL:
             return self.pools[ident].window.segments[rank]
-        assert self._scratch is not None
+        if self._scratch is None:
+            raise RuntimeError("shared-memory scratch read before any call reserved it (Arena.scratch)")
         return self._scratch.segments[rank]
 
     # ------------------------------------------------------------ per call
