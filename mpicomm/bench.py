@@ -38,7 +38,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import shlex
 import sys
 import time
@@ -144,16 +143,9 @@ def markdown_table(header: list[str], cells: list[list[str]]) -> str:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            cpu = names[0]
-    except OSError:
-        pass
-    return (f"{cpu} ({platform.machine()}), {os.cpu_count()} cores, {platform.system()}, "
-            f"Python {platform.python_version()}, {_library()}")
+    from .config import describe_cpu
+
+    return f"{describe_cpu()}, {_library()}"
 
 
 def _library() -> str:

@@ -158,3 +158,18 @@ def check() -> None:
     device_override()
     validate()
     timeout()
+
+
+def describe_cpu() -> str:
+    """``"<CPU model> (<arch>), <n> cores, <OS>, Python <version>"``: the machine line of benchmark reports."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            cpu = names[0]
+    except OSError:
+        pass
+    return f"{cpu} ({platform.machine()}), {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"

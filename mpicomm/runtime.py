@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["main", "abort"]
+__all__ = ["main", "abort", "exit_together"]
 
 
 def abort(code: int, reason: str, detail: str = "") -> None:
@@ -34,6 +34,27 @@ def abort(code: int, reason: str, detail: str = "") -> None:
     os.write(2, message.encode("utf-8", "replace"))
     time.sleep(0.5)
     MPI.COMM_WORLD.Abort(code)
+
+
+def exit_together(code: int, message: str = "", wait: float = 10.0) -> None:
+    """Print *message* and exit with *code* once every rank has arrived here too (or after *wait* seconds).
+
+    For errors every rank finds on its own (bad arguments, a grid too small for
+    the rank grid): each rank says it, and no rank's exit tears the job down
+    before a slower rank has said it too. A rank that never arrives costs at
+    most *wait* seconds, never a hang.
+    """
+    if message:
+        sys.stderr.write(message if message.endswith("\n") else message + "\n")
+        sys.stderr.flush()
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        request = MPI.COMM_WORLD.Ibarrier()
+        deadline = time.monotonic() + wait
+        while not request.Test() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    sys.exit(code)
 
 
 def main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

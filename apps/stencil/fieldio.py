@@ -1,0 +1,212 @@
+"""The field on disk and on screen: checkpoints with MPI-IO, a decomposition-free digest, a picture.
+
+Checkpoints hold the owned cells of every field in *global* order, written
+collectively with MPI-IO through a subarray file view, so a run restarts on
+any number of ranks and the file does not depend on the decomposition. The
+data file is written under a temporary name; rank 0 then hashes it, renames it
+into place and writes the manifest last (``apps.checkpoint``): a run killed at
+any moment leaves no checkpoint that could be loaded half-written. Loading
+verifies the checksum on rank 0 first and refuses a damaged or partial
+checkpoint with the reason, on every rank.
+
+The digest is a checksum of the final fields that is the same whatever the
+decomposition: every cell's bits are mixed with its global index and the
+results are summed modulo 2⁶⁴ (an exact, order-free reduction), so "bit for bit
+identical for every N and every halo mode" is one line to compare.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from apps import checkpoint
+from mpicomm import buffers
+
+from .grid import Grid
+
+__all__ = ["PREFIX", "save", "load", "digest", "gather", "plot"]
+
+PREFIX = "stencil"
+
+
+def _owned_host(grid: Grid, a: Any) -> np.ndarray:
+    view = a[tuple(slice(lo, hi) for lo, hi in grid.interior)]
+    view = view.get() if hasattr(view, "get") else view
+    return np.ascontiguousarray(view)
+
+
+def _file_type(grid: Grid, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Datatype, tuple[int, ...]]:
+    n = grid.layout.owned[1] - grid.layout.owned[0]
+    gshape = (n,) * grid.ndim
+    etype = buffers.mpi_datatype(dtype)
+    ftype = etype.Create_subarray(list(gshape), list(grid.size), list(grid.starts), order=MPI.ORDER_C).Commit()
+    return etype, ftype, gshape
+
+
+def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: int, **meta: Any) -> str:
+    """Write a checkpoint of *fields* at *step* into *directory* (collective); returns the manifest path."""
+    comm = grid.cart
+    rank = comm.Get_rank()
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+    comm.Barrier()
+    final = checkpoint.data_path(directory, PREFIX, step)
+    tmp = final + ".tmp"
+    fh = MPI.File.Open(comm, tmp, MPI.MODE_WRONLY | MPI.MODE_CREATE)
+    arrays, offset = [], 0
+    try:
+        fh.Set_size(0)
+        for name, a in fields.items():
+            local = _owned_host(grid, a)
+            etype, ftype, gshape = _file_type(grid, local.dtype)
+            try:
+                fh.Set_view(offset, etype, ftype)
+                fh.Write_all(local)
+            finally:
+                ftype.Free()
+            nbytes = int(np.prod(gshape)) * local.dtype.itemsize
+            arrays.append({"name": name, "dtype": local.dtype.str, "shape": list(gshape), "offset": offset, "bytes": nbytes})
+            offset += nbytes
+        fh.Sync()
+    finally:
+        fh.Close()
+    comm.Barrier()
+    error = None
+    mpath = checkpoint.manifest_path(directory, PREFIX, step)
+    if rank == 0:
+        try:
+            record = checkpoint.file_record(tmp)
+            record["file"] = os.path.basename(final)
+            checkpoint.commit(tmp, final)
+            checkpoint.save_manifest(mpath, step, [record], arrays=arrays, **meta)
+            checkpoint.prune(directory, PREFIX, keep)
+        except OSError as exc:
+            error = f"writing checkpoint {mpath}: {exc}"
+    error = comm.bcast(error, root=0)
+    if error:
+        raise checkpoint.CheckpointError(error)
+    return mpath
+
+
+def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, Any]) -> tuple[dict | None, list[str]]:
+    """Fill *fields* from the newest valid checkpoint in *directory* (collective).
+
+    Returns ``(manifest, refused)``: the manifest loaded (None when the
+    directory holds no checkpoint) and why newer ones were refused. Raises
+    :class:`apps.checkpoint.CheckpointError` on every rank when checkpoints
+    exist but none is valid, or the valid one belongs to another problem
+    (*expect*: the settings that must match).
+    """
+    comm = grid.cart
+    found = None
+    if comm.Get_rank() == 0:
+        if os.path.isdir(directory):
+            found = checkpoint.newest_valid(directory, PREFIX)
+            found = (found[0], found[1], bool(checkpoint.steps(directory, PREFIX)))
+        else:
+            found = (None, [], False)
+    body, refused, any_found = comm.bcast(found, root=0)
+    if body is None:
+        if any_found:
+            raise checkpoint.CheckpointError(
+                f"no valid checkpoint in {directory}; refused: " + "; ".join(refused)
+                + " — remove the damaged files or run without --restart"
+            )
+        return None, refused
+    wrong = {k: (body.get(k), v) for k, v in expect.items() if body.get(k) != v}
+    if wrong:
+        what = ", ".join(f"{k} {have!r} (this run: {want!r})" for k, (have, want) in wrong.items())
+        raise checkpoint.CheckpointError(
+            f"{body['path']} is a checkpoint of another problem: {what}; use another --checkpoint-dir or the same settings"
+        )
+    path = os.path.join(directory, body["files"][0]["file"])
+    fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+    try:
+        for entry in body["arrays"]:
+            a = fields[entry["name"]]
+            dtype = np.dtype(entry["dtype"])
+            local = np.empty(grid.size, dtype)
+            etype, ftype, _ = _file_type(grid, dtype)
+            try:
+                fh.Set_view(int(entry["offset"]), etype, ftype)
+                fh.Read_all(local)
+            finally:
+                ftype.Free()
+            owned = tuple(slice(lo, hi) for lo, hi in grid.interior)
+            a[owned] = _to_module(a, local)
+    finally:
+        fh.Close()
+    return body, refused
+
+
+def _to_module(like: Any, host: np.ndarray) -> Any:
+    """*host* as an array of *like*'s module (NumPy stays NumPy; CuPy copies to the device)."""
+    if isinstance(like, np.ndarray):
+        return host
+    import cupy
+
+    return cupy.asarray(host)
+
+
+_MIX1 = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def digest(grid: Grid, fields: dict[str, Any]) -> str:
+    """A 64-bit hex checksum of the fields' owned cells, independent of the decomposition (collective)."""
+    total = np.zeros(1, np.uint64)
+    n = grid.layout.owned[1] - grid.layout.owned[0]
+    with np.errstate(over="ignore"):
+        for f, (name, a) in enumerate(sorted(fields.items())):
+            local = _owned_host(grid, a)
+            bits = local.view(np.uint64 if local.dtype.itemsize == 8 else np.uint32).astype(np.uint64)
+            index = np.zeros(local.shape, np.uint64)
+            for k in range(grid.ndim):
+                shape = [1] * grid.ndim
+                shape[k] = local.shape[k]
+                g = np.arange(grid.starts[k], grid.starts[k] + local.shape[k], dtype=np.uint64).reshape(shape)
+                index = index * np.uint64(n) + g
+            h = (bits ^ ((index + np.uint64(f << 56)) * _MIX1)) * _MIX2
+            h ^= h >> np.uint64(31)
+            total += h.sum(dtype=np.uint64)
+    out = np.zeros(1, np.uint64)
+    grid.cart.Allreduce(total, out, op=MPI.SUM)
+    return f"{int(out[0]):016x}"
+
+
+def gather(grid: Grid, a: Any) -> np.ndarray | None:
+    """The owned cells of *a* from every rank, assembled on rank 0 (None elsewhere)."""
+    parts = grid.cart.gather((grid.starts, _owned_host(grid, a)), root=0)
+    if parts is None:
+        return None
+    n = grid.layout.owned[1] - grid.layout.owned[0]
+    whole = np.empty((n,) * grid.ndim, parts[0][1].dtype)
+    for starts, block in parts:
+        whole[tuple(slice(s, s + b) for s, b in zip(starts, block.shape))] = block
+    return whole
+
+
+def plot(grid: Grid, a: Any, path: str, title: str) -> None:
+    """Save a picture of field *a* (the middle plane of a 3-D field) to *path* (collective; rank 0 draws)."""
+    whole = gather(grid, a)
+    if whole is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    picture = whole[whole.shape[0] // 2] if whole.ndim == 3 else whole
+    fig, ax = plt.subplots(figsize=(6, 5), dpi=120)
+    im = ax.imshow(picture, origin="lower", cmap="inferno", interpolation="nearest")
+    fig.colorbar(im, ax=ax)
+    ax.set_title(title + (" (middle plane)" if whole.ndim == 3 else ""))
+    ax.set_xlabel("j")
+    ax.set_ylabel("i")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

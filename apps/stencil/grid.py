@@ -1,0 +1,137 @@
+"""The decomposition of a structured grid over a Cartesian communicator.
+
+Vocabulary (used by every module of the stencil application):
+
+* the **global array** has ``extent`` cells per dimension; the cells of the
+  ``owned`` range ``[a, b)`` (the same in every dimension) are split among the
+  ranks in near-equal blocks (:func:`block`: the first ``n mod p`` blocks get one
+  cell more), so any rank count and any grid size that leaves every rank at least
+  ``width`` cells works, square or not;
+* each rank's **local array** is its block plus ``width`` ghost cells on every
+  side (the stencil's radius): ghosts facing a neighbour are filled by the halo
+  exchange, ghosts on the physical boundary hold boundary values;
+* a **box** is a tuple of ``(lo, hi)`` per dimension in local array indices
+  (``hi`` exclusive), the unit the kernels and the halo plan work in.
+
+``MPI.Compute_dims`` picks the rank grid (3 ranks in 2-D: 3 × 1), the
+Cartesian communicator's ``Shift`` gives each dimension's lower and upper
+neighbour (``MPI.PROC_NULL`` at the physical boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+__all__ = ["Box", "block", "Layout", "Grid", "shrink", "strips", "cells"]
+
+Box = tuple[tuple[int, int], ...]
+
+
+def block(n: int, parts: int, index: int) -> tuple[int, int]:
+    """``(start, size)`` of block *index* when *n* cells are split into *parts* near-equal blocks."""
+    q, r = divmod(n, parts)
+    return index * q + min(index, r), q + (1 if index < r else 0)
+
+
+def cells(box: Box) -> int:
+    """Number of cells in *box* (0 when empty)."""
+    count = 1
+    for lo, hi in box:
+        count *= max(0, hi - lo)
+    return count
+
+
+def shrink(box: Box, by: tuple[tuple[int, int], ...]) -> Box:
+    """*box* with ``by[k] = (low, high)`` cells taken off each side of dimension k (never inverted)."""
+    out = []
+    for (lo, hi), (a, b) in zip(box, by):
+        new_lo = min(lo + a, hi)
+        out.append((new_lo, max(hi - b, new_lo)))
+    return tuple(out)
+
+
+def strips(outer: Box, inner: Box) -> list[Box]:
+    """Disjoint boxes covering *outer* minus *inner* (*inner* inside *outer*), dimension by dimension.
+
+    In 2-D: the full-width low and high strips of dimension 0, then the low and
+    high strips of dimension 1 between them; no cell twice, none left out.
+    """
+    out, current = [], list(outer)
+    for k, ((lo, hi), (ilo, ihi)) in enumerate(zip(outer, inner)):
+        if ilo > lo:
+            out.append(tuple(current[:k] + [(lo, ilo)] + current[k + 1:]))
+        if ihi < hi:
+            out.append(tuple(current[:k] + [(ihi, hi)] + current[k + 1:]))
+        current[k] = (ilo, ihi)
+    return [b for b in out if cells(b)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The global geometry of a problem: what is split, what is updated, how wide the halo is."""
+
+    dims: int
+    extent: int  #: global array cells per dimension (including physical boundary cells)
+    owned: tuple[int, int]  #: global index range [a, b) split among the ranks, in every dimension
+    update: tuple[int, int]  #: global index range the stencil updates, in every dimension
+    width: int  #: ghost cells per side (the stencil's radius)
+
+
+class Grid:
+    """One rank's block of a :class:`Layout` over a Cartesian communicator (collective to build).
+
+    Raises ``ValueError`` (the same on every rank, before any communicator is
+    made) when the grid is too small for the rank grid.
+    """
+
+    def __init__(self, mpi_comm: MPI.Intracomm, layout: Layout, rank_dims: list[int] | None = None):
+        d, w = layout.dims, layout.width
+        p = mpi_comm.Get_size()
+        dims = list(MPI.Compute_dims(p, [0] * d if rank_dims is None else list(rank_dims)))
+        n_owned = layout.owned[1] - layout.owned[0]
+        for k, parts in enumerate(dims):
+            smallest = n_owned // parts
+            if smallest < max(1, w):
+                need = parts * max(1, w)
+                raise ValueError(
+                    f"a grid of {n_owned} cells per side split over {parts} ranks in dimension {k} "
+                    f"(rank grid {' x '.join(map(str, dims))} for {p} ranks) leaves blocks of {smallest} cells, "
+                    f"fewer than the stencil's radius {max(1, w)}: use --size {need} or more, or fewer ranks"
+                )
+        self.layout, self.dims, self.ndim, self.width = layout, dims, d, w
+        self.cart: MPI.Cartcomm = mpi_comm.Create_cart(dims, periods=[False] * d, reorder=False)
+        self.rank = self.cart.Get_rank()
+        self.coords = tuple(self.cart.Get_coords(self.rank))
+        starts, sizes = zip(*(block(n_owned, dims[k], self.coords[k]) for k in range(d)))
+        #: first owned global index and owned cells per dimension
+        self.lo = tuple(layout.owned[0] + s for s in starts)
+        self.size = tuple(sizes)
+        #: offset of this block in the owned range (where it goes in a file of the owned cells)
+        self.starts = tuple(starts)
+        self.shape = tuple(s + 2 * w for s in sizes)
+        #: (lower, upper) neighbour per dimension; MPI.PROC_NULL at the physical boundary
+        self.neighbours = tuple(tuple(self.cart.Shift(k, 1)) for k in range(d))
+        #: the owned cells, in local indices
+        self.interior: Box = tuple((w, w + s) for s in sizes)
+        #: the cells this rank updates: the owned cells inside the global update range
+        self.update: Box = tuple(
+            (max(layout.update[0], lo) - lo + w, max(min(layout.update[1], lo + s), max(layout.update[0], lo)) - lo + w)
+            for lo, s in zip(self.lo, self.size)
+        )
+
+    def global_indices(self, k: int):
+        """Global index of every local cell (ghosts included) along dimension *k*, as a NumPy range."""
+        import numpy as np
+
+        return np.arange(self.lo[k] - self.width, self.lo[k] - self.width + self.shape[k])
+
+    def has_neighbour(self, k: int, side: int) -> bool:
+        """Whether dimension *k*'s lower (side 0) or upper (side 1) face borders another rank."""
+        return self.neighbours[k][side] != MPI.PROC_NULL
+
+    def free(self) -> None:
+        """Release the Cartesian communicator."""
+        if self.cart != MPI.COMM_NULL:
+            self.cart.Free()

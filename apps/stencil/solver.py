@@ -1,0 +1,334 @@
+"""The iteration loop: halo exchange, update, residual, checkpoints, timing and the final check.
+
+One iteration (``--halo overlap``)::
+
+    start halo exchange of the exchanged field      (pack faces, start requests)
+    update the inner box                            (cells that read no ghost)
+    finish the exchange                             (wait, unpack ghosts)
+    update the boundary strips                      (the rest of the box)
+    problem.after()                                 (star: in += 1)
+    swap fields (heat)
+
+``blocking`` and ``neighbor`` finish the exchange before one update of the
+whole box. Every cell is computed by the same kernel expression in every mode
+and on every decomposition, so the field is bit-for-bit the same; the residual
+is a maximum (exact in any order), reduced with mpicomm's allreduce every
+``check_every`` iterations, so the stopping iteration is the same too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import kernels
+import mpicomm
+
+from . import fieldio
+from .grid import Grid, cells, shrink, strips
+from .halo import HaloExchange
+from .problem import Verdict, make
+
+__all__ = ["Config", "Result", "solve", "stream_bandwidth", "resolve_kernel"]
+
+
+@dataclass
+class Config:
+    """Everything a run depends on (the command line, as data)."""
+
+    problem: str = "heat"
+    dims: int = 2
+    size: int = 4096
+    iters: int = 1000
+    tol: float = 0.0
+    check_every: int = 10
+    kernel: str = "auto"
+    halo: str = "overlap"
+    radius: int = 2
+    c: float | None = None
+    dtype: str = "float64"
+    rank_dims: list[int] | None = None
+    checkpoint_every: int = 0
+    checkpoint_dir: str = "checkpoints"
+    keep: int = 2
+    restart: bool = False
+    plot: str | None = None
+    stream: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Result:
+    """What a run measured and found (the same on every rank)."""
+
+    iterations: int
+    start_iteration: int
+    stopped: str
+    residual: float | None
+    seconds: float
+    checkpoint_seconds: float
+    points: int
+    mlups: float
+    gbs: float
+    bytes_per_point: int
+    flops_per_point: int
+    stream_gbs: float | None
+    bound_fraction: float | None
+    compute_seconds: float | None
+    efficiency: float | None
+    verdict: Verdict
+    digest: str
+    rank_dims: list[int]
+    kernel: str
+    halo: str
+    ranks: int
+    block_min: list[int]
+    block_max: list[int]
+    refused: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["verdict"] = asdict(self.verdict)
+        return out
+
+
+def resolve_kernel(name: str) -> str:
+    """``auto`` → ``compiled`` where numba is installed, else ``numpy``; other names as given."""
+    if name == "auto":
+        return "compiled" if kernels.available("compiled")[0] else "numpy"
+    return name
+
+
+def stream_bandwidth(k: Any, comm: MPI.Intracomm, elements: int = 1 << 23, repeat: int = 5) -> float:
+    """STREAM triad bandwidth of all ranks together, in bytes/s, counting the write-allocate (32 B/element).
+
+    Every round starts all ranks together and lasts until the slowest is done,
+    so the rate is the aggregate the ranks really got at once (also when there
+    are more ranks than cores); the best of *repeat* rounds.
+    """
+    xp = k.xp
+    a = xp.zeros(elements)
+    b = xp.arange(elements, dtype=np.float64)
+    c = xp.ones(elements)
+    k.triad(a, b, c, 3.0)  # first touch, compile
+    k.sync()
+    best = float("inf")
+    for _ in range(repeat):
+        comm.Barrier()
+        t = time.perf_counter()
+        k.triad(a, b, c, 3.0)
+        k.sync()
+        best = min(best, comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
+    return comm.Get_size() * 32.0 * elements / best
+
+
+class Progress:
+    """Rank 0's progress line on stderr: a bar on a terminal, a line per 10 % otherwise."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.total, self.start, self.enabled = total, start, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.last_shown, self.next_pct = 0.0, 10
+
+    def update(self, done: int, residual: float | None, force: bool = False) -> None:
+        if not self.enabled or self.total <= self.start:
+            return
+        now = time.perf_counter()
+        frac = (done - self.start) / (self.total - self.start)
+        if self.tty:
+            if not force and now - self.last_shown < 0.25:
+                return
+            self.last_shown = now
+            eta = (now - self.t0) * (1 - frac) / frac if frac > 0 else 0.0
+            bar = "#" * int(30 * frac)
+            res = f" residual {residual:.3e}" if residual is not None else ""
+            sys.stderr.write(f"\r  [{bar:<30}] {done}/{self.total}{res} ETA {eta:5.1f} s ")
+            sys.stderr.flush()
+        elif frac * 100 >= self.next_pct or force:
+            self.next_pct = int(frac * 10) * 10 + 10
+            res = f", residual {residual:.3e}" if residual is not None else ""
+            sys.stderr.write(f"  iteration {done}/{self.total} ({frac:.0%}{res}, {now - self.t0:.1f} s)\n")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _compute_only(problem: Any, k: Any, f: dict, spare: dict, box, iters: int, comm: MPI.Intracomm) -> float:
+    """Seconds per iteration of the update alone (no exchange), slowest rank; leaves the fields as they were."""
+    if problem.swaps:
+        scratch = {n: a.copy() for n, a in spare.items()}
+        work = f
+    else:
+        work = {n: a.copy() for n, a in f.items()}
+        scratch = None
+    problem.step(k, work, scratch, box, False)  # compile / warm
+    k.sync()
+    comm.Barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        problem.step(k, work, scratch, box, False)
+    k.sync()
+    return comm.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX)
+
+
+def solve(comm: MPI.Intracomm, cfg: Config, say=None) -> Result:
+    """Run the stencil described by *cfg* on *comm* (collective); :class:`Result` on every rank.
+
+    Raises ``ValueError`` (bad settings; the same on every rank) or
+    ``apps.checkpoint.CheckpointError`` (a checkpoint that cannot be used).
+    """
+    say = say or (lambda text: None)
+    if cfg.iters < 0:
+        raise ValueError(f"--iters {cfg.iters}: must be >= 0")
+    if cfg.check_every < 1:
+        raise ValueError(f"--check-every {cfg.check_every}: must be >= 1")
+    if cfg.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every {cfg.checkpoint_every}: must be >= 0 (0: no checkpoints)")
+    if cfg.tol < 0:
+        raise ValueError(f"--tol {cfg.tol}: must be >= 0 (0: run all --iters)")
+    if cfg.dims not in (2, 3):
+        raise ValueError(f"--dims {cfg.dims}: must be 2 or 3")
+    name = resolve_kernel(cfg.kernel)
+    if name not in kernels.PATHS:
+        raise ValueError(f"--kernel {cfg.kernel!r}: expected auto or one of {', '.join(kernels.PATHS)}")
+    ok, why = kernels.available(name)
+    if not ok:
+        raise ValueError(f"--kernel {name}: {why}")
+    problem = make(cfg.problem, cfg.dims, cfg.size, cfg.radius, cfg.c)
+    dtype = np.dtype(cfg.dtype)
+    if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"--dtype {cfg.dtype}: expected float64 or float32")
+    k = kernels.select(name)
+    grid = Grid(comm, problem.layout, cfg.rank_dims)
+    try:
+        return _run(comm, cfg, problem, k, grid, dtype, say)
+    finally:
+        grid.free()
+
+
+def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
+    mcomm = mpicomm.Comm(grid.cart)
+    p = grid.cart.Get_size()
+    block_min = _blocks(grid, MPI.MIN)
+    block_max = _blocks(grid, MPI.MAX)
+    say(
+        f"stencil: {problem.name} {cfg.dims}-D, {' x '.join([str(cfg.size)] * cfg.dims)} cells, {p} rank{'s' if p > 1 else ''} "
+        f"as {' x '.join(map(str, grid.dims))} (blocks {' x '.join(f'{a}..{b}' if a != b else str(a) for a, b in zip(block_min, block_max))}), "
+        f"halo {cfg.halo}, kernel {k.name}, {dtype.name}"
+    )
+    stream = None
+    if cfg.stream:
+        stream = stream_bandwidth(k, grid.cart)
+        bpp = problem.bytes_per_point(dtype.itemsize)
+        say(f"  STREAM triad (all ranks at once, write-allocate counted): {stream / 1e9:.2f} GB/s "
+            f"-> bound {stream / bpp / 1e6:.0f} MLUP/s at {bpp} B/point")
+
+    f = problem.initial(grid, k.xp, dtype)
+    spare = {n: a.copy() for n, a in f.items()} if problem.swaps else None
+    expect = {"problem": problem.name, "dims": cfg.dims, "size": cfg.size, "dtype": dtype.str,
+              "radius": cfg.radius if problem.name == "star" else None, "c": getattr(problem, "c", None)}
+    start, refused = 0, []
+    if cfg.restart:
+        body, refused = fieldio.load(grid, f, cfg.checkpoint_dir, expect)
+        for reason in refused:
+            say(f"  refused checkpoint: {reason}")
+        if body is None:
+            say(f"  no checkpoint in {cfg.checkpoint_dir}: starting from iteration 0")
+        else:
+            start = body["step"]
+            if problem.swaps:
+                for n in spare:
+                    spare[n][...] = f[n]  # ghosts on the physical boundary: the same boundary values
+            say(f"  restarted from {body['path']} (iteration {start})")
+
+    halo = HaloExchange(grid, k, dtype, cfg.halo)
+    box = grid.update
+    has = tuple((w if grid.has_neighbour(j, 0) else 0, w if grid.has_neighbour(j, 1) else 0)
+                for j, w in ((j, grid.width) for j in range(grid.ndim)))
+    inner = shrink(box, has)
+    edges = strips(box, inner)
+
+    compute = None
+    if p > 1 and cells(box):
+        compute = _compute_only(problem, k, f, spare, box, 3, grid.cart)
+    elif p > 1:
+        compute = _compute_only(problem, k, f, spare, box, 1, grid.cart)
+
+    progress = Progress(cfg.iters, start, cfg.progress and grid.cart.Get_rank() == 0)
+    residual, stopped = None, "--iters"
+    res_buf, res_out = np.zeros(1), np.zeros(1)
+    ckpt_seconds = 0.0
+    it = start
+    grid.cart.Barrier()
+    t0 = time.perf_counter()
+    while it < cfg.iters:
+        check = (it + 1) % cfg.check_every == 0 or it + 1 == cfg.iters
+        ex = f[problem.exchanged]
+        if cfg.halo == "overlap":
+            halo.start(ex)
+            r = problem.step(k, f, spare, inner, check)
+            halo.finish(ex)
+            rs = [problem.step(k, f, spare, b, check) for b in edges]
+        else:
+            halo.exchange(ex)
+            r = problem.step(k, f, spare, box, check)
+            rs = []
+        problem.after(k, f, grid)
+        if problem.swaps:
+            f, spare = spare, f
+        it += 1
+        if check and problem.swaps:
+            res_buf[0] = max([r or 0.0] + [x or 0.0 for x in rs])
+            mcomm.Allreduce(res_buf, res_out, op=MPI.MAX)
+            residual = float(res_out[0])
+            if cfg.tol and residual <= cfg.tol:
+                stopped = f"--tol {cfg.tol:g}"
+                progress.update(it, residual, force=True)
+                break
+        if cfg.checkpoint_every and (it % cfg.checkpoint_every == 0 or it == cfg.iters):
+            k.sync()
+            tc = time.perf_counter()
+            fieldio.save(grid, f, it, cfg.checkpoint_dir, cfg.keep, **expect)
+            ckpt_seconds += time.perf_counter() - tc
+        progress.update(it, residual)
+    k.sync()
+    seconds = grid.cart.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    progress.close()
+    halo.free()
+
+    done = it - start
+    loop = max(seconds - ckpt_seconds, 1e-12)
+    points = problem.points()
+    mlups = points * done / loop / 1e6 if done else 0.0
+    bpp = problem.bytes_per_point(dtype.itemsize)
+    gbs = mlups * 1e6 * bpp / 1e9
+    fraction = (mlups * 1e6 * bpp / stream) if stream and done else None
+    efficiency = (compute * done / loop) if compute and done else None
+    verdict = problem.verify(grid.cart, grid, f, it)
+    digest = fieldio.digest(grid, f)
+    if cfg.plot:
+        fieldio.plot(grid, f[problem.fields[-1]], cfg.plot,
+                     f"{problem.name} {cfg.dims}-D, {cfg.size} per side, iteration {it}")
+    return Result(
+        iterations=it, start_iteration=start, stopped=stopped, residual=residual, seconds=seconds,
+        checkpoint_seconds=ckpt_seconds, points=points, mlups=mlups, gbs=gbs, bytes_per_point=bpp,
+        flops_per_point=problem.flops_per_point(), stream_gbs=stream / 1e9 if stream else None,
+        bound_fraction=fraction, compute_seconds=compute, efficiency=efficiency, verdict=verdict,
+        digest=digest, rank_dims=list(grid.dims), kernel=k.name, halo=cfg.halo, ranks=p,
+        block_min=block_min, block_max=block_max, refused=refused,
+    )
+
+
+def _blocks(grid: Grid, op: MPI.Op) -> list[int]:
+    out = np.zeros(grid.ndim, np.int64)
+    grid.cart.Allreduce(np.array(grid.size, np.int64), out, op=op)
+    return [int(x) for x in out]

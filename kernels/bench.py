@@ -1,0 +1,283 @@
+"""How close each kernel path comes to the memory bound: ``python -m kernels.bench``.
+
+    python -m kernels.bench                              # every available path, 2-D 4096² and 3-D 256³
+    python -m kernels.bench --size 2048 --iters 20       # 2-D 2048², 3-D 161³ (the same number of points)
+    python -m kernels.bench --paths compiled --dims 2 --out KERNELS.md
+
+A heat / Jacobi sweep (kernels/heat.py) does a handful of flops per cell and
+streams two arrays, so memory bandwidth bounds it. This benchmark measures,
+for each path and dimension, the sweep's update rate next to the STREAM triad's
+bandwidth **in the same process, interleaved** (each repeat runs the triad and
+then the sweep, so both see the same machine state), and reports the fraction
+of the bound it reaches. The best of ``--repeat`` repeats counts for each.
+
+Memory-traffic accounting (float64; scale by itemsize/8 for float32):
+
+* heat sweep with ordinary stores: 24 bytes per cell — read u, write-allocate
+  v (the cache fetches the line before it is written), write v. Neighbours
+  come from cache: each value of u is read from memory once per sweep.
+* triad ``a = b + s*c``: 32 bytes per element — read b, read c, write-allocate
+  a, write a.
+
+Both count the write-allocate, so both are real traffic on a machine that does
+one, and the bound is ``MLUP/s = triad bytes per second / 24``. The bound's
+triad is one pass: the compiled path's loop on the CPU (when numba is
+installed; otherwise NumPy's two-pass form, which underestimates the
+bandwidth and is marked so), the CuPy kernel on the GPU. The sweeps run without
+the fused residual unless ``--residual`` is given; u and v swap every iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .paths import PATHS, Kernels, available, select
+from .stream import BYTES_PER_ELEMENT
+
+__all__ = ["DEFAULT_SIZES", "HEAT_BYTES_PER_CELL", "Row", "measure", "markdown_table", "main"]
+
+#: Points per side when --size is not given.
+DEFAULT_SIZES = {2: 4096, 3: 256}
+#: Memory traffic of one heat update in units of the itemsize: read u, write-allocate v, write v.
+HEAT_BYTES_PER_CELL = 3
+
+
+@dataclass
+class Row:
+    """One (path, dims) measurement; rates are the best of the repeats."""
+
+    path: str
+    dims: int
+    size: int
+    dtype: str
+    mlups: float
+    gbs: float
+    triad_path: str
+    triad_gbs: float
+    bound_mlups: float
+    fraction: float
+    seconds: float
+
+
+def _say(text: str, quiet: bool) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _timed(k: Kernels, fn: Callable[[], Any], iters: int) -> float:
+    k.sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    k.sync()
+    return time.perf_counter() - start
+
+
+def _triad_path(path: str) -> str:
+    """The path whose triad measures the bound for *path*: the same device, one pass where possible."""
+    if path == "cupy":
+        return "cupy"
+    return "compiled" if available("compiled")[0] else "numpy"
+
+
+def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.dtype = np.dtype(np.float64),
+            residual: bool = False, quiet: bool = True) -> Row:
+    """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the best of *repeat*."""
+    k = select(path)
+    tk = k if _triad_path(path) == path else select(_triad_path(path))
+    xp = k.xp
+    shape = (size + 2,) * dims
+    rng = np.random.default_rng(dims)
+    u = xp.asarray(rng.random(shape).astype(dtype))
+    v = u.copy()
+    box = ((1, size + 1),) * dims
+    elements = int(np.prod(shape))
+    a = tk.xp.zeros(elements, dtype=dtype)
+    b = tk.xp.asarray(rng.random(elements).astype(dtype))
+    c = tk.xp.asarray(rng.random(elements).astype(dtype))
+    fields = [u, v]
+
+    def sweep() -> None:
+        k.heat(fields[0], fields[1], 0.5 / dims, box, residual=residual)
+        fields.reverse()
+
+    sweep()  # compiles on first use; fills the caches and the page tables
+    tk.triad(a, b, c, 3.0)
+    best_heat = best_triad = float("inf")
+    for rep in range(repeat):
+        best_triad = min(best_triad, _timed(tk, lambda: tk.triad(a, b, c, 3.0), iters))
+        seconds = _timed(k, sweep, iters)
+        best_heat = min(best_heat, seconds)
+        _say(f"  {path} {dims}-D {size}^{dims}: repeat {rep + 1}/{repeat}: {seconds / iters * 1e3:.2f} ms per sweep",
+             quiet)
+    itemsize = np.dtype(dtype).itemsize
+    mlups = size ** dims * iters / best_heat / 1e6
+    triad_gbs = elements * BYTES_PER_ELEMENT * itemsize * iters / best_triad / 1e9
+    bound = triad_gbs * 1e3 / (HEAT_BYTES_PER_CELL * itemsize)
+    return Row(path, dims, size, np.dtype(dtype).name, mlups, mlups * HEAT_BYTES_PER_CELL * itemsize / 1e3,
+               _triad_path(path), triad_gbs, bound, mlups / bound, best_heat / iters)
+
+
+def markdown_table(header: list[str], cells: list[list[str]]) -> str:
+    """A Markdown table, columns padded; the first column left-aligned, the rest right-aligned."""
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
+
+    def line(values: list[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
+
+    rule = "|" + "|".join(":" + "-" * (w + 1) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(row) for row in cells)])
+
+
+HEADER = ["path", "dims", "grid", "MLUP/s", "GB/s (24 B/pt)", "triad GB/s", "bound MLUP/s", "of bound"]
+
+
+def table(rows: list[Row]) -> str:
+    """The result table (bytes per cell in the header follow the dtype)."""
+    header = list(HEADER)
+    if rows and rows[0].dtype != "float64":
+        header[4] = f"GB/s ({HEAT_BYTES_PER_CELL * np.dtype(rows[0].dtype).itemsize} B/pt)"
+    cells = [[r.path, f"{r.dims}-D", "x".join([str(r.size)] * r.dims), f"{r.mlups:.0f}", f"{r.gbs:.1f}",
+              f"{r.triad_gbs:.1f}" + ("*" if r.triad_path == "numpy" else ""),
+              f"{r.bound_mlups:.0f}", f"{r.fraction * 100:.0f} %"] for r in rows]
+    return markdown_table(header, cells)
+
+
+def _method(rows: list[Row], residual: bool) -> str:
+    triads = sorted({r.triad_path for r in rows})
+    text = ("Heat/Jacobi sweeps " + ("with" if residual else "without") + " the fused residual; "
+            f"{HEAT_BYTES_PER_CELL} x itemsize bytes per cell (read u, write-allocate v, write v), STREAM triad "
+            f"{BYTES_PER_ELEMENT} x itemsize bytes per element (read b, read c, write-allocate a, write a), measured "
+            f"in the same run, interleaved; bound = triad bytes/s / bytes per cell. Triad measured by: "
+            f"{', '.join(triads)}.")
+    if "numpy" in triads:
+        text += " * NumPy's triad takes two passes: a lower estimate of the bandwidth (install numba for one pass)."
+    return text
+
+
+def _machine(paths: list[str]) -> str:
+    from mpicomm.config import describe_cpu
+
+    text = f"{describe_cpu()}, NumPy {np.__version__}"
+    if "compiled" in paths or _triad_path("numpy") == "compiled":
+        import numba
+
+        text += f", numba {numba.__version__}"
+    if "cupy" in paths:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        text += f", CuPy {cupy.__version__} on {name}"
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kernels.bench",
+        description="Heat/Jacobi sweep rate of each kernel path next to a STREAM triad measured in the same run, "
+                    "and the fraction of the memory bound it reaches (24 bytes per cell and 32 per triad element "
+                    "for float64, write-allocate counted in both).",
+        epilog="example: python -m kernels.bench --paths compiled --dims 2 --size 2048 --iters 20 --out KERNELS.md",
+    )
+    parser.add_argument("--paths", default="all", metavar="all|PATH,...",
+                        help=f"paths to measure, comma-separated from {', '.join(PATHS)} (default: all available)")
+    parser.add_argument("--dims", default="2,3", metavar="2,3", help="dimensions to measure (default: 2,3)")
+    parser.add_argument("--size", type=_sizes, default=None, metavar="N[,M]",
+                        help="interior points per side: N in 2-D, M in 3-D; without M, 3-D takes the side with as "
+                             "many points as N² (N^(2/3): 4096 -> 256, 2048 -> 161). Default: 4096 (2-D) and 256 "
+                             "(3-D). Arrays add 2 ghost layers")
+    parser.add_argument("--iters", type=int, default=10, help="sweeps (and triads) per timed repeat (default: 10)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repeats; the best counts (default: 3)")
+    parser.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="(default: float64)")
+    parser.add_argument("--residual", action="store_true", help="sweep with the fused residual (max |v - u|)")
+    parser.add_argument("--out", metavar="FILE.md", help="also write the table, the command line and the machine here")
+    parser.add_argument("--append", action="store_true", help="with --out: append instead of replacing the file")
+    parser.add_argument("--json", metavar="FILE", help="write the rows, command line, machine and date as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def _sizes(text: str) -> dict[int, int]:
+    """``"2048"`` → {2: 2048, 3: 161} (3-D with as many points as 2-D); ``"2048,128"`` → {2: 2048, 3: 128}."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N or N,M with positive integers, e.g. 2048 or 2048,128")
+    n = values[0]
+    return {2: n, 3: values[1] if len(values) == 2 else max(1, round(n ** (2 / 3)))}
+
+
+def _requested_paths(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    if text == "all":
+        return [p for p in PATHS if available(p)[0]]
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in PATHS:
+            parser.error(f"--paths: unknown path {name!r}; valid: all or a comma-separated list of {', '.join(PATHS)}")
+        ok, reason = available(name)
+        if not ok:
+            parser.error(f"--paths: {name} cannot run here: {reason}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, measure, print the table; write --out / --json."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    paths = _requested_paths(parser, args.paths)
+    try:
+        dims = [int(d) for d in args.dims.split(",") if d.strip()]
+    except ValueError:
+        dims = []
+    if not dims or any(d not in (2, 3) for d in dims):
+        parser.error(f"--dims {args.dims!r}: expected 2, 3 or 2,3")
+    if args.iters < 1 or args.repeat < 1:
+        parser.error(f"--iters {args.iters} / --repeat {args.repeat}: both must be >= 1")
+    if args.append and not args.out:
+        parser.error("--append needs --out FILE.md")
+
+    rows = []
+    for path in paths:
+        for d in dims:
+            size = (args.size or DEFAULT_SIZES)[d]
+            _say(f"{path} {d}-D {size}^{d} ({(size + 2) ** d * np.dtype(args.dtype).itemsize / 1e6:.0f} MB per array): "
+                 f"{args.repeat} x {args.iters} sweeps", args.quiet)
+            rows.append(measure(path, d, size, args.iters, args.repeat, np.dtype(args.dtype), args.residual,
+                                args.quiet))
+    command = "python -m kernels.bench " + shlex.join(argv)
+    machine = _machine(paths)
+    method = _method(rows, args.residual)
+    text = table(rows)
+    print(text)
+    print(method)
+    sys.stdout.flush()
+    if args.out:
+        lines = ["## Kernel sweeps against the STREAM bound", "", f"Command: `{command}`", "", f"Machine: {machine}", "",
+                 method, "", text, ""]
+        with open(args.out, "a" if args.append else "w") as f:
+            f.write("\n".join(lines) + ("\n" if args.append else ""))
+    if args.json:
+        document = {"command": command, "machine": machine, "method": method,
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "residual": args.residual, "rows": [asdict(r) for r in rows]}
+        with open(args.json, "w") as f:
+            json.dump(document, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

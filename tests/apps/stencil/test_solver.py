@@ -1,0 +1,159 @@
+"""apps.stencil.solver: verified answers, bit-identical fields for every rank count and halo mode, restart.
+
+Each test runs the problem on the pass's COMM_WORLD (1, 2, 3 or 4 ranks: 3 is a
+non-square 3 x 1 split with uneven blocks) and compares the field digest with
+the same problem solved by every rank alone on COMM_SELF.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+import kernels
+from apps.checkpoint import CheckpointError
+from apps.stencil.solver import Config, solve
+
+SMALL = dict(stream=False, progress=False, kernel="numpy")
+
+
+def _solve(comm, **kw):
+    return solve(comm, Config(**(SMALL | kw)))
+
+
+def _shared_dir(comm):
+    path = tempfile.mkdtemp(prefix="stencil-test-") if comm.Get_rank() == 0 else None
+    return comm.bcast(path, root=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("problem,dims,size,iters", [("heat", 2, 23, 40), ("heat", 3, 9, 12), ("star", 2, 21, 9)])
+def test_verified_and_identical_for_every_mode_and_rank_count(problem, dims, size, iters):
+    comm = MPI.COMM_WORLD
+    alone = _solve(MPI.COMM_SELF, problem=problem, dims=dims, size=size, iters=iters, halo="blocking")
+    assert alone.verdict.passed, alone.verdict
+    for mode in ("blocking", "overlap", "neighbor"):
+        res = _solve(comm, problem=problem, dims=dims, size=size, iters=iters, halo=mode)
+        assert res.verdict.passed, (mode, res.verdict)
+        assert res.iterations == iters and res.ranks == comm.Get_size()
+        assert res.digest == alone.digest, f"{mode} at {comm.Get_size()} ranks differs from 1 rank"
+
+
+@pytest.mark.mpi
+def test_heat_closed_form_catches_a_wrong_field():
+    comm = MPI.COMM_WORLD
+    res = _solve(comm, size=15, iters=10)
+    assert res.verdict.passed and res.verdict.error < 1e-13
+    # the same field checked against one iteration too many must fail
+    from apps.stencil.grid import Grid
+    from apps.stencil.problem import make
+
+    problem = make("heat", 2, 15)
+    grid = Grid(comm, problem.layout)
+    try:
+        f = problem.initial(grid, kernels.select("numpy").xp, "float64")
+        assert problem.verify(comm, grid, f, 0).passed
+        assert not problem.verify(comm, grid, f, 5).passed
+    finally:
+        grid.free()
+
+
+@pytest.mark.mpi
+def test_compiled_path_gives_the_same_bits():
+    if not kernels.available("compiled")[0]:
+        pytest.skip(kernels.available("compiled")[1])
+    comm = MPI.COMM_WORLD
+    a = _solve(comm, size=19, iters=15, kernel="numpy")
+    b = _solve(comm, size=19, iters=15, kernel="compiled")
+    assert a.digest == b.digest and b.verdict.passed
+
+
+@pytest.mark.mpi
+def test_tolerance_stops_at_the_same_iteration():
+    comm = MPI.COMM_WORLD
+    alone = _solve(MPI.COMM_SELF, size=8, iters=10_000, tol=1e-6, check_every=7)
+    res = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7)
+    assert res.stopped.startswith("--tol") and res.iterations == alone.iterations < 10_000
+    assert res.iterations % 7 == 0 and res.residual <= 1e-6 and res.digest == alone.digest
+    assert res.verdict.passed
+
+
+@pytest.mark.mpi
+def test_restart_is_bit_identical_and_survives_damage():
+    comm = MPI.COMM_WORLD
+    d = _shared_dir(comm)
+    try:
+        straight = _solve(comm, size=17, iters=30)
+        first = _solve(comm, size=17, iters=20, checkpoint_every=5, checkpoint_dir=d, keep=3)
+        assert first.iterations == 20
+        resumed = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
+        assert resumed.start_iteration == 20 and resumed.digest == straight.digest and resumed.verdict.passed
+        # the checkpoint does not depend on the decomposition: one rank alone resumes it too
+        alone = _solve(MPI.COMM_SELF, size=17, iters=30, checkpoint_dir=d, restart=True)
+        assert alone.start_iteration == 20 and alone.digest == straight.digest
+        comm.Barrier()
+        if comm.Get_rank() == 0:  # damage the newest: it is refused, the one before is used
+            with open(os.path.join(d, "stencil-00000020.bin"), "r+b") as f:
+                f.seek(100)
+                f.write(b"\xff\xfe")
+        comm.Barrier()
+        older = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
+        assert older.start_iteration == 15 and older.digest == straight.digest
+        assert any("checksum mismatch" in r for r in older.refused)
+        # a checkpoint of another problem is refused, not loaded
+        with pytest.raises(CheckpointError, match="another problem: size 17"):
+            _solve(comm, size=18, iters=30, checkpoint_dir=d, restart=True)
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            for name in os.listdir(d):
+                if name.endswith(".bin"):
+                    os.truncate(os.path.join(d, name), 8)
+        comm.Barrier()
+        with pytest.raises(CheckpointError, match="no valid checkpoint"):
+            _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.mpi
+def test_restart_without_checkpoints_starts_fresh():
+    comm = MPI.COMM_WORLD
+    d = _shared_dir(comm)
+    try:
+        res = _solve(comm, size=9, iters=5, checkpoint_dir=os.path.join(d, "none"), restart=True)
+        assert res.start_iteration == 0 and res.iterations == 5 and res.verdict.passed
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kw,match", [
+    (dict(size=0), "--size 0"),
+    (dict(kernel="fortran"), "--kernel 'fortran'"),
+    (dict(problem="star", dims=3, size=9), "--problem star is 2-D"),
+    (dict(dims=4), "--dims 4"),
+    (dict(iters=-1), "--iters -1"),
+    (dict(c=0.3), "--c 0.3"),
+    (dict(halo="sideways", size=9), "halo mode 'sideways'"),
+])
+def test_bad_settings_raise_on_every_rank(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _solve(MPI.COMM_WORLD, **kw)
+
+
+@pytest.mark.mpi
+def test_grid_smaller_than_rank_grid():
+    comm = MPI.COMM_WORLD
+    p = comm.Get_size()
+    if p == 1:
+        pytest.skip("a grid smaller than the rank grid needs 2 ranks or more")
+    with pytest.raises(ValueError, match=rf"{p - 1} cells per side split over {p} ranks .* use --size {p} or more"):
+        _solve(comm, size=p - 1, rank_dims=[p, 1])
