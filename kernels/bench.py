@@ -25,6 +25,10 @@ triad is one pass: the compiled path's loop on the CPU (when numba is
 installed; otherwise NumPy's two-pass form, which underestimates the
 bandwidth and is marked so), the CuPy kernel on the GPU. The sweeps run without
 the fused residual unless ``--residual`` is given; u and v swap every iteration.
+
+On the GPU (``--paths cupy``) the last column compares the sweep with a
+device-to-device copy of the same run: both move 2 x itemsize bytes per cell
+(read, write; a GPU does not write-allocate), the target being 80 %.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class Row:
     bound_mlups: float
     fraction: float
     seconds: float
+    copy_gbs: float | None = None  #: device-to-device copy, read + write (GPU paths only)
+    copy_fraction: float | None = None  #: the sweep's read u + write v against that copy (GPU paths only)
 
 
 def _say(text: str, quiet: bool) -> None:
@@ -121,10 +127,18 @@ def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.
              quiet)
     itemsize = np.dtype(dtype).itemsize
     mlups = size ** dims * iters / best_heat / 1e6
+    copy_gbs = copy_fraction = None
+    if path == "cupy":
+        # The GPU reference: a device-to-device copy moves 2 x itemsize per element (read, write; no
+        # write-allocate on a GPU), as does a sweep per cell (read u, write v; neighbours from cache).
+        dst = xp.empty_like(b)
+        best_copy = min(_timed(k, lambda: xp.copyto(dst, b), iters) for _ in range(repeat))
+        copy_gbs = elements * 2 * itemsize * iters / best_copy / 1e9
+        copy_fraction = mlups * 2 * itemsize / 1e3 / copy_gbs
     triad_gbs = elements * BYTES_PER_ELEMENT * itemsize * iters / best_triad / 1e9
     bound = triad_gbs * 1e3 / (HEAT_BYTES_PER_CELL * itemsize)
     return Row(path, dims, size, np.dtype(dtype).name, mlups, mlups * HEAT_BYTES_PER_CELL * itemsize / 1e3,
-               _triad_path(path), triad_gbs, bound, mlups / bound, best_heat / iters)
+               _triad_path(path), triad_gbs, bound, mlups / bound, best_heat / iters, copy_gbs, copy_fraction)
 
 
 def markdown_table(header: list[str], cells: list[list[str]]) -> str:
@@ -139,7 +153,7 @@ def markdown_table(header: list[str], cells: list[list[str]]) -> str:
     return "\n".join([line(header), rule, *(line(row) for row in cells)])
 
 
-HEADER = ["path", "dims", "grid", "MLUP/s", "GB/s (24 B/pt)", "triad GB/s", "bound MLUP/s", "of bound"]
+HEADER = ["path", "dims", "grid", "MLUP/s", "GB/s (24 B/pt)", "triad GB/s", "bound MLUP/s", "of bound", "of D2D copy"]
 
 
 def table(rows: list[Row]) -> str:
@@ -149,7 +163,9 @@ def table(rows: list[Row]) -> str:
         header[4] = f"GB/s ({HEAT_BYTES_PER_CELL * np.dtype(rows[0].dtype).itemsize} B/pt)"
     cells = [[r.path, f"{r.dims}-D", "x".join([str(r.size)] * r.dims), f"{r.mlups:.0f}", f"{r.gbs:.1f}",
               f"{r.triad_gbs:.1f}" + ("*" if r.triad_path == "numpy" else ""),
-              f"{r.bound_mlups:.0f}", f"{r.fraction * 100:.0f} %"] for r in rows]
+              f"{r.bound_mlups:.0f}", f"{r.fraction * 100:.0f} %",
+              "—" if r.copy_fraction is None else f"{r.copy_fraction * 100:.0f} % of {r.copy_gbs:.0f} GB/s"]
+             for r in rows]
     return markdown_table(header, cells)
 
 
