@@ -1,0 +1,238 @@
+"""Command line: ``python -m apps.mapreduce {wordcount,invindex,corpus,bench} ...``.
+
+    mpiexec -n 4 python -m apps.mapreduce wordcount FILES... [--top 20] [--out counts.tsv] [--lowercase]
+                                                  [--memory-limit 512M] [--spill-dir DIR] [--errors strict|replace]
+                                                  [--checkpoint-dir D] [--restart] [--json FILE] [--quiet]
+    mpiexec -n 4 python -m apps.mapreduce invindex FILES... [--out index.tsv] [same options]
+    python -m apps.mapreduce corpus DIR --size 200M [--files 8] [--vocabulary 100000] [--zipf 1.0] [--seed 1]
+    mpiexec -n 2 python -m apps.mapreduce bench --size 200M [--out jobs/results/mapreduce-wordcount.md]
+
+Arguments are checked before MPI starts, on every rank; inputs are checked
+collectively before any work. Either way every rank prints what is wrong,
+naming itself, and the job exits with status 2 instead of hanging. Progress goes
+to stderr from rank 0; results and per-phase timings to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+from .inputs import ERRORS, InputError, format_size, parse_size
+
+__all__ = ["main", "parse", "run_job", "run_corpus", "PROG"]
+
+PROG = "python -m apps.mapreduce"
+
+
+def _who() -> str:
+    from mpicomm.launcher import from_environment
+
+    info = from_environment()
+    return f"rank {info.rank or 0} of {info.size or 1}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that names the rank in its error (every rank of a job prints one)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: {_who()}: error: {message}\n")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, "size")
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _memory(text: str) -> int:
+    from .engine import MIN_MEMORY
+
+    try:
+        value = parse_size(text, "--memory-limit")
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < MIN_MEMORY:
+        raise argparse.ArgumentTypeError(f"--memory-limit {text!r} is below the minimum of {format_size(MIN_MEMORY)}")
+    return value
+
+
+def _job_options(p: argparse.ArgumentParser, out_help: str) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="input text files (UTF-8)")
+    p.add_argument("--top", type=int, default=20, help="how many entries to print (default: 20)")
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--lowercase", action="store_true", help="lowercase every word (str.lower, after tokenizing)")
+    p.add_argument("--errors", choices=ERRORS, default="strict",
+                   help="invalid UTF-8: strict stops with file and byte offset (default); replace reads U+FFFD")
+    p.add_argument("--memory-limit", type=_memory, default="512M", metavar="SIZE",
+                   help="per-rank memory for the engine's buffers, e.g. 512M or 2G (default: 512M); spills beyond")
+    p.add_argument("--spill-dir", metavar="DIR", help="where spill files go (default: the system's temp directory)")
+    p.add_argument("--checkpoint-dir", metavar="D", help="save the map output here (after map+combine)")
+    p.add_argument("--restart", action="store_true", help="reuse a valid checkpoint of the same job in --checkpoint-dir")
+    p.add_argument("--json", metavar="FILE", help="also write results, timings and memory as JSON (rank 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(prog=PROG, description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    wc = sub.add_parser("wordcount", help="count words; print the most frequent",
+                        description="Count words (Unicode-aware; see apps/mapreduce/wordcount.py for the policy).")
+    _job_options(wc, "write every 'word<TAB>count' line here, sorted by count then word (rank 0)")
+    ii = sub.add_parser("invindex", help="inverted index: for each word, the files it occurs in",
+                        description="For every word, the input files it occurs in.")
+    _job_options(ii, "write every 'word<TAB>files<TAB>file…' line here, sorted by word (rank 0)")
+    co = sub.add_parser("corpus", help="generate a reproducible Zipf corpus (run without mpiexec)")
+    co.add_argument("directory", help="where to write corpus-NNN.txt")
+    co.add_argument("--size", type=_size, default="64M", help="total bytes, e.g. 200M (default: 64M)")
+    co.add_argument("--files", type=int, default=8, help="number of files (default: 8)")
+    co.add_argument("--vocabulary", type=int, default=100_000, help="distinct words (default: 100000)")
+    co.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent s (default: 1.0)")
+    co.add_argument("--unicode", type=float, default=0.05, help="fraction of non-ASCII words (default: 0.05)")
+    co.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
+    be = sub.add_parser("bench", help="word count: MPI engine against one process's Counter, same files, same run")
+    from .bench import add_arguments
+
+    add_arguments(be)
+    args = parser.parse_args(argv)
+    if args.command in ("wordcount", "invindex"):
+        if args.top < 0:
+            parser.error(f"--top {args.top}: must be >= 0")
+        if args.restart and not args.checkpoint_dir:
+            parser.error("--restart needs --checkpoint-dir (where the earlier run saved its checkpoint)")
+        if args.spill_dir and not os.path.isdir(args.spill_dir):
+            parser.error(f"--spill-dir {args.spill_dir!r}: not an existing directory")
+        for name in ("out", "json"):
+            path = getattr(args, name)
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                parser.error(f"--{name} {path!r}: its directory does not exist")
+    if args.command == "corpus":
+        if args.files < 1 or args.vocabulary < 1 or args.zipf <= 0 or not 0 <= args.unicode <= 1:
+            parser.error("corpus: need --files >= 1, --vocabulary >= 1, --zipf > 0, 0 <= --unicode <= 1")
+    return args
+
+
+def _phase_table(summary: list[dict[str, Any]]) -> list[str]:
+    names = [n for n in ("map", "checkpoint", "shuffle", "reduce", "output") if any(n in s["timings"] for s in summary)]
+    lines = [f"  {'phase':<11} {'max s':>8} {'min s':>8}   per rank"]
+    for name in names:
+        ts = [s["timings"].get(name, 0.0) for s in summary]
+        extra = ""
+        if name == "map":
+            rates = [s["counters"]["bytes_mapped"] / 2**20 / t if t > 0 else 0.0 for s, t in zip(summary, ts)]
+            extra = "MiB/s " + " ".join(f"{r:.1f}" for r in rates)
+        elif name == "shuffle":
+            extra = "keys sent " + " ".join(str(s["counters"]["items_sent"]) for s in summary)
+        lines.append(f"  {name:<11} {max(ts):8.3f} {min(ts):8.3f}   {extra}")
+    total = [sum(s["timings"].values()) for s in summary]
+    lines.append(f"  {'total':<11} {max(total):8.3f} {min(total):8.3f}")
+    return lines
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """wordcount / invindex on every rank (through mpicomm.runtime.main)."""
+    import numpy as np
+
+    import mpicomm
+
+    from .engine import memory_usage
+
+    comm = mpicomm.Comm()
+    where = f"{PROG} {args.command}: rank {comm.rank} of {comm.size}"
+    before = memory_usage(reset=True)
+    progress = None if args.quiet else sys.stderr
+    options = dict(lowercase=args.lowercase, errors=args.errors, top=args.top, out=args.out,
+                   memory_limit=args.memory_limit, spill_dir=args.spill_dir, checkpoint_dir=args.checkpoint_dir,
+                   restart=args.restart, progress=progress)
+    try:
+        if args.command == "wordcount":
+            from .wordcount import wordcount as job
+        else:
+            from .invindex import invindex as job
+        best, mr = job(comm, args.files, **options)
+    except InputError as exc:
+        sys.stdout.flush()
+        sys.stderr.write(f"{where}: error: {exc}\n")
+        sys.stderr.flush()
+        return 2
+    try:
+        summary = mr.summary()
+        words = sum(v for _, v in mr.items()) if args.command == "wordcount" else 0
+        words, keys = (int(x) for x in comm.allreduce(np.array([words, mr.counters["keys"]])))
+        after = memory_usage()
+        memory = comm.gather({"baseline": before and before["rss"], "peak": after and after["peak"],
+                              "measured_from_start": bool(before and before["reset"])}, root=0)
+    finally:
+        mr.close()
+    if comm.rank != 0:
+        return 0
+    total = sum(os.path.getsize(p) for p in args.files)
+    head = f"{args.command}: {len(args.files)} file(s), {format_size(total)}, {comm.size} rank(s): "
+    if args.command == "wordcount":
+        print(head + f"{words} words, {keys} distinct")
+        if args.top:
+            print(f"  {'count':>10}  word")
+            for word, count in best:
+                print(f"  {count:>10}  {word}")
+        if args.out:
+            print(f"all {keys} words written to {args.out} (word<TAB>count, by count then word)")
+    else:
+        print(head + f"{keys} distinct words")
+        if args.top:
+            print(f"  {'files':>6}  word")
+            for word, files in best:
+                print(f"  {len(files):>6}  {word}")
+        if args.out:
+            print(f"the index of {keys} words written to {args.out} (word<TAB>count<TAB>files, by word)")
+    if mr.restored_from:
+        print(f"map output restored from {mr.restored_from} (map skipped)")
+    print("phases (seconds, max and min over ranks):")
+    print("\n".join(_phase_table(summary)))
+    spills = sum(s["counters"]["map_spills"] + s["counters"]["results_spilled"] for s in summary)
+    buckets = max(s["counters"]["buckets"] for s in summary)
+    print(f"memory limit {format_size(args.memory_limit)} per rank: {spills} map/result spill(s), "
+          f"{buckets} reduce bucket(s) at most")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": args.command, "ranks": comm.size, "words": words, "keys": keys,
+                       "top": [[k, v] for k, v in best], "summary": summary, "memory": memory,
+                       "memory_limit": args.memory_limit, "restored_from": mr.restored_from}, f, indent=1)
+    return 0
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    """Generate the corpus (one process)."""
+    from .corpus import generate
+
+    info_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    if info_size and int(info_size) > 1:
+        sys.stderr.write(f"{PROG} corpus: {_who()}: error: run corpus without mpiexec (one process writes the files)\n")
+        return 2
+    paths = generate(args.directory, args.size, files=args.files, vocabulary_size=args.vocabulary, zipf=args.zipf,
+                     seed=args.seed, unicode=args.unicode)
+    total = sum(os.path.getsize(p) for p in paths)
+    print(f"corpus: {len(paths)} file(s), {format_size(total)} in {args.directory} "
+          f"(vocabulary {args.vocabulary}, zipf {args.zipf}, seed {args.seed})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.command == "corpus":
+        return run_corpus(args)
+    from mpicomm.runtime import main as guarded
+
+    if args.command == "bench":
+        from .bench import run
+
+        return guarded(run, args, sys.argv[1:] if argv is None else argv)
+    return guarded(run_job, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

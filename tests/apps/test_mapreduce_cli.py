@@ -1,0 +1,178 @@
+"""python -m apps.mapreduce as users run it: output, bad input on every rank, restart, the memory limit, the benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections import Counter
+
+import pytest
+
+from apps.mapreduce.wordcount import fmt, order, tokenize
+from tests import mpirun
+
+pytestmark = pytest.mark.launches
+
+
+def _run(n: int, args: list[str], timeout: float = 60, prefix: tuple[str, ...] = ()) -> mpirun.Result:
+    return mpirun.run(n, [*prefix, sys.executable, "-m", "apps.mapreduce", *args], timeout=timeout)
+
+
+def _corpus(directory) -> tuple[list[str], Counter]:
+    texts = {
+        "a.txt": "The quick brown fox, the lazy dog.\r\nnaïve café — हिन्दी 日本語\n" * 40,
+        "b.txt": "",
+        "c.txt": "x",
+        "d.txt": " ".join(f"w{i % 97}" for i in range(3000)),  # one long line
+    }
+    paths, counts = [], Counter()
+    for name, text in texts.items():
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        paths.append(path)
+        counts.update(tokenize(text, lowercase=True))
+    return paths, counts
+
+
+def _each_rank_says(result: mpirun.Result, n: int, command: str, text: str) -> None:
+    assert not result.timed_out and result.seconds < 45, f"took {result.seconds:.0f} s"
+    assert result.returncode != 0
+    for r in range(n):
+        assert f"python -m apps.mapreduce {command}: rank {r} of {n}: error:" in result.stderr, result.stderr
+    assert result.stderr.count(text) >= n, result.stderr
+
+
+def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
+    paths, counts = _corpus(str(tmp_path))
+    out, js = str(tmp_path / "counts.tsv"), str(tmp_path / "wc.json")
+    result = _run(4, ["wordcount", *paths, "--lowercase", "--top", "3", "--out", out, "--json", js])
+    assert result.returncode == 0, result.stderr
+    best = sorted(counts.items(), key=order)
+    assert f"{sum(counts.values())} words, {len(counts)} distinct" in result.stdout
+    for word, count in best[:3]:
+        assert f"{count:>10}  {word}" in result.stdout
+    assert "phases (seconds, max and min over ranks)" in result.stdout and "shuffle" in result.stdout
+    assert "[wordcount] map:" in result.stderr and "keys moved" in result.stderr  # progress from rank 0
+    with open(out, encoding="utf-8") as f:
+        assert f.read() == "".join(fmt(w, c) + "\n" for w, c in best)
+    with open(js) as f:
+        report = json.load(f)
+    assert report["ranks"] == 4 and len(report["summary"]) == 4 and report["keys"] == len(counts)
+
+
+def test_invindex_cli(tmp_path):
+    paths, _ = _corpus(str(tmp_path))
+    out = str(tmp_path / "index.tsv")
+    result = _run(2, ["invindex", *paths, "--out", out, "--quiet", "--top", "2"])
+    assert result.returncode == 0, result.stderr
+    lines = open(out, encoding="utf-8").read().splitlines()
+    assert lines == sorted(lines, key=lambda line: line.split("\t")[0])
+    assert "the\t1\t" + paths[0] in lines and "w5\t1\t" + paths[3] in lines
+    assert result.stderr == ""
+
+
+def test_missing_files_and_directories_are_reported_by_every_rank(tmp_path):
+    paths, _ = _corpus(str(tmp_path))
+    missing = str(tmp_path / "nope.txt")
+    result = _run(3, ["wordcount", paths[0], missing, str(tmp_path)])
+    _each_rank_says(result, 3, "wordcount", f"{missing!r} does not exist")
+    assert result.stderr.count(f"{str(tmp_path)!r} is a directory") >= 3
+
+
+def test_an_unreadable_file_is_reported_by_every_rank():
+    directory = tempfile.mkdtemp(prefix="mapreduce-unreadable-")
+    try:
+        os.chmod(directory, 0o755)
+        good, secret = os.path.join(directory, "good.txt"), os.path.join(directory, "secret.txt")
+        for path in (good, secret):
+            with open(path, "w") as f:
+                f.write("words here\n")
+        os.chmod(good, 0o644)
+        os.chmod(secret, 0)
+        prefix: tuple[str, ...] = ()
+        if os.geteuid() == 0:  # root reads anything: run the ranks as nobody
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                pytest.skip("running as root and no setpriv to drop privileges with")
+            prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups")
+        result = _run(2, ["wordcount", good, secret], prefix=prefix)
+        _each_rank_says(result, 2, "wordcount", f"{secret!r} cannot be read (Permission denied)")
+    finally:
+        os.chmod(os.path.join(directory, "secret.txt"), stat.S_IRUSR | stat.S_IWUSR)
+        shutil.rmtree(directory)
+
+
+def test_invalid_utf8_is_reported_by_every_rank_with_file_and_byte(tmp_path):
+    bad = str(tmp_path / "bad.txt")
+    with open(bad, "wb") as f:
+        f.write(b"fine line\n" * 300 + b"broken \xe2\x28\xa1 here\n" + b"fine line\n" * 300)
+    result = _run(3, ["invindex", bad])
+    _each_rank_says(result, 3, "invindex", f"{bad!r}: byte {10 * 300 + 7}: invalid UTF-8")
+    replaced = _run(3, ["wordcount", bad, "--errors", "replace", "--quiet"])
+    assert replaced.returncode == 0 and "602 fine" not in replaced.stdout and "600  fine" in replaced.stdout
+
+
+def test_a_bad_memory_limit_is_reported_by_every_rank():
+    result = _run(2, ["wordcount", "whatever.txt", "--memory-limit", "lots"])
+    _each_rank_says(result, 2, "wordcount", "not a size")
+    small = _run(2, ["wordcount", "whatever.txt", "--memory-limit", "16M"])
+    _each_rank_says(small, 2, "wordcount", "below the minimum of 32.0 MiB")
+
+
+def test_restart_skips_the_map_and_writes_identical_output(tmp_path):
+    paths, _ = _corpus(str(tmp_path))
+    ckpt = str(tmp_path / "ckpt")
+    first = _run(3, ["wordcount", *paths, "--out", str(tmp_path / "1.tsv"), "--checkpoint-dir", ckpt, "--quiet"])
+    assert first.returncode == 0, first.stderr
+    assert any(name.endswith(".json") for name in os.listdir(ckpt))
+    second = _run(2, ["wordcount", *paths, "--out", str(tmp_path / "2.tsv"), "--checkpoint-dir", ckpt, "--restart"])
+    assert second.returncode == 0, second.stderr
+    assert "map output restored from" in second.stdout and "map skipped" in second.stderr
+    assert open(tmp_path / "1.tsv", "rb").read() == open(tmp_path / "2.tsv", "rb").read()
+
+
+def test_peak_memory_stays_under_the_limit_while_spilling(tmp_path):
+    """RSS high-water mark (VmHWM) above the RSS just before the job, per rank, against --memory-limit.
+
+    500,000 distinct words need about 75 MiB per rank held in Python dicts; with a
+    32 MiB limit the engine must spill on both sides of the shuffle and still count right.
+    """
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux /proc to read the RSS high-water mark")
+    path = str(tmp_path / "unique.txt")
+    words = [f"u{(i * 7919) % 500_009:07d}" for i in range(500_000)]
+    with open(path, "w") as f:
+        for i in range(0, len(words), 10):
+            f.write(" ".join(words[i:i + 10]) + "\n")
+    out, js = str(tmp_path / "u.tsv"), str(tmp_path / "u.json")
+    result = _run(2, ["wordcount", path, "--memory-limit", "32M", "--out", out, "--json", js, "--quiet",
+                      "--spill-dir", str(tmp_path)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.load(open(js))
+    if not all(m["measured_from_start"] for m in report["memory"]):
+        pytest.skip("this kernel does not let a process reset its RSS high-water mark (/proc/self/clear_refs)")
+    limit = 32 << 20
+    for rank, m in enumerate(report["memory"]):
+        grown = m["peak"] - m["baseline"]
+        assert 0 < grown <= limit, f"rank {rank}: peak RSS grew by {grown / 2**20:.1f} MiB, limit 32 MiB"
+    counters = [s["counters"] for s in report["summary"]]
+    assert sum(c["map_spills"] for c in counters) > 0 and max(c["buckets"] for c in counters) > 1
+    assert open(out).read() == "".join(fmt(w, 1) + "\n" for w in sorted(set(words)))
+    assert [name for name in os.listdir(tmp_path) if name.startswith("mapreduce-")] == []  # spill dirs removed
+
+
+def test_the_benchmark_writes_its_table_with_the_command(tmp_path):
+    out = str(tmp_path / "bench.md")
+    args = ["bench", "--size", "600K", "--files", "2", "--vocabulary", "2000", "--repeat", "1",
+            "--dir", str(tmp_path / "corpus"), "--out", out]
+    result = _run(2, args, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = open(out).read()
+    assert "mpiexec -n 2 python -m apps.mapreduce bench --size 600K" in table
+    assert "| `Counter`, 1 process |" in table and "| engine, 2 ranks |" in table and "| shuffle |" in table
+    assert "rank 0:" in table and "rank 1:" in table
