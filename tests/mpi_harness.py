@@ -17,6 +17,8 @@ Imported by ``tests/conftest.py`` (and by the harness's own self-test).
   keeps every rank on the terminal.
 * **Launching tests run once.** Tests marked ``launches`` start their own MPI
   job; they are skipped inside a multi-rank run (the serial pass runs them).
+  So are tests marked ``serial``: pure computations (no MPI) whose result
+  cannot depend on the rank count, which every rank would only repeat.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def log_dir() -> str:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "launches: starts its own MPI job; runs only outside multi-rank runs")
+    config.addinivalue_line("markers", "serial: no MPI, the same at any rank count; runs only outside multi-rank runs")
     if not (config.getoption("--with-mpi", False) or config.getoption("--only-mpi", False)):
         return
     if not _several():
@@ -136,9 +139,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not _fence:
         return
     skip = pytest.mark.skip(reason="starts its own MPI job: runs in the serial pass, not inside an N-rank run")
+    alone = pytest.mark.skip(reason="no MPI in it: runs in the serial pass, not repeated by every rank")
     for item in items:
         if "launches" in item.keywords:
             item.add_marker(skip)
+        elif "serial" in item.keywords:
+            item.add_marker(alone)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,6 +9,8 @@ import pytest
 
 from apps import checkpoint as ck
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def _save(directory, step, arrays):
     path = ck.data_path(str(directory), "t", step)

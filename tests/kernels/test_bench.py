@@ -9,6 +9,8 @@ import pytest
 import kernels
 from kernels import bench
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def _rows(text: str) -> list[list[str]]:
     lines = [line for line in text.splitlines() if line.startswith("|")]

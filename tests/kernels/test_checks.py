@@ -10,6 +10,8 @@ import pytest
 from kernels.checks import box_shape, box_size, check_box, check_scalar, shifted, slices
 from kernels.jit import numba_reason
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def test_box_is_normalised_to_int_pairs():
     box = check_box("heat", [np.array([1, 5]), (np.int64(2), 4)], (6, 6), ghost=1)

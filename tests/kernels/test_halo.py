@@ -7,6 +7,8 @@ import pytest
 
 from tests.kernels.conftest import DTYPE_IDS, DTYPES, field, host, on
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def faces(shape, g, w):
     """(name, send box, receive box) for every face of a field with g ghost layers and halo width w.

@@ -9,6 +9,8 @@ import kernels
 from tests.kernels import loops
 from tests.kernels.conftest import DTYPE_IDS, DTYPES, assert_agrees, assert_scalar_agrees, field, host, on
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 SHAPES = [(7, 5), (12, 9), (40, 33), (5, 6, 7), (9, 8, 11)]
 
 

@@ -9,6 +9,8 @@ import pytest
 
 import kernels
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def test_paths():
     assert kernels.PATHS == ("numpy", "compiled", "cupy")

@@ -9,6 +9,8 @@ from kernels.star import weights
 from tests.kernels import loops
 from tests.kernels.conftest import DTYPE_IDS, DTYPES, assert_agrees, assert_scalar_agrees, field, host, on
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 def boxes(shape, r):
     inner = tuple((r, n - r) for n in shape)

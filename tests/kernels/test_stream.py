@@ -7,6 +7,8 @@ import pytest
 
 from tests.kernels.conftest import DTYPE_IDS, DTYPES, assert_agrees, field, host, on
 
+pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(1,), (1001,), (7, 5), (5, 6, 7)])
