@@ -97,12 +97,20 @@ def run(
     launcher: str | None = None,
     env: dict[str, str] | None = None,
     capture: bool = True,
+    launcher_args: list[str] | None = None,
+    prefix: list[str] | None = None,
 ) -> Result:
-    """Run an MPI job of *n* ranks; never longer than *timeout* seconds (plus a few to clean up)."""
+    """Run an MPI job of *n* ranks; never longer than *timeout* seconds (plus a few to clean up).
+
+    *launcher_args* go right after ``mpiexec`` (e.g. ``-launcher-exec WRAPPER``); *prefix* runs the
+    launcher through another command (e.g. ``nsenter --net=…``).
+    """
     import time
 
     full_env = job_env(env, timeout)
     cmd = command(n, argv, hosts, launcher, timeout)
+    cmd[1:1] = launcher_args or []
+    cmd[:0] = prefix or []
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,

@@ -1,0 +1,1 @@
+"""Tests of jobs/: the batch scripts on a real Slurm, outside Slurm, and the results collector."""
