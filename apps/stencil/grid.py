@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-__all__ = ["Box", "block", "Layout", "Grid", "shrink", "strips", "cells"]
+__all__ = ["Box", "block", "Layout", "Grid", "shrink", "strips", "slabs", "cells"]
 
 Box = tuple[tuple[int, int], ...]
 
@@ -66,6 +66,17 @@ def strips(outer: Box, inner: Box) -> list[Box]:
             out.append(tuple(current[:k] + [(ihi, hi)] + current[k + 1:]))
         current[k] = (ilo, ihi)
     return [b for b in out if cells(b)]
+
+
+def slabs(box: Box, parts: int) -> list[Box]:
+    """*box* cut along dimension 0 into at most *parts* near-equal slabs (:func:`block`), empty ones left out."""
+    (lo, hi), rest = box[0], tuple(box[1:])
+    n = max(0, hi - lo)
+    out = []
+    for i in range(min(parts, n) if n else 1):
+        start, size = block(n, min(parts, n) if n else 1, i)
+        out.append(((lo + start, lo + start + size),) + rest)
+    return [b for b in out if cells(b)] or [box]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from apps.stencil.grid import Grid, Layout, block, cells, shrink, strips
+from apps.stencil.grid import Grid, Layout, block, cells, shrink, slabs, strips
 
 
 @pytest.mark.parametrize("n,parts", [(0, 1), (1, 1), (7, 3), (10, 4), (5, 5), (4096, 3), (13, 7)])
@@ -34,6 +34,14 @@ def test_strips_cover_exactly_once(outer, inner):
     want = np.zeros(shape, int)
     want[tuple(slice(a, b) for a, b in outer)] = 1
     assert np.array_equal(count, want)
+
+
+@pytest.mark.parametrize("box,parts", [(((2, 11), (1, 5)), 4), (((2, 4), (1, 5), (3, 6)), 4), (((3, 3), (1, 5)), 4)])
+def test_slabs_cover_the_box_in_order(box, parts):
+    pieces = slabs(box, parts)
+    assert len(pieces) <= parts and sum(cells(b) for b in pieces) == cells(box)
+    assert all(b[1:] == box[1:] for b in pieces)
+    assert all(a[0][1] == b[0][0] for a, b in zip(pieces, pieces[1:]))
 
 
 def test_shrink_never_inverts():
