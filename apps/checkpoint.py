@@ -51,6 +51,8 @@ __all__ = [
     "steps",
     "newest_valid",
     "prune",
+    "remove",
+    "sweep",
 ]
 
 #: The manifest's format tag; a manifest with another tag is refused.
@@ -257,18 +259,45 @@ def newest_valid(directory: str, prefix: str) -> tuple[dict[str, Any] | None, li
     return None, refused
 
 
-def prune(directory: str, prefix: str, keep: int) -> None:
-    """Remove all but the newest *keep* checkpoints of the series (manifest first, then its files)."""
-    for step in steps(directory, prefix)[keep:]:
-        path = manifest_path(directory, prefix, step)
+def remove(directory: str, prefix: str, step: int) -> None:
+    """Remove one checkpoint of the series: its manifest first (so it stops counting), then its files."""
+    path = manifest_path(directory, prefix, step)
+    try:
+        names = [rec["file"] for rec in load_manifest(path)["files"]]
+    except CheckpointError:
+        names = []
+    os.remove(path)
+    for name in names:
         try:
-            body = load_manifest(path)
-            names = [rec["file"] for rec in body["files"]]
+            os.remove(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+
+
+def prune(directory: str, prefix: str, keep: int) -> None:
+    """Remove all but the newest *keep* checkpoints of the series."""
+    for step in steps(directory, prefix)[keep:]:
+        remove(directory, prefix, step)
+
+
+def sweep(directory: str, prefix: str) -> list[str]:
+    """Remove what killed runs leave behind: temporary files, and data files no manifest names.
+
+    Call it only while no checkpoint of the series is being written. Returns the names removed.
+    """
+    named = set()
+    for step in steps(directory, prefix):
+        try:
+            named.update(rec["file"] for rec in load_manifest(manifest_path(directory, prefix, step))["files"])
         except CheckpointError:
-            names = []
-        os.remove(path)
-        for name in names:
+            pass
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(prefix)}-*")):
+        name = os.path.basename(path)
+        if ".tmp" in name or (name.endswith(".bin") and name not in named):
             try:
-                os.remove(os.path.join(directory, name))
-            except FileNotFoundError:
+                os.remove(path)
+                removed.append(name)
+            except OSError:
                 pass
+    return removed

@@ -52,9 +52,14 @@ def exit_together(code: int, message: str = "", wait: float = 10.0) -> None:
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
         request = MPI.COMM_WORLD.Ibarrier()
         deadline = time.monotonic() + wait
-        while not request.Test() and time.monotonic() < deadline:
+        while not (done := request.Test()) and time.monotonic() < deadline:
             time.sleep(0.005)
+        if done:
+            _agreed.append(code)  # every rank exits the same way: main() need not abort the job
     sys.exit(code)
+
+
+_agreed: list[int] = []
 
 
 def main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -66,7 +71,7 @@ def main(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code and _several_ranks():
+        if code and _several_ranks() and code not in _agreed:
             detail = "" if isinstance(exc.code, int) or exc.code is None else f"{exc.code}\n"
             abort(code, f"exit status {code}", detail)
         raise

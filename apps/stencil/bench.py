@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ranks {args.ranks!r}: expected comma-separated integers such as 1,2")
     if not ranks or min(ranks) < 1:
         parser.error(f"--ranks {args.ranks!r}: rank counts must be >= 1")
+    if args.repeat < 1 or args.iters < 1:
+        parser.error(f"--repeat {args.repeat} --iters {args.iters}: both must be >= 1")
     modes = [m for m in args.halo.split(",") if m]
     bad = [m for m in modes if m not in ("blocking", "overlap", "neighbor")]
     if bad:

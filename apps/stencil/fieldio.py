@@ -28,7 +28,7 @@ from mpicomm import buffers
 
 from .grid import Grid
 
-__all__ = ["PREFIX", "save", "load", "digest", "gather", "plot"]
+__all__ = ["PREFIX", "prepare", "save", "load", "digest", "gather", "plot"]
 
 PREFIX = "stencil"
 
@@ -47,48 +47,88 @@ def _file_type(grid: Grid, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Datatype,
     return etype, ftype, gshape
 
 
-def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: int, **meta: Any) -> str:
-    """Write a checkpoint of *fields* at *step* into *directory* (collective); returns the manifest path."""
-    comm = grid.cart
-    rank = comm.Get_rank()
-    if rank == 0:
-        os.makedirs(directory, exist_ok=True)
-    comm.Barrier()
-    final = checkpoint.data_path(directory, PREFIX, step)
-    tmp = final + ".tmp"
-    fh = MPI.File.Open(comm, tmp, MPI.MODE_WRONLY | MPI.MODE_CREATE)
-    arrays, offset = [], 0
-    try:
-        fh.Set_size(0)
-        for name, a in fields.items():
-            local = _owned_host(grid, a)
-            etype, ftype, gshape = _file_type(grid, local.dtype)
-            try:
-                fh.Set_view(offset, etype, ftype)
-                fh.Write_all(local)
-            finally:
-                ftype.Free()
-            nbytes = int(np.prod(gshape)) * local.dtype.itemsize
-            arrays.append({"name": name, "dtype": local.dtype.str, "shape": list(gshape), "offset": offset, "bytes": nbytes})
-            offset += nbytes
-        fh.Sync()
-    finally:
-        fh.Close()
-    comm.Barrier()
-    error = None
-    mpath = checkpoint.manifest_path(directory, PREFIX, step)
-    if rank == 0:
+def _on_rank0(comm: MPI.Intracomm, work, what: str):
+    """Run *work()* on rank 0; its result on every rank, or its error as CheckpointError on every rank."""
+    result = error = None
+    if comm.Get_rank() == 0:
         try:
-            record = checkpoint.file_record(tmp)
-            record["file"] = os.path.basename(final)
-            checkpoint.commit(tmp, final)
-            checkpoint.save_manifest(mpath, step, [record], arrays=arrays, **meta)
-            checkpoint.prune(directory, PREFIX, keep)
-        except OSError as exc:
-            error = f"writing checkpoint {mpath}: {exc}"
-    error = comm.bcast(error, root=0)
+            result = work()
+        except (OSError, ValueError, KeyError, TypeError, checkpoint.CheckpointError) as exc:
+            error = f"{what}: {exc}"
+    result, error = comm.bcast((result, error), root=0)
     if error:
         raise checkpoint.CheckpointError(error)
+    return result
+
+
+def prepare(comm: MPI.Intracomm, directory: str, fresh: bool) -> None:
+    """Make sure *directory* can take checkpoints before the run starts (collective).
+
+    A fresh run (no ``--restart``) refuses a directory that already holds
+    checkpoints of the series: they may be another run's, and the new run's
+    would replace them.
+    """
+    def work() -> None:
+        os.makedirs(directory, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise OSError(f"{directory} is not writable")
+        found = checkpoint.steps(directory, PREFIX)
+        if fresh and found:
+            raise checkpoint.CheckpointError(
+                f"{directory} already holds checkpoints (newest: iteration {found[0]}); pass --restart to resume "
+                f"from them, or use another --checkpoint-dir"
+            )
+
+    _on_rank0(comm, work, f"--checkpoint-dir {directory}")
+
+
+def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: int, **meta: Any) -> str:
+    """Write a checkpoint of *fields* at *step* into *directory* (collective); returns the manifest path.
+
+    Checkpoints of later steps (left by an abandoned run this one restarted
+    before) are removed, so pruning never drops the one just written.
+    """
+    comm = grid.cart
+    _on_rank0(comm, lambda: os.makedirs(directory, exist_ok=True), f"--checkpoint-dir {directory}")
+    final = checkpoint.data_path(directory, PREFIX, step)
+    tmp = final + ".tmp"
+    arrays, offset = [], 0
+    try:
+        fh = MPI.File.Open(comm, tmp, MPI.MODE_WRONLY | MPI.MODE_CREATE)
+        try:
+            fh.Set_size(0)
+            for name, a in fields.items():
+                local = _owned_host(grid, a)
+                etype, ftype, gshape = _file_type(grid, local.dtype)
+                try:
+                    fh.Set_view(offset, etype, ftype)
+                    fh.Write_all(local)
+                finally:
+                    ftype.Free()
+                nbytes = int(np.prod(gshape)) * local.dtype.itemsize
+                arrays.append({"name": name, "dtype": local.dtype.str, "shape": list(gshape), "offset": offset,
+                               "bytes": nbytes})
+                offset += nbytes
+            fh.Sync()
+        finally:
+            fh.Close()
+    except MPI.Exception as exc:
+        raise checkpoint.CheckpointError(f"writing {tmp} with MPI-IO: {exc.Get_error_string()}") from None
+    comm.Barrier()
+    mpath = checkpoint.manifest_path(directory, PREFIX, step)
+
+    def commit() -> None:
+        for later in checkpoint.steps(directory, PREFIX):
+            if later >= step:
+                checkpoint.remove(directory, PREFIX, later)
+        record = checkpoint.file_record(tmp)
+        record["file"] = os.path.basename(final)
+        checkpoint.commit(tmp, final)
+        checkpoint.save_manifest(mpath, step, [record], arrays=arrays, **meta)
+        checkpoint.prune(directory, PREFIX, keep)
+        checkpoint.sweep(directory, PREFIX)
+
+    _on_rank0(comm, commit, f"writing checkpoint {mpath}")
     return mpath
 
 
@@ -102,14 +142,18 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
     (*expect*: the settings that must match).
     """
     comm = grid.cart
-    found = None
-    if comm.Get_rank() == 0:
-        if os.path.isdir(directory):
-            found = checkpoint.newest_valid(directory, PREFIX)
-            found = (found[0], found[1], bool(checkpoint.steps(directory, PREFIX)))
-        else:
-            found = (None, [], False)
-    body, refused, any_found = comm.bcast(found, root=0)
+
+    def find():
+        if not os.path.isdir(directory):
+            return None, [], False
+        body, refused = checkpoint.newest_valid(directory, PREFIX)
+        if body is not None:
+            for key in ("arrays", "files"):
+                if not isinstance(body.get(key), list) or not body[key]:
+                    raise checkpoint.CheckpointError(f"{body['path']}: manifest lacks {key!r}")
+        return body, refused, bool(checkpoint.steps(directory, PREFIX))
+
+    body, refused, any_found = _on_rank0(comm, find, f"reading checkpoints in {directory}")
     if body is None:
         if any_found:
             raise checkpoint.CheckpointError(
@@ -124,22 +168,28 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
             f"{body['path']} is a checkpoint of another problem: {what}; use another --checkpoint-dir or the same settings"
         )
     path = os.path.join(directory, body["files"][0]["file"])
-    fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+    if sorted(e["name"] for e in body["arrays"]) != sorted(fields):
+        raise checkpoint.CheckpointError(f"{body['path']} holds fields {[e['name'] for e in body['arrays']]}, "
+                                         f"this problem has {sorted(fields)}")
     try:
-        for entry in body["arrays"]:
-            a = fields[entry["name"]]
-            dtype = np.dtype(entry["dtype"])
-            local = np.empty(grid.size, dtype)
-            etype, ftype, _ = _file_type(grid, dtype)
-            try:
-                fh.Set_view(int(entry["offset"]), etype, ftype)
-                fh.Read_all(local)
-            finally:
-                ftype.Free()
-            owned = tuple(slice(lo, hi) for lo, hi in grid.interior)
-            a[owned] = _to_module(a, local)
-    finally:
-        fh.Close()
+        fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+        try:
+            for entry in body["arrays"]:
+                a = fields[entry["name"]]
+                dtype = np.dtype(entry["dtype"])
+                local = np.empty(grid.size, dtype)
+                etype, ftype, _ = _file_type(grid, dtype)
+                try:
+                    fh.Set_view(int(entry["offset"]), etype, ftype)
+                    fh.Read_all(local)
+                finally:
+                    ftype.Free()
+                owned = tuple(slice(lo, hi) for lo, hi in grid.interior)
+                a[owned] = _to_module(a, local)
+        finally:
+            fh.Close()
+    except MPI.Exception as exc:
+        raise checkpoint.CheckpointError(f"reading {path} with MPI-IO: {exc.Get_error_string()}") from None
     return body, refused
 
 

@@ -20,6 +20,7 @@ neighbour (``MPI.PROC_NULL`` at the physical boundary).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -100,6 +101,14 @@ class Grid:
     def __init__(self, mpi_comm: MPI.Intracomm, layout: Layout, rank_dims: list[int] | None = None):
         d, w = layout.dims, layout.width
         p = mpi_comm.Get_size()
+        if rank_dims is not None:
+            given = [int(x) for x in rank_dims]
+            fixed = math.prod(x for x in given if x)
+            if len(given) != d or min(given) < 0 or (0 in given and p % fixed) or (0 not in given and fixed != p):
+                raise ValueError(
+                    f"--rank-dims {'x'.join(map(str, given))} does not fit {p} ranks in {d} dimensions: "
+                    f"give {d} numbers whose product is {p} (0 lets MPI choose that one)"
+                )
         dims = list(MPI.Compute_dims(p, [0] * d if rank_dims is None else list(rank_dims)))
         n_owned = layout.owned[1] - layout.owned[0]
         for k, parts in enumerate(dims):

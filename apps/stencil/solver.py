@@ -19,9 +19,11 @@ is a maximum (exact in any order), reduced with mpicomm's allreduce every
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,8 @@ __all__ = ["Config", "Result", "solve", "stream_bandwidth", "resolve_kernel", "O
 
 #: Slabs the interior is updated in under ``--halo overlap``, with an MPI progress test after each.
 OVERLAP_PIECES = 4
+#: Cells per side when none is given.
+DEFAULT_SIZE = {2: 4096, 3: 256}
 
 
 @dataclass
@@ -47,7 +51,7 @@ class Config:
 
     problem: str = "heat"
     dims: int = 2
-    size: int = 4096
+    size: int | None = None  #: cells per side; None: 4096 in 2-D, 256 in 3-D
     iters: int = 1000
     tol: float = 0.0
     check_every: int = 10
@@ -201,6 +205,13 @@ def solve(comm: MPI.Intracomm, cfg: Config, say=None) -> Result:
         raise ValueError(f"--tol {cfg.tol}: must be >= 0 (0: run all --iters)")
     if cfg.dims not in (2, 3):
         raise ValueError(f"--dims {cfg.dims}: must be 2 or 3")
+    if cfg.size is None:
+        cfg = replace(cfg, size=DEFAULT_SIZE[cfg.dims])
+    if cfg.problem == "star" and cfg.tol:
+        raise ValueError(f"--tol {cfg.tol:g} with --problem star: the star stencil has no residual to stop on "
+                         f"(it accumulates); use --iters")
+    if cfg.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"--plot {cfg.plot}: needs matplotlib (pip install -e '.[plot]')")
     name = resolve_kernel(cfg.kernel)
     if name not in kernels.PATHS:
         raise ValueError(f"--kernel {cfg.kernel!r}: expected auto or one of {', '.join(kernels.PATHS)}")
@@ -241,6 +252,9 @@ def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
     expect = {"problem": problem.name, "dims": cfg.dims, "size": cfg.size, "dtype": dtype.str,
               "radius": cfg.radius if problem.name == "star" else None, "c": getattr(problem, "c", None)}
     start, refused = 0, []
+    residual, stopped = None, "--iters"
+    if cfg.checkpoint_every:
+        fieldio.prepare(grid.cart, cfg.checkpoint_dir, fresh=not cfg.restart)
     if cfg.restart:
         body, refused = fieldio.load(grid, f, cfg.checkpoint_dir, expect)
         for reason in refused:
@@ -253,6 +267,8 @@ def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
                 for n in spare:
                     spare[n][...] = f[n]  # ghosts on the physical boundary: the same boundary values
             say(f"  restarted from {body['path']} (iteration {start})")
+            if cfg.tol and body.get("residual") is not None and body["residual"] <= cfg.tol:
+                residual, stopped = body["residual"], f"--tol {cfg.tol:g}, reached before that checkpoint"
 
     halo = HaloExchange(grid, k, dtype, cfg.halo)
     box = grid.update
@@ -263,16 +279,16 @@ def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
     pieces = slabs(inner, OVERLAP_PIECES)
 
     # The update alone, before and after the loop (the faster counts): the parallel efficiency's numerator.
-    compute = _compute_only(problem, k, f, spare, box, 5, grid.cart) if p > 1 else None
+    compute = _compute_only(problem, k, f, spare, box, 5 if p > 1 else 1, grid.cart)  # also loads/compiles
+    compute = compute if p > 1 else None
 
     progress = Progress(cfg.iters, start, cfg.progress and grid.cart.Get_rank() == 0)
-    residual, stopped = None, "--iters"
     res_buf, res_out = np.zeros(1), np.zeros(1)
     ckpt_seconds = 0.0
     it = start
     grid.cart.Barrier()
     t0 = time.perf_counter()
-    while it < cfg.iters:
+    while it < cfg.iters and stopped == "--iters":
         check = (it + 1) % cfg.check_every == 0 or it + 1 == cfg.iters
         ex = f[problem.exchanged]
         if cfg.halo == "overlap":
@@ -293,19 +309,22 @@ def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
             f, spare = spare, f
         it += 1
         if check and problem.swaps:
-            res_buf[0] = max([r or 0.0] + [x or 0.0 for x in rs])
+            res_buf[0] = np.max([x for x in [r, *rs] if x is not None] or [0.0])  # NaN propagates
             mcomm.Allreduce(res_buf, res_out, op=MPI.MAX)
             residual = float(res_out[0])
-            if cfg.tol and residual <= cfg.tol:
+            if math.isnan(residual):
+                stopped = "a NaN residual (the iteration diverged)"
+            elif cfg.tol and residual <= cfg.tol:
                 stopped = f"--tol {cfg.tol:g}"
-                progress.update(it, residual, force=True)
-                break
-        if cfg.checkpoint_every and (it % cfg.checkpoint_every == 0 or it == cfg.iters):
+        final = stopped != "--iters" or it == cfg.iters
+        if cfg.checkpoint_every and (it % cfg.checkpoint_every == 0 or final):
             k.sync()
             tc = time.perf_counter()
-            fieldio.save(grid, f, it, cfg.checkpoint_dir, cfg.keep, **expect)
+            fieldio.save(grid, f, it, cfg.checkpoint_dir, cfg.keep, residual=residual, **expect)
             ckpt_seconds += time.perf_counter() - tc
-        progress.update(it, residual)
+        progress.update(it, residual, force=final)
+        if stopped != "--iters":
+            break
     k.sync()
     seconds = grid.cart.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     progress.close()

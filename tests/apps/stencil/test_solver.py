@@ -143,6 +143,8 @@ def test_restart_without_checkpoints_starts_fresh():
     (dict(iters=-1), "--iters -1"),
     (dict(c=0.3), "--c 0.3"),
     (dict(halo="sideways", size=9), "halo mode 'sideways'"),
+    (dict(problem="star", size=9, tol=1e-3), "--tol 0.001 with --problem star"),
+    (dict(size=9, rank_dims=[5, 7]), "--rank-dims 5x7 does not fit"),
 ])
 def test_bad_settings_raise_on_every_rank(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -157,3 +159,52 @@ def test_grid_smaller_than_rank_grid():
         pytest.skip("a grid smaller than the rank grid needs 2 ranks or more")
     with pytest.raises(ValueError, match=rf"{p - 1} cells per side split over {p} ranks .* use --size {p} or more"):
         _solve(comm, size=p - 1, rank_dims=[p, 1])
+
+
+@pytest.mark.mpi
+def test_float32_runs_verify():
+    comm = MPI.COMM_WORLD
+    for problem in ("heat", "star"):
+        res = _solve(comm, problem=problem, size=21, iters=15, dtype="float32")
+        assert res.verdict.passed, (problem, res.verdict)
+
+
+@pytest.mark.mpi
+def test_checkpoints_of_an_abandoned_run_give_way():
+    """A restart from an older checkpoint replaces the newer ones; a fresh run refuses a used directory."""
+    comm = MPI.COMM_WORLD
+    d = _shared_dir(comm)
+    try:
+        _solve(comm, size=12, iters=40, checkpoint_every=10, checkpoint_dir=d, keep=4)
+        comm.Barrier()
+        if comm.Get_rank() == 0:  # as if the run had been killed after 20, while 30 and 40 were damaged
+            for step in (30, 40):
+                os.truncate(os.path.join(d, f"stencil-{step:08d}.bin"), 5)
+            open(os.path.join(d, "stencil-00000050.bin.tmp"), "wb").close()
+            open(os.path.join(d, "stencil-00000060.bin"), "wb").close()
+        comm.Barrier()
+        res = _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d, keep=1, restart=True)
+        assert res.start_iteration == 20 and len(res.refused) == 2
+        comm.Barrier()
+        assert sorted(os.listdir(d)) == ["stencil-00000025.bin", "stencil-00000025.json"]
+        with pytest.raises(CheckpointError, match="already holds checkpoints .* pass --restart"):
+            _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d)
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.mpi
+def test_tolerance_stop_writes_a_final_checkpoint():
+    comm = MPI.COMM_WORLD
+    d = _shared_dir(comm)
+    try:
+        res = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_every=1000, checkpoint_dir=d)
+        assert res.stopped.startswith("--tol")
+        again = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_dir=d, restart=True)
+        assert again.start_iteration == res.iterations and again.digest == res.digest
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(d, ignore_errors=True)
