@@ -15,7 +15,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-__all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "job_env", "Result"]
+__all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "job_env", "Result", "NETWORK"]
+
+#: Environment that keeps the PyPI MPICH's traffic between simulated hosts (network namespaces on one
+#: kernel) on TCP: the OFI netmod's tcp provider. The default UCX netmod would find shared memory across
+#: the namespaces; restricted with UCX_TLS=tcp,self it lost wildcard (ANY_SOURCE) receives in about one
+#: run in three here, which hung the rendezvous. Hosts keep MPICH's own shared memory inside each host.
+NETWORK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,9 +9,11 @@ to the others by a veth pair on a bridge, with private addresses that exist
 only inside those namespaces. hydra starts its proxies through the ssh
 launcher with ``-launcher-exec`` set to a wrapper that enters the host's
 namespaces instead of logging in somewhere, and listens on the bridge
-(``-localhost``). ``UCX_TLS=tcp,self`` makes the PyPI MPICH's UCX send between
-the hosts over TCP on the veth links (by default it would find shared memory:
-one kernel), which the test checks on the links' byte counters.
+(``-localhost``). ``MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp`` makes the PyPI
+MPICH send between the hosts over TCP on the veth links (its UCX netmod would
+find shared memory, one kernel; and with ``UCX_TLS=tcp,self`` it lost wildcard
+receives about one run in three: the rendezvous demo hung), which the test
+checks on the links' byte counters.
 
 Across the two hosts it runs: a probe of the topology and of the hierarchical
 allreduce, the collectives' correctness suite (tests/coll), and applications.
@@ -120,7 +122,7 @@ class Hosts:
 
     def run(self, argv: list[str], *, timeout: float, env: dict[str, str] | None = None) -> mpirun.Result:
         """4 ranks of *argv*, 2 on each host, launched from the hub; never longer than *timeout* (+15 s)."""
-        extra = {"UCX_TLS": "tcp,self", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1", **(env or {})}
+        extra = {**mpirun.NETWORK, "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1", **(env or {})}
         return mpirun.run(4, argv, hosts=",".join(f"{h}:2" for h in HOSTS), launcher="ssh", timeout=timeout,
                           env=extra, launcher_args=["-launcher-exec", self.wrapper, "-localhost", f"{SUBNET}.1"],
                           prefix=["nsenter", f"--net=/run/netns/{self.hub}"])

@@ -332,8 +332,8 @@ do_usage() {
 Run client commands in the hub namespace (SLURM_CONF set), for example:
   $0 exec --dir $dir -- sbatch --wait -N 2 --ntasks-per-node=2 jobs/bench.sbatch
   (the same as: SLURM_CONF=$conf nsenter --net=/run/netns/$(state HUB) sbatch ...)
-The two nodes share one kernel: with the PyPI MPICH, export UCX_TLS=tcp,self first, so UCX
-sends between them over the network instead of trying shared memory across the namespaces.
+The two nodes share one kernel: with the PyPI MPICH, export MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp
+first, so MPICH sends between them over the network instead of trying shared memory across them.
 Stop it: $0 down --dir $dir
 EOF
     else

@@ -160,8 +160,10 @@ class Cluster:
         env = _job_env(extra)
         env["SLURM_CONF"] = self.conf
         if self.nodes > 1:
-            # Both "nodes" share one kernel: keep UCX off shared memory between them, on TCP.
-            env.setdefault("UCX_TLS", "tcp,self")
+            # Both "nodes" share one kernel: MPICH's OFI netmod over TCP keeps their traffic on the network
+            # (UCX would try shared memory across the namespaces; restricted to TCP it loses wildcard receives).
+            for key, value in mpirun.NETWORK.items():
+                env.setdefault(key, value)
         return env
 
     def logs(self) -> str:
