@@ -20,7 +20,9 @@ __all__ = ["mpiexec_path", "flavor", "command", "run", "clean_env", "job_env", "
 #: Environment that keeps the PyPI MPICH's traffic between simulated hosts (network namespaces on one
 #: kernel) on TCP: the OFI netmod's tcp provider. The default UCX netmod would find shared memory across
 #: the namespaces; restricted with UCX_TLS=tcp,self it lost wildcard (ANY_SOURCE) receives in about one
-#: run in three here, which hung the rendezvous. Hosts keep MPICH's own shared memory inside each host.
+#: run in three here, which hung the rendezvous (a plain mpi4py program of 4 ranks, each serving one
+#: wildcard request and answering it, hangs the same way with MPICH 5.0.2 from PyPI, and never on shared
+#: memory, OFI/TCP or UCX's default transports). Hosts keep MPICH's own shared memory inside each host.
 NETWORK = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
