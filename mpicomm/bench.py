@@ -396,7 +396,6 @@ def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray
     Asks the dispatcher, from the call's arguments read as it reads them, so
     the answer uses the same facts (size, layout, fitted machine) as the call.
     """
-    from mpicomm import registry
     from mpicomm.coll import arguments, dispatch
 
     if spec.name == "barrier":
@@ -404,30 +403,14 @@ def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray
     else:
         positional, keywords = _arguments(spec, send, recv)
         args = arguments.read(spec.registry, comm, *positional, **keywords)
-    choose_for_call = getattr(dispatch, "_choose", None)
-    if choose_for_call is not None:
-        algorithm, source = choose_for_call(comm, args, "auto")
-        return algorithm.name, str(source)
-    p = comm.Get_size()  # an older dispatcher: the same facts, built here
-    facts = {"p": p, "bytes": model_bytes(spec.name, unit, 8, p), "count": unit if spec.name != "barrier" else None,
-             "commutative": True, "op": "sum" if spec.op else None, "nodes": comm.nodes, "device": False,
-             "machine": getattr(comm, "machine", None)}
-    algorithm = registry.select(spec.registry, "auto", comm.get_algorithm(spec.registry), facts)
-    return algorithm.name, "selection"
+    algorithm, source = dispatch._choose(comm, args, "auto")
+    return algorithm.name, str(source)
 
 
-def _model() -> Any:
-    try:
-        from mpicomm import model
-    except ImportError:
-        return None
-    return model if hasattr(model, "predict") else None
-
-
-def _predict(model: Any, spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any) -> float | None:
+def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any) -> float | None:
     """The model's time for one call in µs, or None where it has no prediction."""
-    if model is None:
-        return None
+    from . import model
+
     for name in dict.fromkeys((spec.registry, spec.name)):
         try:
             seconds = model.predict(name, algorithm, nbytes, p, machine=machine)
@@ -487,21 +470,18 @@ def _collective(spec: Collective, args: argparse.Namespace) -> Report:
     from mpi4py import MPI
 
     import mpicomm
+    from mpicomm import shm
 
     world = MPI.COMM_WORLD
     comm = mpicomm.Comm()
     p, rank = comm.Get_size(), comm.Get_rank()
     loud = rank == 0 and not args.quiet
     names, notes = _resolve(spec, args.algorithms, comm)
-    pool_class = _pool_class() if args.pool else None
     if args.pool and "shm" not in names:
         notes.append(f"--pool: {spec.name} has no usable 'shm' algorithm here; no shm+pool row")
-    elif args.pool and pool_class is None:
-        notes.append("--pool: this mpicomm has no shared-memory pool (mpicomm.shm.Pool); no shm+pool row")
-    use_pool = bool(args.pool and "shm" in names and pool_class is not None)
-    model = _model()
-    machine = getattr(comm, "machine", None)
-    model_label = "model (us)" if machine is not None or model is None else "model (nominal)"
+    use_pool = bool(args.pool and "shm" in names)
+    machine = comm.machine
+    model_label = "model (us)" if machine is not None else "model (nominal)"
     sizes = [0] if spec.name == "barrier" else list(dict.fromkeys(layout(spec.name, s, p)[3] for s in args.sizes))
     if loud:
         shown = ["native", *map(_label, names)] + (["shm+pool"] if use_pool else [])
@@ -520,7 +500,7 @@ def _collective(spec: Collective, args: argparse.Namespace) -> Report:
         variants += [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n)) for n in names]
         pool = None
         if use_pool:
-            pool = pool_class(comm, (nsend + nrecv) * 8 + 2 * 4096)
+            pool = shm.Pool(comm, (nsend + nrecv) * 8 + 2 * 4096)
             psend, precv = pool.empty(nsend, np.float64), pool.empty(nrecv, np.float64)
             psend[...], precv[...] = send, recv
             variants.append(_Variant("shm+pool", "shm", psend, precv, _bound(spec, comm, psend, precv, "shm")))
@@ -539,8 +519,7 @@ def _collective(spec: Collective, args: argparse.Namespace) -> Report:
             verdicts = {v.name: "Fail" if flag else "Pass" for v, flag in zip(variants, flags)}
             failed = failed or bool(flags.any())
         if rank == 0:
-            rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, model,
-                               machine)
+            rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine)
             if loud:
                 _progress(spec, rows[-len(variants):], index, len(sizes))
         if pool is not None:
@@ -550,15 +529,7 @@ def _collective(spec: Collective, args: argparse.Namespace) -> Report:
         if failed:
             break
     overhead = _overhead(spec, rows, world, comm, p) if not failed else None
-    return _collective_report(spec, args, p, comm.nodes, rows, notes, overhead, model_label, model, machine, failed)
-
-
-def _pool_class() -> Any:
-    try:
-        from mpicomm import shm
-    except ImportError:
-        return None
-    return getattr(shm, "Pool", None)
+    return _collective_report(spec, args, p, comm.nodes, rows, notes, overhead, model_label, machine, failed)
 
 
 def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], list[str]]:
@@ -566,32 +537,17 @@ def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], li
     from mpicomm import registry
 
     p = comm.Get_size()
-    facts = {"p": p, "nodes": comm.nodes, "ppn": getattr(comm, "ppn", None), "device": False, "commutative": True,
+    facts = {"p": p, "nodes": comm.nodes, "ppn": comm.ppn, "device": False, "commutative": True,
              "op": "sum" if spec.op else None}
     keep, notes = [], []
     for name in _requested(spec, requested):
         if name != "auto":
-            why = _excluded(registry.lookup(spec.registry, name), facts)
+            why = registry.allowed(registry.lookup(spec.registry, name), facts)
             if why:
                 notes.append(f"skipped {spec.name} algorithm {name}: it {why}")
                 continue
         keep.append(name)
     return keep, notes
-
-
-def _excluded(algorithm: Any, facts: dict) -> str | None:
-    """Why *algorithm*'s restrictions exclude a run with these facts (``registry.allowed`` where it exists)."""
-    from mpicomm import registry
-
-    allowed = getattr(registry, "allowed", None)
-    if allowed is not None:
-        return allowed(algorithm, facts)
-    p = facts["p"]
-    if getattr(algorithm, "power_of_two", False) and p & (p - 1):
-        return f"needs a power-of-two number of ranks, but p = {p}"
-    if getattr(algorithm, "single_node", False) and facts["nodes"] > 1:
-        return f"needs every rank on one node, but the communicator spans {facts['nodes']} nodes"
-    return None
 
 
 def _requested(spec: Collective, requested: str) -> list[str]:
@@ -610,7 +566,7 @@ def _requested(spec: Collective, requested: str) -> list[str]:
 
 
 def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
-               rounds: int, iters: int, chosen: tuple[str, str] | None, verdicts: dict, model: Any,
+               rounds: int, iters: int, chosen: tuple[str, str] | None, verdicts: dict,
                machine: Any) -> list[dict]:
     """The rows of one size on rank 0, from every rank's mean µs per variant."""
     per = max(1, iters // rounds)
@@ -621,7 +577,7 @@ def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], un
         avg = sum(lat) / len(lat)
         bw = bandwidths(spec.name, unit, 8, p, avg * 1e-6)
         algorithm = chosen[0] if v.name == "auto" and chosen else v.algorithm
-        predicted = _predict(model, spec, algorithm, model_bytes(spec.name, unit, 8, p), p, machine) \
+        predicted = _predict(spec, algorithm, model_bytes(spec.name, unit, 8, p), p, machine) \
             if algorithm is not None else None
         out.append({
             "collective": spec.name, "size": nbytes, "count": unit, "name": v.name, "algorithm": v.algorithm,
@@ -680,7 +636,7 @@ _HEADER = ["Size", "Algorithm", "Avg Latency(us)", "Min Latency(us)", "Max Laten
 
 
 def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes: int, rows: list[dict],
-                       notes: list[str], overhead: dict | None, model_label: str, model: Any, machine: Any,
+                       notes: list[str], overhead: dict | None, model_label: str, machine: Any,
                        failed: bool) -> Report:
     header = [model_label if h == "{model}" else h for h in _HEADER] + (["Validation"] if args.validate else [])
     cells = []
@@ -699,8 +655,6 @@ def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes
     if failed:
         after.append(f"validation FAILED: an algorithm's {spec.name} result differs from native MPI's "
                      f"(see the messages above); stopped after that size")
-    if model is None:
-        after.append("model: mpicomm.model is not available; the model columns are empty")
     data = ("" if spec.name == "barrier" else
             f"Size: {spec.describe_size()} (float64 data; sizes rounded down to whole elements). ")
     bandwidth = f"{_bandwidth_text(spec)} (nccl-tests, GB/s). " if spec.name != "barrier" else ""
@@ -713,7 +667,7 @@ def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes
         + (" Validation: each algorithm's result on fresh data equals native MPI's." if args.validate else "")
     )
     extra = {"p": p, "nodes": nodes, "overhead": overhead, "notes": notes, "validated": bool(args.validate),
-             "model": None if model is None else ("fitted" if machine is not None else "nominal")}
+             "model": "fitted" if machine is not None else "nominal"}
     return Report(f"{spec.name}, {p} ranks on {nodes} node(s)", header, cells, after, method, rows, extra,
                   code=1 if failed else 0)
 

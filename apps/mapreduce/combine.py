@@ -13,6 +13,7 @@ keeps every value in a list (no combining: MR-MPI's convert to a multivalue).
 
 from __future__ import annotations
 
+import abc
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -24,7 +25,7 @@ __all__ = ["Combiner", "Sum", "Min", "Max", "Union", "Collect", "Custom", "resol
 ENTRY_OVERHEAD = 80
 
 
-class Combiner:
+class Combiner(abc.ABC):
     """Merges the values of equal keys; *value_kinds* lists the value kinds it works on."""
 
     name = "combiner"
@@ -34,9 +35,9 @@ class Combiner:
         """An empty store (key → combined value)."""
         return {}
 
+    @abc.abstractmethod
     def add(self, store: dict, key: Any, value: Any) -> None:
-        """Merge one pair into *store*."""
-        raise NotImplementedError
+        """Merge one pair into *store* (every combiner defines it)."""
 
     def add_keys(self, store: dict, keys: Iterable, value: Any) -> None:
         """Merge ``(k, value)`` for every k in *keys*."""

@@ -33,12 +33,6 @@ __all__ = ["PREFIX", "prepare", "save", "load", "digest", "gather", "plot"]
 PREFIX = "stencil"
 
 
-def _owned_host(grid: Grid, a: Any) -> np.ndarray:
-    view = a[tuple(slice(lo, hi) for lo, hi in grid.interior)]
-    view = view.get() if hasattr(view, "get") else view
-    return np.ascontiguousarray(view)
-
-
 def _file_type(grid: Grid, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Datatype, tuple[int, ...]]:
     n = grid.layout.owned[1] - grid.layout.owned[0]
     gshape = (n,) * grid.ndim
@@ -98,7 +92,7 @@ def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: in
         try:
             fh.Set_size(0)
             for name, a in fields.items():
-                local = _owned_host(grid, a)
+                local = grid.owned_host(a)
                 etype, ftype, gshape = _file_type(grid, local.dtype)
                 try:
                     fh.Set_view(offset, etype, ftype)
@@ -184,22 +178,12 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
                     fh.Read_all(local)
                 finally:
                     ftype.Free()
-                owned = tuple(slice(lo, hi) for lo, hi in grid.interior)
-                a[owned] = _to_module(a, local)
+                a[grid.owned] = buffers.array_module(a).asarray(local)  # CuPy: copied to the device
         finally:
             fh.Close()
     except MPI.Exception as exc:
         raise checkpoint.CheckpointError(f"reading {path} with MPI-IO: {exc.Get_error_string()}") from None
     return body, refused
-
-
-def _to_module(like: Any, host: np.ndarray) -> Any:
-    """*host* as an array of *like*'s module (NumPy stays NumPy; CuPy copies to the device)."""
-    if isinstance(like, np.ndarray):
-        return host
-    import cupy
-
-    return cupy.asarray(host)
 
 
 _MIX1 = np.uint64(0x9E3779B97F4A7C15)
@@ -212,7 +196,7 @@ def digest(grid: Grid, fields: dict[str, Any]) -> str:
     n = grid.layout.owned[1] - grid.layout.owned[0]
     with np.errstate(over="ignore"):
         for f, (name, a) in enumerate(sorted(fields.items())):
-            local = _owned_host(grid, a)
+            local = grid.owned_host(a)
             bits = local.view(np.uint64 if local.dtype.itemsize == 8 else np.uint32).astype(np.uint64)
             index = np.zeros(local.shape, np.uint64)
             for k in range(grid.ndim):
@@ -230,7 +214,7 @@ def digest(grid: Grid, fields: dict[str, Any]) -> str:
 
 def gather(grid: Grid, a: Any) -> np.ndarray | None:
     """The owned cells of *a* from every rank, assembled on rank 0 (None elsewhere)."""
-    parts = grid.cart.gather((grid.starts, _owned_host(grid, a)), root=0)
+    parts = grid.cart.gather((grid.starts, grid.owned_host(a)), root=0)
     if parts is None:
         return None
     n = grid.layout.owned[1] - grid.layout.owned[0]

@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from mpi4py import MPI
+
+from kernels.checks import slices
 
 __all__ = ["Box", "block", "Layout", "Grid", "shrink", "strips", "slabs", "cells"]
 
@@ -141,10 +145,18 @@ class Grid:
             for lo, s in zip(self.lo, self.size)
         )
 
-    def global_indices(self, k: int):
-        """Global index of every local cell (ghosts included) along dimension *k*, as a NumPy range."""
-        import numpy as np
+    @property
+    def owned(self) -> tuple[slice, ...]:
+        """Slices of the owned cells in a local array."""
+        return slices(self.interior)
 
+    def owned_host(self, a: Any) -> np.ndarray:
+        """A contiguous host (NumPy) copy of *a*'s owned cells; CuPy arrays are copied from the device."""
+        view = a[self.owned]
+        return np.ascontiguousarray(view.get() if hasattr(view, "get") else view)
+
+    def global_indices(self, k: int) -> np.ndarray:
+        """Global index of every local cell (ghosts included) along dimension *k*, as a NumPy range."""
         return np.arange(self.lo[k] - self.width, self.lo[k] - self.width + self.shape[k])
 
     def has_neighbour(self, k: int, side: int) -> bool:

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.checks import slices
+
 from .grid import Grid, Layout, cells
 
 __all__ = ["PROBLEMS", "Heat", "Star", "make", "Verdict"]
@@ -90,7 +92,7 @@ class Heat:
 
     def initial(self, grid: Grid, xp: Any, dtype: Any) -> dict[str, Any]:
         u = np.zeros(grid.shape, dtype)
-        u[tuple(slice(a, b) for a, b in grid.interior)] = self._initial_owned(grid)
+        u[grid.owned] = self._initial_owned(grid)
         return {"u": xp.asarray(u)}
 
     def step(self, k: Any, f: dict[str, Any], spare: dict[str, Any], box, residual: bool) -> float | None:
@@ -107,8 +109,7 @@ class Heat:
         from mpi4py import MPI
 
         u = f["u"]
-        owned = u[tuple(slice(a, b) for a, b in grid.interior)]
-        owned = owned.get() if hasattr(owned, "get") else owned
+        owned = grid.owned_host(u)
         expected = self._initial_owned(grid) * self.g ** iterations
         local = float(np.max(np.abs(owned - expected))) if owned.size else 0.0
         error = comm.allreduce(local, op=MPI.MAX) / max(self.g ** iterations, 1e-300)
@@ -149,8 +150,7 @@ class Star:
         i = grid.global_indices(0).astype(dtype).reshape(-1, 1)
         j = grid.global_indices(1).astype(dtype).reshape(1, -1)
         inp = np.zeros(grid.shape, dtype)
-        own = tuple(slice(a, b) for a, b in grid.interior)
-        inp[own] = (i + j)[own]
+        inp[grid.owned] = (i + j)[grid.owned]
         return {"in": xp.asarray(inp), "out": xp.zeros(grid.shape, dtype)}
 
     def step(self, k: Any, f: dict[str, Any], spare: dict[str, Any] | None, box, residual: bool) -> float | None:
@@ -158,14 +158,14 @@ class Star:
 
     def after(self, k: Any, f: dict[str, Any], grid: Grid) -> None:
         """``in += 1`` on the owned cells (ghosts arrive with the next exchange)."""
-        f["in"][tuple(slice(a, b) for a, b in grid.interior)] += 1
+        f["in"][grid.owned] += 1
 
     def verify(self, comm: Any, grid: Grid, f: dict[str, Any], iterations: int) -> Verdict:
         from mpi4py import MPI
 
         out = f["out"]
         box = grid.update
-        part = out[tuple(slice(a, b) for a, b in box)]
+        part = out[slices(box)]
         local = float(abs(part).sum(dtype=np.float64)) if cells(box) else 0.0
         norm = comm.allreduce(local, op=MPI.SUM) / self.points()
         expected = 2.0 * iterations

@@ -25,9 +25,15 @@ def _solve(comm, **kw):
     return solve(comm, Config(**(SMALL | kw)))
 
 
-def _shared_dir(comm):
-    path = tempfile.mkdtemp(prefix="stencil-test-") if comm.Get_rank() == 0 else None
-    return comm.bcast(path, root=0)
+@pytest.fixture
+def shared_dir():
+    """A fresh directory every rank sees (made by rank 0), removed after the test."""
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(tempfile.mkdtemp(prefix="stencil-test-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.mpi
@@ -83,55 +89,45 @@ def test_tolerance_stops_at_the_same_iteration():
 
 
 @pytest.mark.mpi
-def test_restart_is_bit_identical_and_survives_damage():
+def test_restart_is_bit_identical_and_survives_damage(shared_dir):
     comm = MPI.COMM_WORLD
-    d = _shared_dir(comm)
-    try:
-        straight = _solve(comm, size=17, iters=30)
-        first = _solve(comm, size=17, iters=20, checkpoint_every=5, checkpoint_dir=d, keep=3)
-        assert first.iterations == 20
-        resumed = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
-        assert resumed.start_iteration == 20 and resumed.digest == straight.digest and resumed.verdict.passed
-        # the checkpoint does not depend on the decomposition: one rank alone resumes it too
-        alone = _solve(MPI.COMM_SELF, size=17, iters=30, checkpoint_dir=d, restart=True)
-        assert alone.start_iteration == 20 and alone.digest == straight.digest
-        comm.Barrier()
-        if comm.Get_rank() == 0:  # damage the newest: it is refused, the one before is used
-            with open(os.path.join(d, "stencil-00000020.bin"), "r+b") as f:
-                f.seek(100)
-                f.write(b"\xff\xfe")
-        comm.Barrier()
-        older = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
-        assert older.start_iteration == 15 and older.digest == straight.digest
-        assert any("checksum mismatch" in r for r in older.refused)
-        # a checkpoint of another problem is refused, not loaded
-        with pytest.raises(CheckpointError, match="another problem: size 17"):
-            _solve(comm, size=18, iters=30, checkpoint_dir=d, restart=True)
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            for name in os.listdir(d):
-                if name.endswith(".bin"):
-                    os.truncate(os.path.join(d, name), 8)
-        comm.Barrier()
-        with pytest.raises(CheckpointError, match="no valid checkpoint"):
-            _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            shutil.rmtree(d, ignore_errors=True)
+    d = shared_dir
+    straight = _solve(comm, size=17, iters=30)
+    first = _solve(comm, size=17, iters=20, checkpoint_every=5, checkpoint_dir=d, keep=3)
+    assert first.iterations == 20
+    resumed = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
+    assert resumed.start_iteration == 20 and resumed.digest == straight.digest and resumed.verdict.passed
+    # the checkpoint does not depend on the decomposition: one rank alone resumes it too
+    alone = _solve(MPI.COMM_SELF, size=17, iters=30, checkpoint_dir=d, restart=True)
+    assert alone.start_iteration == 20 and alone.digest == straight.digest
+    comm.Barrier()
+    if comm.Get_rank() == 0:  # damage the newest: it is refused, the one before is used
+        with open(os.path.join(d, "stencil-00000020.bin"), "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff\xfe")
+    comm.Barrier()
+    older = _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
+    assert older.start_iteration == 15 and older.digest == straight.digest
+    assert any("checksum mismatch" in r for r in older.refused)
+    # a checkpoint of another problem is refused, not loaded
+    with pytest.raises(CheckpointError, match="another problem: size 17"):
+        _solve(comm, size=18, iters=30, checkpoint_dir=d, restart=True)
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        for name in os.listdir(d):
+            if name.endswith(".bin"):
+                os.truncate(os.path.join(d, name), 8)
+    comm.Barrier()
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        _solve(comm, size=17, iters=30, checkpoint_dir=d, restart=True)
 
 
 @pytest.mark.mpi
-def test_restart_without_checkpoints_starts_fresh():
+def test_restart_without_checkpoints_starts_fresh(shared_dir):
     comm = MPI.COMM_WORLD
-    d = _shared_dir(comm)
-    try:
-        res = _solve(comm, size=9, iters=5, checkpoint_dir=os.path.join(d, "none"), restart=True)
-        assert res.start_iteration == 0 and res.iterations == 5 and res.verdict.passed
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            shutil.rmtree(d, ignore_errors=True)
+    d = shared_dir
+    res = _solve(comm, size=9, iters=5, checkpoint_dir=os.path.join(d, "none"), restart=True)
+    assert res.start_iteration == 0 and res.iterations == 5 and res.verdict.passed
 
 
 @pytest.mark.mpi
@@ -170,41 +166,31 @@ def test_float32_runs_verify():
 
 
 @pytest.mark.mpi
-def test_checkpoints_of_an_abandoned_run_give_way():
+def test_checkpoints_of_an_abandoned_run_give_way(shared_dir):
     """A restart from an older checkpoint replaces the newer ones; a fresh run refuses a used directory."""
     comm = MPI.COMM_WORLD
-    d = _shared_dir(comm)
-    try:
-        _solve(comm, size=12, iters=40, checkpoint_every=10, checkpoint_dir=d, keep=4)
-        comm.Barrier()
-        if comm.Get_rank() == 0:  # as if the run had been killed after 20, while 30 and 40 were damaged
-            for step in (30, 40):
-                os.truncate(os.path.join(d, f"stencil-{step:08d}.bin"), 5)
-            open(os.path.join(d, "stencil-00000050.bin.tmp"), "wb").close()
-            open(os.path.join(d, "stencil-00000060.bin"), "wb").close()
-        comm.Barrier()
-        res = _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d, keep=1, restart=True)
-        assert res.start_iteration == 20 and len(res.refused) == 2
-        comm.Barrier()
-        assert sorted(os.listdir(d)) == ["stencil-00000025.bin", "stencil-00000025.json"]
-        with pytest.raises(CheckpointError, match="already holds checkpoints .* pass --restart"):
-            _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d)
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            shutil.rmtree(d, ignore_errors=True)
+    d = shared_dir
+    _solve(comm, size=12, iters=40, checkpoint_every=10, checkpoint_dir=d, keep=4)
+    comm.Barrier()
+    if comm.Get_rank() == 0:  # as if the run had been killed after 20, while 30 and 40 were damaged
+        for step in (30, 40):
+            os.truncate(os.path.join(d, f"stencil-{step:08d}.bin"), 5)
+        open(os.path.join(d, "stencil-00000050.bin.tmp"), "wb").close()
+        open(os.path.join(d, "stencil-00000060.bin"), "wb").close()
+    comm.Barrier()
+    res = _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d, keep=1, restart=True)
+    assert res.start_iteration == 20 and len(res.refused) == 2
+    comm.Barrier()
+    assert sorted(os.listdir(d)) == ["stencil-00000025.bin", "stencil-00000025.json"]
+    with pytest.raises(CheckpointError, match="already holds checkpoints .* pass --restart"):
+        _solve(comm, size=12, iters=25, checkpoint_every=5, checkpoint_dir=d)
 
 
 @pytest.mark.mpi
-def test_tolerance_stop_writes_a_final_checkpoint():
+def test_tolerance_stop_writes_a_final_checkpoint(shared_dir):
     comm = MPI.COMM_WORLD
-    d = _shared_dir(comm)
-    try:
-        res = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_every=1000, checkpoint_dir=d)
-        assert res.stopped.startswith("--tol")
-        again = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_dir=d, restart=True)
-        assert again.start_iteration == res.iterations and again.digest == res.digest
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            shutil.rmtree(d, ignore_errors=True)
+    d = shared_dir
+    res = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_every=1000, checkpoint_dir=d)
+    assert res.stopped.startswith("--tol")
+    again = _solve(comm, size=8, iters=10_000, tol=1e-6, check_every=7, checkpoint_dir=d, restart=True)
+    assert again.start_iteration == res.iterations and again.digest == res.digest
