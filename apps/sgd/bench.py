@@ -1,0 +1,292 @@
+"""``mpiexec -n N python -m apps.sgd bench``: the modes side by side, measured in one run.
+
+Parts (``--parts``, all by default):
+
+* ``scaling`` - the compute-bound configuration on 1 rank (rank 0 alone on
+  ``COMM_SELF`` while the others wait) and on all N ranks, interleaved
+  ``--repeat`` times: samples/s and the speed-up;
+* ``modes`` - one model, every mode: step time; the step split into compute,
+  exposed and hidden communication (from timestamps around backward and the
+  waits); bytes each rank sends per step (from the algorithm's schedule for the
+  collectives, counted by the application for the parameter servers); memory per
+  rank for parameters, gradients and optimizer state next to ZeRO's formulas;
+* ``ps`` - the parameter server's bottleneck: bytes through the busiest server
+  link per step as the workers go from 1 to N−1, next to all-reduce's 2(N−1)/N;
+* ``async`` - test accuracy against wall time on digits for ps-sync, ps-async
+  unbounded and ps-async with a staleness bound (``--plot`` draws it).
+
+Timings exclude evaluation and checkpoints; ``OMP_NUM_THREADS=1`` keeps each rank
+on one core, so one rank and N ranks compare like for like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import mpicomm
+from apps.sgd.train import Config, Report, train
+
+__all__ = ["add_options", "bench", "PARTS"]
+
+PARTS = ("scaling", "modes", "ps", "async")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)} (default: all)")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per measurement (default: 3)")
+    p.add_argument("--steps", type=int, default=20, help="measured steps per run (default: 20)")
+    p.add_argument("--features", type=int, default=256, help="teacher input features (default: 256)")
+    p.add_argument("--hidden", default="1024,1024", help="hidden widths of the benchmark model (default: 1024,1024)")
+    p.add_argument("--batch", type=int, default=256, help="global batch (default: 256)")
+    p.add_argument("--algorithm", default="ring",
+                   help="collective algorithm (default: ring, whose bytes per rank are known exactly)")
+    p.add_argument("--async-epochs", type=int, default=6, help="digits epochs for the async part (default: 6)")
+    p.add_argument("--out", metavar="FILE", default=None, help="write the tables (markdown) to FILE")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument("--append", action="store_true", help="append to an existing --out file")
+    p.add_argument("--plot", metavar="PNG", default=None, help="accuracy against wall time for the async part")
+
+
+def _model_cfg(args: argparse.Namespace, **kw: Any) -> Config:
+    hidden = tuple(int(w) for w in str(args.hidden).split(","))
+    base = Config(data="teacher", features=args.features, hidden=hidden, batch=args.batch, steps=args.steps,
+                  samples=max(args.batch * (args.steps + 4), 4096), optimizer="adam", lr=1e-3,
+                  algorithm=args.algorithm, progress=False, eval_every=10 ** 9)
+    return replace(base, **kw)
+
+
+def _run(comm: Any, cfg: Config) -> Report:
+    """A short warm-up run (allocations, first-touch, the algorithms' plans), then the measured one."""
+    train(comm, replace(cfg, steps=2, log=None), lambda s: None)
+    return train(comm, cfg, lambda s: None)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
+    """One rank alone vs all ranks, interleaved."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    cfg = _model_cfg(args, mode="ddp")
+    alone, together = [], []
+    self_comm = mpicomm.Comm(MPI.COMM_SELF) if rank == 0 else None
+    for i in range(args.repeat):
+        if rank == 0:
+            alone.append(_run(self_comm, cfg).samples_per_s)
+        comm.Barrier()
+        together.append(_run(comm, cfg).samples_per_s)
+        say(f"  scaling [{i + 1}/{args.repeat}] 1 rank {alone[-1] if alone else 0:,.0f} samples/s, "
+            f"{p} ranks {together[-1]:,.0f} samples/s")
+    if rank != 0:
+        return []
+    a, t = _median(alone), _median(together)
+    return [
+        f"### Scaling: the compute-bound configuration, 1 rank vs {p} ranks (ddp, overlapped, medians of {args.repeat})",
+        "",
+        f"Model: MLP {args.features}→{args.hidden.replace(',', '→')}→10 on the teacher data, fp32 Adam, global batch "
+        f"{args.batch}, {args.steps} steps after a warm-up, algorithm {args.algorithm}.",
+        "",
+        "| ranks | samples/s (median) | runs | speed-up |",
+        "|---:|---:|---|---:|",
+        f"| 1 | {a:,.0f} | {', '.join(f'{x:,.0f}' for x in alone)} | 1.00× |",
+        f"| {p} | {t:,.0f} | {', '.join(f'{x:,.0f}' for x in together)} | {t / a:.2f}× |",
+        "",
+    ]
+
+
+def _collective_bytes(mode: str, n_bytes: float, p: int, algorithm: str) -> float | None:
+    """Bytes one rank sends per step, from the algorithm's schedule (ring; None when not known here)."""
+    if p == 1:
+        return 0.0
+    if algorithm != "ring":
+        return None
+    if mode in ("per-parameter", "bucketed", "overlapped", "fp16"):
+        return 2 * (p - 1) / p * n_bytes  # reduce-scatter + all-gather of every bucket
+    if mode in ("zero1", "zero2"):
+        return 2 * (p - 1) / p * n_bytes  # reduce-scatter of gradients + all-gather of parameters
+    return None
+
+
+def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
+    """Every mode on one model: step time, overlap, bytes, memory."""
+    p = comm.Get_size()
+    runs = [("per-parameter", dict(mode="ddp", per_parameter=True, overlap=False)),
+            ("bucketed", dict(mode="ddp", overlap=False)),
+            ("overlapped", dict(mode="ddp")),
+            ("fp16", dict(mode="ddp", compress="fp16")),
+            ("zero1", dict(mode="zero1")),
+            ("zero2", dict(mode="zero2"))]
+    if p >= 2:
+        runs += [("ps-sync", dict(mode="ps-sync", servers=1)), ("ps-async", dict(mode="ps-async", servers=1, staleness=None))]
+    results: dict[str, list[Report]] = {name: [] for name, _ in runs}
+    for i in range(args.repeat):
+        for name, kw in runs:
+            results[name].append(_run(comm, _model_cfg(args, **kw)))
+        say(f"  modes [{i + 1}/{args.repeat}] done")
+    if comm.Get_rank() != 0:
+        return []
+    first = results["overlapped"][0]
+    psi = first.params
+    grad_bytes = psi * 4
+    lines = [
+        f"### Modes on one model ({p} ranks, medians of {args.repeat})",
+        "",
+        f"Model: MLP {args.features}→{args.hidden.replace(',', '→')}→10, Ψ = {psi:,} fp32 parameters "
+        f"({_fmt_bytes(grad_bytes)} of gradients), Adam, global batch {args.batch}, {args.steps} steps, "
+        f"algorithm {args.algorithm}. Step = compute (forward + backward) + exposed communication (waiting "
+        f"after backward, and ZeRO's reduce-scatter/all-gather) + the update; hidden = bucket collective time "
+        f"that ran during backward. Bytes: sent by each rank per step (ring schedule: 2(p−1)/p · n for an "
+        f"all-reduce or a reduce-scatter + all-gather); the parameter-server rows count what the busiest "
+        f"server link carries.",
+        "",
+        "| mode | step (ms) | compute (ms) | exposed comm (ms) | hidden comm (ms) | hidden | bytes/rank/step | "
+        "params | grads | optimizer | total | formula (fp32 Adam) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    formulas = {"zero1": (8 + 8 / p, f"8Ψ + 8Ψ/{p}"), "zero2": (4 + 12 / p, f"4Ψ + 12Ψ/{p}")}
+    for name, _ in runs:
+        reps = results[name]
+        steps = reps[0].steps
+        step_ms = _median([r.step_s / steps * 1e3 for r in reps])
+        compute = _median([r.compute_s / steps * 1e3 for r in reps])
+        exposed = _median([r.exposed_s / steps * 1e3 for r in reps])
+        hidden_ms = _median([max(0.0, r.comm_s - r.exposed_s) / steps * 1e3 for r in reps]) \
+            if name == "overlapped" or name == "fp16" or name == "zero2" else 0.0
+        frac = _median([r.hidden_fraction or 0.0 for r in reps]) if hidden_ms else None
+        mem = reps[0].memory
+        total = sum(mem.values())
+        n_bytes = grad_bytes / 2 if name == "fp16" else grad_bytes
+        sent = reps[0].bytes_per_step if name.startswith("ps") else _collective_bytes(name, n_bytes, p, args.algorithm)
+        factor, text = formulas.get(name, (16.0, "16Ψ"))
+        if name.startswith("ps"):
+            factor, text = None, "server-side state"
+        lines.append(
+            f"| {name} | {step_ms:.1f} | {compute:.1f} | {exposed:.1f} | {hidden_ms:.1f} | "
+            f"{'' if frac is None else f'{frac:.0%}'} | {'' if sent is None else _fmt_bytes(sent)} | "
+            f"{_fmt_bytes(mem.get('params', 0))} | {_fmt_bytes(mem.get('grads', 0) + mem.get('grads_scratch', 0))}"
+            f"{' (' + _fmt_bytes(mem['grads_scratch']) + ' scratch)' if mem.get('grads_scratch') else ''} | "
+            f"{_fmt_bytes(mem.get('optimizer', 0))} | {_fmt_bytes(total)} | "
+            f"{text}{'' if factor is None else ' = ' + _fmt_bytes(factor * psi)} |")
+    lines.append("")
+    return lines
+
+
+def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
+    """Bytes through the busiest server link per step with 1 server and 1..N−1 workers (sub-communicators)."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    if p < 2:
+        return []
+    rows = []
+    for ranks in range(2, p + 1):
+        sub = comm.Split(0 if rank < ranks else MPI.UNDEFINED, rank)
+        if sub != MPI.COMM_NULL:
+            c = mpicomm.Comm(sub)
+            report = train(c, _model_cfg(args, mode="ps-sync", servers=1, steps=3), lambda s: None)
+            rows.append((ranks - 1, report.bytes_per_step, report.params * 4))
+            c.Free()
+        comm.Barrier()
+        say(f"  ps [{ranks - 1}/{p - 1} workers] done")
+    if rank != 0:
+        return []
+    lines = [
+        "### Parameter-server bottleneck: the busiest server link (1 server)",
+        "",
+        "Bytes per step through the server's link (gradients in + weights out), counted by the application, next to "
+        "what one rank sends in a ring all-reduce of the same gradients, 2(N−1)/N · n (N = workers).",
+        "",
+        "| workers | server link / step | × gradient size | all-reduce per rank / step | × gradient size |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for workers, link, n in rows:
+        ar = 2 * (workers - 1) / workers * n if workers > 1 else 0.0
+        lines.append(f"| {workers} | {_fmt_bytes(link)} | {link / n:.2f} | {_fmt_bytes(ar)} | {ar / n:.2f} |")
+    lines.append("")
+    return lines
+
+
+def async_part(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict]:
+    """ps-sync, ps-async unbounded and ps-async with staleness 2 on digits: accuracy against wall time."""
+    p = comm.Get_size()
+    if p < 2:
+        return [], {}
+    runs = [("ps-sync", dict(mode="ps-sync", staleness=0)),
+            ("ps-async (unbounded)", dict(mode="ps-async", staleness=None)),
+            ("ps-async (staleness 2)", dict(mode="ps-async", staleness=2))]
+    histories: dict[str, list] = {}
+    lines = [
+        f"### Synchronous vs asynchronous parameter server on digits ({p - 1} workers, 1 server, "
+        f"{args.async_epochs} epochs, global batch 64)",
+        "",
+        "| run | wall (s) | final test accuracy | test accuracy after each epoch |",
+        "|---|---:|---:|---|",
+    ]
+    for name, kw in runs:
+        cfg = Config(data="digits", epochs=args.async_epochs, progress=False, servers=1, **kw)
+        report = train(comm, cfg, lambda s: None)
+        histories[name] = report.history
+        if comm.Get_rank() == 0:
+            lines.append(f"| {name} | {report.seconds:.2f} | {report.test_accuracy:.4f} | "
+                         + ", ".join(f"{r['test_accuracy']:.3f}" for r in report.history) + " |")
+        say(f"  async: {name} done")
+    lines.append("")
+    return lines, histories
+
+
+def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        raise ValueError(f"--parts {','.join(bad)}: choose from {', '.join(PARTS)}")
+    if args.repeat < 1 or args.steps < 1:
+        raise ValueError(f"--repeat {args.repeat} / --steps {args.steps}: both must be >= 1")
+    if args.out and os.path.exists(args.out) and not (args.force or args.append):
+        raise ValueError(f"--out {args.out} exists: pass --force to replace it or --append to add to it")
+    if os.environ.get("OMP_NUM_THREADS") != "1":
+        say("note: OMP_NUM_THREADS is not 1, so NumPy's BLAS may use several cores per rank and the 1-rank and "
+            "N-rank figures are not like for like")
+    p = comm.Get_size()
+    say(f"apps.sgd bench on {p} ranks: {', '.join(parts)}")
+    lines = [f"## apps.sgd bench, {p} ranks ({time.strftime('%Y-%m-%d')})", "",
+             "Command: `" + " ".join(["mpiexec", "-n", str(p), "python", "-m", "apps.sgd", *sys.argv[1:]]) + "`", ""]
+    histories: dict = {}
+    for part in parts:
+        say(f"{part}:")
+        if part == "scaling":
+            lines += scaling(comm, args, say)
+        elif part == "modes":
+            lines += modes(comm, args, say)
+        elif part == "ps":
+            lines += ps_links(comm, args, say)
+        elif part == "async":
+            more, histories = async_part(comm, args, say)
+            lines += more
+    if comm.Get_rank() == 0:
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if args.out:
+            with open(args.out, "a" if args.append else "w") as f:
+                f.write(text)
+            print(f"wrote {args.out}")
+        if args.plot and histories:
+            from apps.sgd.plots import curves
+
+            curves(histories, args.plot, title="parameter server: sync vs async on digits")
+            print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,294 @@
+"""The command line of the SGD application: ``train``, ``bench`` and ``plot``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXAMPLES = """examples:
+  mpiexec -n 2 python -m apps.sgd train                                  # DDP on digits, >= 95 % test accuracy
+  mpiexec -n 4 python -m apps.sgd train --mode zero2 --optimizer adamw
+  mpiexec -n 3 python -m apps.sgd train --mode ps-async --servers 1 --staleness 2
+  mpiexec -n 2 python -m apps.sgd train --no-overlap --bucket-mb 1 --log metrics.csv --plot curves.png
+  mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt   # and after a crash:
+  mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt --restart
+  mpiexec -n 2 python -m apps.sgd bench --out jobs/results/sgd-modes.md
+  python -m apps.sgd plot a.csv b.csv --out curves.png
+"""
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer widths such as 128,128") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least one width, each >= 1")
+    return widths
+
+
+def _staleness(text: str) -> int | None:
+    if text.lower() in ("none", "inf", "unbounded"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0, or 'none' (unbounded)") from None
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``train`` and ``bench``: model, data, optimizer, communication."""
+    from apps.sgd.train import Config
+
+    d = Config()
+    g = p.add_argument_group("data and model")
+    g.add_argument("--data", choices=("digits", "teacher", "file"), default=d.data,
+                   help="digits: scikit-learn's bundled 8x8 digits (1437 train / 360 test); teacher: synthetic "
+                        "samples labelled by a fixed random network, each rank generating only its share; "
+                        f"file: --data-file (default: {d.data})")
+    g.add_argument("--data-file", metavar="NPZ", default=None,
+                   help="--data file: a NumPy .npz with x_train, y_train, x_test, y_test")
+    g.add_argument("--samples", type=int, default=d.samples, help=f"teacher: training samples (default: {d.samples})")
+    g.add_argument("--features", type=int, default=d.features, help=f"teacher: input features (default: {d.features})")
+    g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W[,W…]",
+                   help=f"hidden layer widths (default: {','.join(map(str, d.hidden))})")
+    g.add_argument("--activation", choices=("relu", "gelu"), default=d.activation, help="(default: relu)")
+    g.add_argument("--layernorm", action="store_true", help="LayerNorm after each hidden Linear")
+    g.add_argument("--dropout", type=float, default=d.dropout, help="dropout after each activation (default: 0)")
+    g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help=f"(default: {d.dtype})")
+    g.add_argument("--backend", choices=("numpy", "cupy"), default=d.backend, help="array module (default: numpy)")
+    g.add_argument("--seed", type=int, default=d.seed, help="model initialisation and data order (default: 0)")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--batch", type=int, default=d.batch, help=f"GLOBAL batch, split over the workers (default: {d.batch})")
+    g.add_argument("--epochs", type=int, default=d.epochs, help=f"(default: {d.epochs})")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
+    g.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default=d.optimizer, help=f"(default: {d.optimizer})")
+    g.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default: {d.lr:g})")
+    g.add_argument("--momentum", type=float, default=d.momentum, help=f"sgd momentum (default: {d.momentum:g})")
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay, help="(default: 0)")
+    g = p.add_argument_group("communication")
+    g.add_argument("--algorithm", default=d.algorithm,
+                   help="mpicomm allreduce / reduce_scatter algorithm (python -m mpicomm algorithms; default: auto)")
+    g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                   help=f"bucket cap after the first 1 MiB bucket, as DDP's bucket_cap_mb (default: {d.bucket_mb:g})")
+    g.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="all-reduce after the whole backward instead of during it")
+    g.add_argument("--per-parameter", action="store_true", help="one all-reduce per parameter tensor (no buckets)")
+    g.add_argument("--compress", choices=("none", "fp16", "bf16"), default="none",
+                   help="ddp: buckets travel in half precision (bf16 needs ml_dtypes; default: none)")
+    g.add_argument("--accumulate", type=int, default=d.accumulate, metavar="K",
+                   help="split each step's batch into K micro-batches; synchronize only on the last (default: 1)")
+    g.add_argument("--servers", type=int, default=d.servers,
+                   help="ps modes: the last K ranks are parameter servers (default: 1)")
+    g.add_argument("--staleness", type=_staleness, default=None, metavar="S",
+                   help="ps-async: a worker may run at most S steps ahead of the weights it uses "
+                        "(0 = synchronous; default for ps-async: none = unbounded)")
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    from apps.sgd.train import MODES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m apps.sgd",
+        description="Distributed SGD on mpicomm's collectives: data parallelism with overlapped bucketed all-reduce "
+                    "(ddp), ZeRO stages 1-2, parameter servers (sync, async, bounded staleness).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,bench,plot}")
+
+    t = sub.add_parser("train", help="train a model (under mpiexec)", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--mode", choices=MODES, default="ddp",
+                   help="ddp: all-reduce of gradient buckets; zero1/zero2: sharded optimizer state (and gradients); "
+                        "ps-sync/ps-async: parameter servers (default: ddp)")
+    add_model_options(t)
+    g = t.add_argument_group("run")
+    g.add_argument("--uneven", action="store_true",
+                   help="test of uneven inputs: worker r runs r fewer steps and joins the others' all-reduces "
+                        "with zeros (PyTorch's Join)")
+    g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (default: never)")
+    g.add_argument("--checkpoint-dir", default="checkpoints", metavar="D", help="(default: ./checkpoints)")
+    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (default: 2)")
+    g.add_argument("--restart", action="store_true", help="resume from the newest valid checkpoint in --checkpoint-dir")
+    g.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="evaluate, print progress and log every K steps (default: once per epoch)")
+    g.add_argument("--log", metavar="CSV", default=None, help="metrics per evaluation (rank 0)")
+    g.add_argument("--json", metavar="FILE", default=None, help="the run's results as JSON (rank 0)")
+    g.add_argument("--plot", metavar="PNG", default=None, help="loss and accuracy against step and wall time")
+    g.add_argument("--plot-timeline", metavar="PNG", default=None,
+                   help="one step per rank: layers' backward, bucket collectives, waits")
+    g.add_argument("--timeline-step", type=int, default=None, metavar="S",
+                   help="the step --plot-timeline draws (default: the middle one)")
+    g.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    b = sub.add_parser("bench", help="the modes side by side: step time, bytes, memory, overlap (under mpiexec)")
+    from apps.sgd.bench import add_options
+
+    add_options(b)
+
+    pl = sub.add_parser("plot", help="draw metrics CSVs (from train --log) as loss/accuracy curves")
+    pl.add_argument("csv", nargs="+", help="metrics files; each is labelled by its file name")
+    pl.add_argument("--out", required=True, metavar="PNG")
+    args = parser.parse_args(argv)
+    return parser, args
+
+
+def config_from(args: argparse.Namespace) -> Any:
+    """A :class:`apps.sgd.train.Config` from parsed options."""
+    from apps.sgd.train import Config
+
+    mode = getattr(args, "mode", "ddp")
+    staleness = args.staleness
+    if mode == "ps-sync":
+        staleness = 0
+    return Config(
+        mode=mode, data=args.data, data_file=args.data_file, samples=args.samples, features=args.features, hidden=args.hidden,
+        activation=args.activation, layernorm=args.layernorm, dropout=args.dropout, dtype=args.dtype,
+        backend=args.backend, batch=args.batch, epochs=args.epochs, steps=args.steps, optimizer=args.optimizer,
+        lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
+        algorithm=args.algorithm, bucket_mb=args.bucket_mb, overlap=args.overlap, per_parameter=args.per_parameter,
+        compress=None if args.compress == "none" else args.compress, accumulate=args.accumulate,
+        uneven=getattr(args, "uneven", False), servers=args.servers, staleness=staleness,
+        checkpoint_every=getattr(args, "checkpoint_every", 0), checkpoint_dir=getattr(args, "checkpoint_dir", "checkpoints"),
+        keep=getattr(args, "keep", 2), restart=getattr(args, "restart", False), log=getattr(args, "log", None),
+        eval_every=getattr(args, "eval_every", 0), progress=not getattr(args, "quiet", False),
+    )
+
+
+def run(argv: list[str] | None = None) -> int:
+    from mpicomm.runtime import exit_together
+
+    try:
+        parser, args = parse(argv)
+    except SystemExit as exc:  # argparse said what is wrong; every rank does, then all exit
+        if exc.code:
+            exit_together(exc.code)
+        raise
+    if args.command == "plot":
+        from apps.sgd.plots import curves
+
+        curves({_label(p): _read_csv(p) for p in args.csv}, args.out)
+        print(f"wrote {args.out}")
+        return 0
+
+    import mpicomm
+    from apps.checkpoint import CheckpointError
+
+    comm = mpicomm.Comm()
+    rank = comm.Get_rank()
+
+    def say(text: str) -> None:
+        if rank == 0:
+            print(text, flush=True)
+
+    prog = f"{parser.prog} {args.command}"
+    try:
+        if args.command == "bench":
+            from apps.sgd.bench import bench
+
+            return bench(comm, args, say)
+        return _train(comm, args, say)
+    except (ValueError, CheckpointError, OSError) as exc:
+        # The same settings give the same error on every rank (checkpoint and data errors are
+        # shared by rank 0 first): each rank says it, all exit with status 2.
+        exit_together(2, f"{prog}: rank {rank} of {comm.Get_size()}: error: {exc}")
+    return 0
+
+
+def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
+    from apps.sgd.train import train
+
+    cfg = config_from(args)
+    if args.plot_timeline:
+        if cfg.mode.startswith("ps"):
+            raise ValueError("--plot-timeline draws bucket collectives: use it with ddp, zero1 or zero2")
+        cfg.timeline_step = args.timeline_step
+    if cfg.timeline_step is None and args.plot_timeline:
+        cfg.timeline_step = -1  # filled in below once the step count is known
+    _agree_on_inputs(comm, cfg)
+    if cfg.timeline_step == -1:
+        cfg.timeline_step = _middle_step(cfg, comm)
+    say(f"apps.sgd: {cfg.mode} on {comm.Get_size()} ranks, data {cfg.data}, global batch {cfg.batch}, "
+        f"{cfg.optimizer} lr {cfg.lr:g}, algorithm {cfg.algorithm}")
+    report = train(comm, cfg, say)
+    timelines = comm.gather(report.timeline, root=0) if args.plot_timeline else None
+    if comm.Get_rank() != 0:
+        return 0
+    hidden = report.hidden_fraction
+    say(f"done: {report.steps - report.start_step} steps in {report.seconds:.2f} s, "
+        f"{report.samples_per_s:,.0f} samples/s; test accuracy {report.test_accuracy:.4f}, "
+        f"test loss {report.test_loss:.4f}")
+    if hidden is not None:
+        say(f"communication: {report.comm_s:.3f} s in bucket collectives, {report.exposed_s:.3f} s exposed "
+            f"({hidden:.0%} hidden behind backward); compute {report.compute_s:.3f} s")
+    say(f"parameter digest {_digest(report.model.params)}")
+    mem = report.memory
+    say("memory per rank: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in mem.items()))
+    if args.json:
+        from dataclasses import asdict
+
+        with open(args.json, "w") as f:
+            body = {k: v for k, v in vars(report).items() if k not in ("model", "timeline")}
+            json.dump({"command": " ".join(["python -m apps.sgd", *sys.argv[1:]]), "config": asdict(cfg),
+                       "report": body, "hidden_fraction": hidden, "digest": _digest(report.model.params)}, f, indent=1, default=str)
+    if args.plot:
+        from apps.sgd.plots import curves
+
+        curves({cfg.mode: report.history}, args.plot)
+        say(f"wrote {args.plot}")
+    if args.plot_timeline:
+        from apps.sgd.plots import timeline
+
+        timeline(timelines, args.plot_timeline, title=f"{cfg.mode}, step {cfg.timeline_step}")
+        say(f"wrote {args.plot_timeline}")
+    return 0
+
+
+def _digest(params: Any) -> str:
+    """SHA-256 of the final parameters' bytes (equal digests: bit-identical models)."""
+    import hashlib
+
+    from apps.nn.xp import to_host
+
+    return hashlib.sha256(to_host(params).tobytes()).hexdigest()[:32]
+
+
+def _middle_step(cfg: Any, comm: Any) -> int:
+    from apps.sgd.train import Source, Sampler
+    import numpy as np
+
+    source = Source(cfg, np.dtype(cfg.dtype))
+    per_epoch = Sampler(source.n_train, cfg.batch, comm.Get_size(), 0, shuffle=False).steps_per_epoch
+    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    return max(0, total // 2)
+
+
+def _agree_on_inputs(comm: Any, cfg: Any) -> None:
+    """Data that one rank cannot read (a missing package, an unreadable file) stops every rank."""
+    import numpy as np
+
+    from apps.sgd.data import DataError
+    from apps.sgd.train import Source
+
+    problem = None
+    try:
+        Source(cfg, np.dtype(cfg.dtype))
+    except (DataError, OSError) as exc:
+        problem = str(exc)
+    problems = [p for p in comm.allgather(problem) if p]
+    if problems:
+        raise ValueError(problems[0])
+
+
+def _label(path: str) -> str:
+    import os
+
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _read_csv(path: str) -> list[dict[str, float]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]

@@ -1,0 +1,307 @@
+"""Data parallelism as PyTorch DDP does it: bucketed, overlapped, averaged gradient all-reduce.
+
+Every rank holds the whole model; parameters are broadcast from rank 0 once, and
+every step each rank computes the gradient of its share of the global batch, the
+ranks average those gradients, and every rank applies the same optimizer step - so
+the parameters stay identical without ever being sent again.
+
+The averaging (:class:`Reducer`):
+
+* gradients are grouped into buckets (:mod:`apps.sgd.buckets`), contiguous slices
+  of the model's one flat gradient buffer, in reverse layer order;
+* during backward, the model calls a hook after each layer; when the layer that
+  completes a bucket has run, the bucket is divided by the number of ranks and
+  its **nonblocking** all-reduce (mpicomm's, any algorithm) starts in place - it
+  progresses while earlier layers compute (each hook also drives mpicomm's
+  progress engine, since there is no progress thread);
+* before the optimizer step every bucket is waited for, in launch order.
+
+Variants, each to show why the default exists: ``overlap=False`` reduces after the
+whole backward; ``per_parameter=True`` makes one all-reduce per tensor (no
+buckets); ``compress="fp16"`` casts a bucket to half precision, divides, reduces
+and casts back (DDP's fp16 compression hook: half the bytes, less precision);
+``accumulate K`` (in :class:`DDP`) runs K micro-batches and synchronizes only on
+the last (``no_sync``).
+
+Uneven inputs (the training loop's ``--uneven``, PyTorch's ``Join``): every step starts with a
+one-integer all-reduce counting the ranks that still have data. A rank that has
+run out keeps taking part: it contributes zero gradients to every bucket, in the
+same order, and applies the same optimizer step, so its parameters stay equal to
+the others'. The divisor is the number of ranks still active, so the result is
+the average of the active ranks' gradients. The loop ends when no rank has data.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+import mpicomm
+from apps.nn import correct, softmax_cross_entropy
+from apps.nn.xp import array_module
+from apps.sgd.data import divide
+from apps.sgd.buckets import DEFAULT_CAP_MB, Bucket, Parameter, plan, ready_at
+
+__all__ = ["Reducer", "DDP", "COMPRESSION", "parameters_of", "StepResult"]
+
+#: ``--compress`` choices: the dtype a bucket travels in.
+COMPRESSION = {"fp16": np.float16}
+
+
+def _bf16() -> Any:
+    """bfloat16 from ml_dtypes when installed (the well-kept package that gives NumPy that dtype)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
+def compression_dtype(name: str | None) -> Any:
+    """The dtype of ``--compress NAME`` (None: no compression); ValueError naming the choices."""
+    if name in (None, "none"):
+        return None
+    if name == "bf16":
+        dt = _bf16()
+        if dt is None:
+            raise ValueError("--compress bf16 needs the ml_dtypes package: pip install ml_dtypes")
+        return dt
+    if name not in COMPRESSION:
+        raise ValueError(f"--compress {name!r}: choose none, fp16 or bf16")
+    return COMPRESSION[name]
+
+
+def parameters_of(model: Any) -> list[Parameter]:
+    """The model's parameters with their flat ranges and owning layers (for :func:`apps.sgd.buckets.plan`)."""
+    layer_of = {}
+    for i, (start, stop) in enumerate(model.layer_ranges):
+        if stop > start:
+            layer_of[start] = i
+    out = []
+    for name, start, stop, _shape in model.named_parameters():
+        layer = int(name.split(".", 1)[0])
+        out.append(Parameter(name, start, stop, layer))
+    return out
+
+
+class StepResult:
+    """What one training step reports: the summed loss over this rank's samples, correct count, samples."""
+
+    __slots__ = ("loss_sum", "correct", "samples", "compute", "exposed", "comm_total")
+
+    def __init__(self) -> None:
+        self.loss_sum = 0.0
+        self.correct = 0
+        self.samples = 0
+        self.compute = 0.0  # seconds in forward/backward
+        self.exposed = 0.0  # seconds waiting for communication after backward
+        self.comm_total = 0.0  # sum over buckets of launch→completion time
+
+
+class Reducer:
+    """Averages the model's flat gradient buffer over the ranks of *comm*, bucket by bucket.
+
+    A plan object: buckets, their readiness table and the compression scratch are
+    built once; each step only launches and waits.
+    """
+
+    def __init__(self, comm: Any, model: Any, *, algorithm: str = "auto", cap_mb: float = DEFAULT_CAP_MB,
+                 per_parameter: bool = False, overlap: bool = True, compress: str | None = None):
+        self.comm = comm
+        self.model = model
+        self.algorithm = algorithm
+        self.overlap = overlap
+        self.buckets: list[Bucket] = plan(parameters_of(model), model.grads.itemsize, cap_mb=cap_mb,
+                                          per_parameter=per_parameter)
+        self._ready = ready_at(self.buckets, len(model.layers))
+        dt = compression_dtype(compress)
+        xp = array_module(model.grads)
+        self.wire_dtype = np.dtype(model.grads.dtype if dt is None else dt)
+        self._scratch = [None if dt is None else xp.empty(b.size, dt) for b in self.buckets]
+        self.scratch_bytes = sum(0 if w is None else int(w.nbytes) for w in self._scratch)
+        self._pending: list[tuple[Bucket, Any, float]] = []
+        self._launched = 0
+        self._scale = 1.0
+        self.timings: list[tuple[int, float, float]] = []  # (bucket, launched, completed) of the last step
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes of one all-reduce input over all buckets (what each step reduces)."""
+        return sum(b.size for b in self.buckets) * self.wire_dtype.itemsize
+
+    def begin(self, divisor: int) -> None:
+        """Start a synchronizing backward: gradients will be divided by *divisor* (ranks taking part)."""
+        self._scale = 1.0 / divisor
+        self._launched = 0
+        self._pending.clear()
+        self.timings = []
+
+    def hook(self, layer: int) -> None:
+        """The model's backward hook: drive progress, then launch the buckets this layer completes."""
+        if self._pending:
+            mpicomm.progress()
+        if self.overlap:
+            for index in self._ready[layer]:
+                self._launch(self.buckets[index])
+
+    def _launch(self, bucket: Bucket) -> None:
+        if bucket.index != self._launched:  # never out of order: every rank must pair the same buckets
+            raise RuntimeError(f"bucket {bucket.index} ready before bucket {self._launched}")
+        grad = self.model.grads[bucket.start:bucket.stop]
+        wire = self._scratch[bucket.index]
+        if wire is None:
+            if self._scale != 1.0:
+                grad *= self._scale
+            wire = grad
+        else:
+            wire[...] = grad  # cast down, then divide in the wire dtype (DDP's fp16 hook)
+            if self._scale != 1.0:
+                wire *= wire.dtype.type(self._scale)
+        start = time.perf_counter()
+        self._pending.append((bucket, self._start(bucket, wire), start))
+        self._launched += 1
+
+    def _start(self, bucket: Bucket, wire: Any) -> Any:
+        """Start the bucket's collective (here: the in-place all-reduce of the averaged gradients)."""
+        return mpicomm.iallreduce(wire, out=wire, algorithm=self.algorithm, comm=self.comm)
+
+    def finish(self) -> float:
+        """Launch what is left, wait for every bucket in order, cast back; return seconds spent waiting."""
+        for bucket in self.buckets[self._launched:]:
+            self._launch(bucket)
+        waited = 0.0
+        for bucket, request, start in self._pending:
+            t0 = time.perf_counter()
+            done_before = request.Test()
+            if not done_before:
+                request.Wait()
+            t1 = time.perf_counter()
+            waited += t1 - t0
+            self.timings.append((bucket.index, start, t1))
+            self._done(bucket)
+        self._pending.clear()
+        return waited
+
+
+    def _done(self, bucket: Bucket) -> None:
+        """A bucket's collective completed: cast a compressed bucket back into the gradients."""
+        wire = self._scratch[bucket.index]
+        if wire is not None:
+            self.model.grads[bucket.start:bucket.stop] = wire
+
+
+class DDP:
+    """The ``ddp`` mode: one training step = forward/backward on this rank's share, averaged gradients, a step.
+
+    Subclasses (:mod:`apps.sgd.zero`) change what a bucket's collective is
+    (:meth:`make_reducer`), what optimizer state a rank keeps (:meth:`make_state`)
+    and how the step is applied (:meth:`update`); the step itself is shared.
+    """
+
+    name = "ddp"
+
+    def __init__(self, comm: Any, model: Any, optimizer: Any, *, algorithm: str = "auto",
+                 cap_mb: float = DEFAULT_CAP_MB, per_parameter: bool = False, overlap: bool = True,
+                 compress: str | None = None, accumulate: int = 1):
+        if accumulate < 1:
+            raise ValueError(f"--accumulate {accumulate}: must be >= 1 (1 synchronizes every step)")
+        self.comm = comm
+        self.model = model
+        self.optimizer = optimizer
+        self.accumulate = accumulate
+        self.algorithm = algorithm
+        self.world = comm.Get_size()
+        self.rank = comm.Get_rank()
+        self.xp = array_module(model.params)
+        self.reducer = self.make_reducer(algorithm=algorithm, cap_mb=cap_mb, per_parameter=per_parameter,
+                                         overlap=overlap, compress=compress)
+        self.state = self.make_state()
+        self._flag = np.zeros(1, np.int64)
+        # Rank 0's initial parameters everywhere (they are equal already when every rank uses the
+        # same seed; the broadcast makes that a guarantee, as DDP's constructor does).
+        mpicomm.bcast(model.params, 0, comm=comm, out=model.params)
+
+    # ------------------------------------------------------------ what subclasses change
+
+    def make_reducer(self, **options: Any) -> Reducer:
+        return Reducer(self.comm, self.model, **options)
+
+    def make_state(self) -> dict[str, Any]:
+        return self.optimizer.init_state(self.model.num_params, self.xp, self.model.params.dtype)
+
+    def update(self) -> float:
+        """Apply the optimizer to the averaged gradients (every rank the same step); return seconds communicating."""
+        self.optimizer.step(self.model.params, self.model.grads, self.state)
+        return 0.0
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this rank holds between steps: parameters, gradients, optimizer state."""
+        return {"params": int(self.model.params.nbytes),
+                "grads": int(self.model.grads.nbytes) + self.reducer.scratch_bytes,
+                "optimizer": _state_bytes(self.state)}
+
+    def full_state(self) -> dict[str, Any]:
+        """The whole optimizer state, on every rank (collective where it is sharded)."""
+        return self.state
+
+    def load_full_state(self, state: dict[str, Any]) -> None:
+        """Take this rank's part of a whole optimizer state (from a checkpoint)."""
+        for key, value in state.items():
+            self.state[key][...] = _as(self.state[key], value)
+
+    # ------------------------------------------------------------ the step
+
+    def active_ranks(self, have_data: bool) -> int:
+        """Join's "still here" all-reduce: how many ranks have a batch this step."""
+        self._flag[0] = 1 if have_data else 0
+        return int(mpicomm.allreduce(self._flag, comm=self.comm)[0])
+
+    def step(self, x: Any, y: Any, global_count: int, divisor: int | None = None) -> StepResult:
+        """One optimizer step on this rank's samples *x*, *y* of a global batch of *global_count*.
+
+        Each rank's loss gradient is scaled by world_size / global_count, so the
+        average over ranks is the gradient of the global batch's mean loss - the
+        single-rank gradient, whatever the split. *divisor* (Join) overrides the
+        number of ranks the sum is divided by.
+        """
+        model, reducer = self.model, self.reducer
+        result = StepResult()
+        denominator = global_count / self.world
+        model.zero_grad()
+        t0 = time.perf_counter()
+        for k in range(self.accumulate):
+            a, b = divide(len(y), self.accumulate, k)
+            last = k == self.accumulate - 1
+            if last:
+                reducer.begin(self.world if divisor is None else divisor)
+            logits = model.forward(x[a:b], train=True)
+            loss, dlogits = softmax_cross_entropy(logits, y[a:b], denominator)
+            result.loss_sum += loss * (b - a)
+            result.correct += correct(logits, y[a:b])
+            model.backward(dlogits, hook=reducer.hook if last else None)
+        t1 = time.perf_counter()
+        result.exposed = reducer.finish()
+        result.exposed += self.update()
+        result.samples = len(y)
+        result.compute = t1 - t0
+        result.comm_total = sum(done - start for _, start, done in reducer.timings)
+        return result
+
+    def idle_step(self, divisor: int) -> None:
+        """A joined rank's step: zero gradients through every bucket, then the same optimizer step."""
+        self.model.zero_grad()
+        self.reducer.begin(divisor)
+        self.reducer.finish()
+        self.update()
+
+
+def _state_bytes(state: dict[str, Any]) -> int:
+    return sum(int(v.nbytes) for k, v in state.items() if k != "step")
+
+
+def _as(like: Any, value: Any) -> Any:
+    """*value* (a host array from a checkpoint) on *like*'s array module."""
+    xp = array_module(like)
+    return value if xp is np else xp.asarray(value)

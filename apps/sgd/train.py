@@ -1,0 +1,506 @@
+"""The training loop shared by every mode: data, steps, evaluation, progress, metrics and checkpoints.
+
+``train(comm, cfg)`` builds the model (:func:`apps.nn.mlp`, the same seed on every
+rank), the optimizer, the data source and the mode's strategy
+(:class:`apps.sgd.ddp.DDP`, :class:`apps.sgd.zero.Zero`,
+:class:`apps.sgd.ps.ParameterServer`), then runs ``steps`` optimizer steps:
+
+* step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``;
+  the :class:`apps.sgd.data.Sampler` gives each worker its contiguous share of
+  that global batch, so N workers see exactly the samples one rank would;
+* with ``uneven``, worker r stops r steps early and the others go on (PyTorch's
+  Join semantics, see :mod:`apps.sgd.ddp`);
+* rank 0 (always a worker) evaluates on the test set at the end of every epoch,
+  prints a progress line, and appends a row to the metrics CSV;
+* every ``checkpoint_every`` steps the whole state - parameters, optimizer state
+  (gathered where it is sharded), step (which fixes the sampler position and the
+  dropout keys, so no RNG state is needed) - goes to one checkpoint through
+  :mod:`apps.checkpoint` (atomic, checksummed, no pickle). ``restart`` resumes
+  from the newest valid one, at the same or another rank count.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+import mpicomm
+from apps import checkpoint as ck
+from apps.nn import correct, mlp, softmax_cross_entropy
+from apps.nn.optim import make as make_optimizer
+from apps.nn.xp import to_host
+from apps.sgd.buckets import DEFAULT_CAP_MB
+from apps.sgd.data import DataError, Sampler, Teacher, load_digits
+from apps.sgd.ddp import DDP, compression_dtype
+from apps.sgd.ps import ParameterServer
+from apps.sgd.zero import Zero
+
+__all__ = ["Config", "Report", "MODES", "train", "PREFIX"]
+
+MODES = ("ddp", "zero1", "zero2", "ps-sync", "ps-async")
+PREFIX = "sgd"  # checkpoint series name
+
+
+@dataclass
+class Config:
+    """Everything a run depends on (the command line's options)."""
+
+    mode: str = "ddp"
+    data: str = "digits"  # digits | teacher | file
+    data_file: str | None = None  # data "file": an .npz with x_train, y_train, x_test, y_test
+    samples: int = 16384  # teacher: training samples
+    features: int = 64  # teacher: input features
+    classes: int = 10  # teacher: classes
+    hidden: tuple[int, ...] = (128,)
+    activation: str = "relu"
+    layernorm: bool = False
+    dropout: float = 0.0
+    dtype: str = "float32"
+    backend: str = "numpy"
+    batch: int = 64  # global batch
+    epochs: int = 12
+    steps: int | None = None  # overrides epochs
+    optimizer: str = "adam"
+    lr: float = 3e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    algorithm: str = "auto"
+    bucket_mb: float = DEFAULT_CAP_MB
+    overlap: bool = True
+    per_parameter: bool = False
+    compress: str | None = None
+    accumulate: int = 1
+    uneven: bool = False
+    servers: int = 1
+    staleness: int | None = 0
+    checkpoint_every: int = 0
+    checkpoint_dir: str = "checkpoints"
+    keep: int = 2
+    restart: bool = False
+    log: str | None = None
+    eval_every: int = 0  # 0: once per epoch
+    progress: bool = True
+    timeline_step: int | None = None  # record this step's timeline (layers, buckets, waits)
+
+    def model_signature(self, features: int, classes: int) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this run."""
+        return {"sizes": [features, *self.hidden, classes], "activation": self.activation,
+                "layernorm": self.layernorm, "dropout": self.dropout, "dtype": self.dtype, "data": self.data,
+                "optimizer": self.optimizer, "seed": self.seed}
+
+
+@dataclass
+class Report:
+    """What a run measured (rank 0's view; samples/s counts every worker)."""
+
+    mode: str
+    ranks: int
+    workers: int
+    steps: int
+    start_step: int
+    seconds: float
+    samples_per_s: float
+    train_loss: float
+    test_loss: float
+    test_accuracy: float
+    params: int
+    memory: dict[str, int]
+    step_s: float = 0.0  # time in optimizer steps (no evaluation, logging or checkpoints)
+    compute_s: float = 0.0  # forward + backward, summed over steps
+    exposed_s: float = 0.0  # waiting for communication after backward
+    comm_s: float = 0.0  # every bucket's launch→completion, summed
+    bytes_per_step: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+    timeline: list[Any] | None = None
+    model: Any = field(default=None, repr=False, compare=False)  # the trained model (not serialized)
+
+    @property
+    def hidden_fraction(self) -> float | None:
+        """Share of the bucket all-reduce time hidden behind backward."""
+        if self.comm_s <= 0:
+            return None
+        return max(0.0, 1.0 - self.exposed_s / self.comm_s)
+
+
+class Source:
+    """Training samples by global index, and the test set."""
+
+    def __init__(self, cfg: Config, dtype: Any):
+        if cfg.data == "digits":
+            data = load_digits(dtype)
+            self._x, self._y = data.x_train, data.y_train
+            self.n_train, self.features, self.classes = data.n_train, data.features, data.classes
+            self.test = (data.x_test, data.y_test)
+            self.shuffle = True
+            self._teacher = None
+        elif cfg.data == "teacher":
+            self._teacher = Teacher(cfg.features, cfg.classes, seed=cfg.seed)
+            self.n_train, self.features, self.classes = cfg.samples, cfg.features, cfg.classes
+            xt, yt = self._teacher.samples(np.arange(cfg.samples, cfg.samples + 2048), dtype)
+            self.test = (xt, yt)
+            # i.i.d. synthetic samples need no shuffling; in order, a worker's share of a batch is
+            # one contiguous run of indices, generated from one or two blocks.
+            self.shuffle = False
+            self._dtype = dtype
+        elif cfg.data == "file":
+            self._x, self._y, xt, yt = _read_npz(cfg.data_file, dtype)
+            self.n_train, self.features = self._x.shape
+            self.classes = int(max(self._y.max(initial=0), yt.max(initial=0))) + 1
+            self.test = (xt, yt)
+            self.shuffle = True
+            self._teacher = None
+        else:
+            raise DataError(f"--data {cfg.data!r}: choose digits, teacher or file")
+
+    def get(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._teacher is not None:
+            return self._teacher.samples(indices, self._dtype)
+        return self._x[indices], self._y[indices]
+
+
+def _read_npz(path: str | None, dtype: Any) -> tuple[np.ndarray, ...]:
+    """x_train, y_train, x_test, y_test from a NumPy .npz file (no pickles), checked."""
+    if not path:
+        raise DataError("--data file needs --data-file PATH (an .npz with x_train, y_train, x_test, y_test)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = [np.asarray(f[k]) for k in ("x_train", "y_train", "x_test", "y_test")]
+    except KeyError as exc:
+        raise DataError(f"--data-file {path}: missing array {exc}; it needs x_train, y_train, x_test, y_test") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"--data-file {path}: cannot read it ({exc})") from None
+    x, y, xt, yt = arrays
+    if x.ndim != 2 or xt.ndim != 2 or x.shape[1] != xt.shape[1] or y.shape != (len(x),) or yt.shape != (len(xt),) \
+            or y.dtype.kind not in "iu" or yt.dtype.kind not in "iu" or len(x) == 0:
+        raise DataError(f"--data-file {path}: need x_train (n, f), y_train (n,) integers, x_test (m, f), y_test (m,); "
+                        f"got {x.shape}, {y.shape} {y.dtype}, {xt.shape}, {yt.shape} {yt.dtype}")
+    return x.astype(dtype), y.astype(np.int64), xt.astype(dtype), yt.astype(np.int64)
+
+
+def validate(cfg: Config, size: int) -> None:
+    """Refuse bad settings with a message naming the value and the fix (the same on every rank)."""
+    if cfg.mode not in MODES:
+        raise ValueError(f"--mode {cfg.mode!r}: choose one of {', '.join(MODES)}")
+    if cfg.bucket_mb <= 0:
+        raise ValueError(f"--bucket-mb {cfg.bucket_mb:g}: must be > 0 (DDP's default is {DEFAULT_CAP_MB:g})")
+    if cfg.accumulate < 1:
+        raise ValueError(f"--accumulate {cfg.accumulate}: must be >= 1 (1 synchronizes every step)")
+    if cfg.staleness is not None and cfg.staleness < 0:
+        raise ValueError(f"--staleness {cfg.staleness}: must be >= 0 (0 is synchronous)")
+    workers = size
+    if cfg.mode.startswith("ps"):
+        if not 1 <= cfg.servers < size:
+            raise ValueError(f"--servers {cfg.servers}: need 1 <= K < N ranks (N = {size}); the rest are workers")
+        workers = size - cfg.servers
+        if cfg.checkpoint_every or cfg.restart:
+            raise ValueError(f"--mode {cfg.mode}: the parameter-server modes do not checkpoint; "
+                             f"use ddp, zero1 or zero2 with --checkpoint-every")
+        if cfg.uneven:
+            raise ValueError("--uneven applies to ddp, zero1 and zero2 (Join semantics)")
+    if cfg.batch < workers:
+        raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {workers} workers; "
+                         f"every worker needs at least one sample: use --batch >= {workers}")
+    if cfg.batch < workers * cfg.accumulate:
+        raise ValueError(f"--batch {cfg.batch} with --accumulate {cfg.accumulate}: each of the {workers} workers "
+                         f"needs at least one sample per micro-batch; use --batch >= {workers * cfg.accumulate}")
+    if cfg.epochs < 1 and cfg.steps is None:
+        raise ValueError(f"--epochs {cfg.epochs}: must be >= 1")
+    if cfg.steps is not None and cfg.steps < 0:
+        raise ValueError(f"--steps {cfg.steps}: must be >= 0")
+    if cfg.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every {cfg.checkpoint_every}: must be >= 0 (0: never)")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"--dropout {cfg.dropout}: must be in [0, 1)")
+    if cfg.lr <= 0:
+        raise ValueError(f"--lr {cfg.lr}: must be > 0")
+    if any(h < 1 for h in cfg.hidden):
+        raise ValueError(f"--hidden {','.join(map(str, cfg.hidden))}: layer widths must be >= 1")
+    compression_dtype(cfg.compress)
+    if cfg.compress and cfg.mode != "ddp":
+        raise ValueError(f"--compress {cfg.compress}: applies to --mode ddp's all-reduce only")
+
+
+def _array_module(backend: str) -> Any:
+    if backend == "numpy":
+        return np
+    if backend == "cupy":
+        try:
+            import cupy
+        except ImportError:
+            raise ValueError("--backend cupy needs CuPy: pip install -e '.[cuda12]' (or cuda13)") from None
+        return cupy
+    raise ValueError(f"--backend {backend!r}: choose numpy or cupy")
+
+
+def build(comm: Any, cfg: Config, model: Any, optimizer: Any, total_steps: int) -> Any:
+    """The mode's strategy object."""
+    options = dict(algorithm=cfg.algorithm, cap_mb=cfg.bucket_mb, per_parameter=cfg.per_parameter,
+                   overlap=cfg.overlap, accumulate=cfg.accumulate)
+    if cfg.mode == "ddp":
+        return DDP(comm, model, optimizer, compress=cfg.compress, **options)
+    if cfg.mode in ("zero1", "zero2"):
+        return Zero(comm, model, optimizer, stage=int(cfg.mode[-1]), **options)
+    staleness = 0 if cfg.mode == "ps-sync" else cfg.staleness
+    return ParameterServer(comm, model, optimizer, servers=cfg.servers, staleness=staleness,
+                           total_steps=total_steps)
+
+
+def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> tuple[float, float]:
+    """(mean loss, accuracy) of *model* on (x, y), in eval mode."""
+    xp = _module_of(model)
+    loss_sum, right = 0.0, 0
+    for a in range(0, len(y), batch):
+        xb, yb = xp.asarray(x[a:a + batch]), xp.asarray(y[a:a + batch])
+        logits = model.forward(xb, train=False)
+        loss, _ = softmax_cross_entropy(logits, yb)
+        loss_sum += loss * len(yb)
+        right += correct(logits, yb)
+    return loss_sum / max(1, len(y)), right / max(1, len(y))
+
+
+def _module_of(model: Any) -> Any:
+    from apps.nn.xp import array_module
+
+    return array_module(model.params)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(comm: Any, cfg: Config, strategy: Any, step: int, signature: dict[str, Any]) -> None:
+    """The whole state at *step* (collective: sharded optimizer state is gathered first)."""
+    state = strategy.full_state()
+    if comm.Get_rank() != 0:
+        return
+    arrays = {"params": to_host(strategy.model.params)}
+    arrays.update({f"optimizer.{k}": np.asarray(to_host(v)) for k, v in state.items()})
+    path = ck.data_path(cfg.checkpoint_dir, PREFIX, step)
+    record, entries = ck.write_arrays(path, arrays)
+    ck.save_manifest(ck.manifest_path(cfg.checkpoint_dir, PREFIX, step), step, [record], arrays=entries,
+                     model=signature, mode=cfg.mode, ranks=comm.Get_size(), batch=cfg.batch)
+    ck.prune(cfg.checkpoint_dir, PREFIX, cfg.keep)
+
+
+def load_checkpoint(comm: Any, cfg: Config, signature: dict[str, Any]) -> tuple[int, dict[str, np.ndarray] | None]:
+    """(step, arrays) of the newest valid checkpoint matching this run (every rank), or (0, None).
+
+    Rank 0 reads and verifies; the outcome - or the error - reaches every rank.
+    """
+    outcome: Any = None
+    if comm.Get_rank() == 0:
+        try:
+            os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+            body, refused = ck.newest_valid(cfg.checkpoint_dir, PREFIX)
+            if body is None:
+                if refused:
+                    raise ck.CheckpointError("no valid checkpoint in " + cfg.checkpoint_dir + ": " + "; ".join(refused))
+                outcome = ("fresh", 0, None)
+            else:
+                theirs = body.get("model")
+                if theirs != signature:
+                    diff = {k: (theirs.get(k) if isinstance(theirs, dict) else None, v)
+                            for k, v in signature.items() if not isinstance(theirs, dict) or theirs.get(k) != v}
+                    raise ck.CheckpointError(
+                        f"{body['path']}: a checkpoint of another model or run "
+                        + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+                        + "; point --checkpoint-dir elsewhere or drop --restart")
+                if body.get("batch") != cfg.batch:
+                    raise ck.CheckpointError(f"{body['path']}: written with --batch {body.get('batch')}, this run "
+                                             f"has --batch {cfg.batch} (the sampler position would not match)")
+                data = os.path.join(cfg.checkpoint_dir, body["files"][0]["file"])
+                outcome = ("resume", body["step"], ck.read_arrays(data, body["arrays"]))
+        except (ck.CheckpointError, OSError, KeyError, ValueError, TypeError) as exc:
+            outcome = ("error", str(exc), None)
+    kind, value, arrays = comm.bcast(outcome, root=0)
+    if kind == "error":
+        raise ck.CheckpointError(value)
+    return (value, arrays) if kind == "resume" else (0, None)
+
+
+def _fresh_directory(comm: Any, cfg: Config) -> None:
+    """A fresh run refuses a directory that already holds this series' checkpoints (every rank)."""
+    problem = None
+    if comm.Get_rank() == 0:
+        try:
+            os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+            if ck.steps(cfg.checkpoint_dir, PREFIX):
+                problem = (f"--checkpoint-dir {cfg.checkpoint_dir} already holds checkpoints; pass --restart to "
+                           f"resume from them, or choose an empty directory")
+        except OSError as exc:
+            problem = f"--checkpoint-dir {cfg.checkpoint_dir}: {exc}"
+    problem = comm.bcast(problem, root=0)
+    if problem:
+        raise ck.CheckpointError(problem)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class _Timeline:
+    """Timestamps of one step on this rank: layers' backward, buckets' collectives, waits."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, float, float]] = []  # (kind, label, start, end)
+        self._last = 0.0
+
+    def wrap(self, strategy: Any) -> Callable[[], None]:
+        reducer = getattr(strategy, "reducer", None)
+        if reducer is None:
+            return lambda: None
+        hook = reducer.hook
+        model = strategy.model
+        backward = model.backward
+        timeline = self
+
+        def timed_backward(dy: Any, hook: Any = None) -> None:
+            timeline._last = time.perf_counter()
+
+            def layer_hook(i: int) -> None:
+                now = time.perf_counter()
+                timeline.events.append(("backward", f"layer {i}", timeline._last, now))
+                if hook is not None:
+                    hook(i)
+                timeline._last = time.perf_counter()
+
+            backward(dy, hook=layer_hook)
+
+        model.backward = timed_backward
+
+        def restore() -> None:
+            model.backward = backward
+            for index, start, end in reducer.timings:
+                timeline.events.append(("bucket", f"bucket {index}", start, end))
+
+        return restore
+
+
+def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
+    """Run *cfg* on *comm* (every rank); rank 0's :class:`Report`, a partial one elsewhere."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    validate(cfg, size)
+    xp = _array_module(cfg.backend)
+    dtype = np.dtype(cfg.dtype)
+    source = Source(cfg, dtype)
+    model = mlp([source.features, *cfg.hidden, source.classes], activation=cfg.activation, layernorm=cfg.layernorm,
+                dropout=cfg.dropout, dtype=dtype, xp=xp, seed=cfg.seed)
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    if cfg.optimizer == "sgd":
+        kwargs["momentum"] = cfg.momentum
+    optimizer = make_optimizer(cfg.optimizer, **kwargs)
+    workers = size - cfg.servers if cfg.mode.startswith("ps") else size
+    probe = Sampler(source.n_train, cfg.batch, workers, 0, cfg.seed, shuffle=source.shuffle)
+    per_epoch = probe.steps_per_epoch
+    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    signature = cfg.model_signature(source.features, source.classes)
+
+    if cfg.checkpoint_every and not cfg.restart:
+        _fresh_directory(comm, cfg)
+    start_step, arrays = load_checkpoint(comm, cfg, signature) if cfg.restart else (0, None)
+
+    strategy = build(comm, cfg, model, optimizer, total)
+    if arrays is not None:
+        model.load_params(arrays["params"])
+        strategy.load_full_state({k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer.")})
+        say(f"resumed from step {start_step} in {cfg.checkpoint_dir}")
+    is_worker = getattr(strategy, "is_worker", True)
+    index = getattr(strategy, "worker_index", rank)
+    report = Report(cfg.mode, size, workers, total, start_step, 0.0, 0.0, float("nan"), float("nan"),
+                    float("nan"), model.num_params, strategy.memory())
+
+    logf = _open_log(cfg.log) if rank == 0 and cfg.log else None
+    t_start = time.perf_counter()
+    if not is_worker:
+        strategy.serve()
+    else:
+        sampler = Sampler(source.n_train, cfg.batch, workers, index, cfg.seed, shuffle=source.shuffle)
+        last_step = total - (index if cfg.uneven else 0)
+        interval = [0.0, 0, 0]  # loss sum, correct, samples of rank 0's shares since the last log
+        eval_every = cfg.eval_every or per_epoch
+        for step in range(start_step, total):
+            epoch, s = divmod(step, per_epoch)
+            model.rng_key = (step, rank)
+            have = step < last_step
+            divisor = strategy.active_ranks(have) if cfg.uneven else None
+            timeline = _Timeline() if cfg.timeline_step == step else None
+            restore = timeline.wrap(strategy) if timeline else None
+            t_step = time.perf_counter()
+            if have:
+                indices, count = sampler.batch(epoch, s)
+                x, y = source.get(indices)
+                res = strategy.step(xp.asarray(x), xp.asarray(y), count, divisor) if cfg.uneven \
+                    else strategy.step(xp.asarray(x), xp.asarray(y), count)
+                interval[0] += res.loss_sum
+                interval[1] += res.correct
+                interval[2] += res.samples
+                report.compute_s += res.compute
+                report.exposed_s += res.exposed
+                report.comm_s += res.comm_total
+            else:
+                strategy.idle_step(divisor)
+            report.step_s += time.perf_counter() - t_step
+            if restore is not None:
+                restore()
+                report.timeline = [(kind, label, a - t_step, b - t_step) for kind, label, a, b in timeline.events]
+            done = step + 1
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == total):
+                save_checkpoint(comm, cfg, strategy, done, signature)
+            if rank == 0 and (done % eval_every == 0 or done == total):
+                elapsed = time.perf_counter() - t_start
+                test_loss, test_acc = evaluate(model, *source.test)
+                train_loss = interval[0] / max(1, interval[2])
+                train_acc = interval[1] / max(1, interval[2])
+                rate = (done - start_step) * cfg.batch / elapsed if elapsed > 0 else 0.0
+                row = {"step": done, "epoch": done / per_epoch, "seconds": elapsed, "train_loss": train_loss,
+                       "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
+                       "samples_per_s": rate}
+                report.history.append(row)
+                if logf is not None:
+                    _log_row(logf, row)
+                if cfg.progress:
+                    eta = elapsed / max(1, done - start_step) * (total - done)
+                    say(f"[{done}/{total}] epoch {done / per_epoch:.2f}  loss {train_loss:.4f}  "
+                        f"acc {train_acc:.3f}  test loss {test_loss:.4f}  test acc {test_acc:.3f}  "
+                        f"{rate:,.0f} samples/s  elapsed {elapsed:.1f} s  eta {eta:.1f} s")
+                interval = [0.0, 0, 0]
+    close = getattr(strategy, "close", None)
+    if close is not None:
+        close()
+        # The parameter server's bottleneck: the busiest link's bytes per step, over every rank.
+        links = comm.allgather(strategy.stats["link_bytes"] / max(1, total - start_step))
+        report.bytes_per_step = max(links)
+    report.seconds = time.perf_counter() - t_start
+    done_steps = total - start_step
+    report.samples_per_s = done_steps * cfg.batch / report.step_s if report.step_s > 0 else 0.0
+    report.memory = strategy.memory()
+    report.model = model
+    if rank == 0:
+        report.test_loss, report.test_accuracy = evaluate(model, *source.test)
+        if report.history:
+            report.train_loss = report.history[-1]["train_loss"]
+    if logf is not None:
+        logf.close()
+    return report
+
+
+_COLUMNS = ("step", "epoch", "seconds", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "samples_per_s")
+
+
+def _open_log(path: str) -> Any:
+    f = open(path, "w", newline="")
+    csv.writer(f).writerow(_COLUMNS)
+    return f
+
+
+def _log_row(f: Any, row: dict[str, float]) -> None:
+    csv.writer(f).writerow([f"{row[c]:.6g}" if isinstance(row[c], float) else row[c] for c in _COLUMNS])
+    f.flush()
+
+
+def config_dict(cfg: Config) -> dict[str, Any]:
+    return asdict(cfg)
