@@ -219,7 +219,10 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
     say(f"done: {report.steps - report.start_step} steps in {report.seconds:.2f} s, "
         f"{report.samples_per_s:,.0f} samples/s; test accuracy {report.test_accuracy:.4f}, "
         f"test loss {report.test_loss:.4f}")
-    if hidden is not None:
+    if cfg.mode.startswith("ps"):
+        say(f"communication: {report.exposed_s:.3f} s waiting for pushes and pulls; compute {report.compute_s:.3f} s; "
+            f"busiest server link {report.bytes_per_step / 1024:.1f} KiB per step")
+    elif hidden is not None:
         say(f"communication: {report.comm_s:.3f} s in bucket collectives, {report.exposed_s:.3f} s exposed "
             f"({hidden:.0%} hidden behind backward); compute {report.compute_s:.3f} s")
     say(f"parameter digest {_digest(report.model.params)}")
