@@ -46,7 +46,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured steps per run (default: 20)")
     p.add_argument("--features", type=int, default=256, help="teacher input features (default: 256)")
     p.add_argument("--hidden", default="1024,1024", help="hidden widths of the benchmark model (default: 1024,1024)")
-    p.add_argument("--batch", type=int, default=256, help="global batch (default: 256)")
+    p.add_argument("--batch", type=int, default=2048,
+                   help="global batch (default: 2048: compute-bound, the replicated update and the all-reduce are small next to it)")
     p.add_argument("--algorithm", default="ring",
                    help="collective algorithm (default: ring, whose bytes per rank are known exactly)")
     p.add_argument("--async-epochs", type=int, default=6, help="digits epochs for the async part (default: 6)")
@@ -198,7 +199,7 @@ def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) ->
         sub = comm.Split(0 if rank < ranks else MPI.UNDEFINED, rank)
         if sub != MPI.COMM_NULL:
             c = mpicomm.Comm(sub)
-            report = train(c, _model_cfg(args, mode="ps-sync", servers=1, steps=3), lambda s: None)
+            report = train(c, _model_cfg(args, mode="ps-sync", servers=1, steps=10), lambda s: None)
             rows.append((ranks - 1, report.bytes_per_step, report.params * 4))
             c.Free()
         comm.Barrier()
@@ -208,7 +209,8 @@ def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) ->
     lines = [
         "### Parameter-server bottleneck: the busiest server link (1 server)",
         "",
-        "Bytes per step through the server's link (gradients in + weights out), counted by the application, next to "
+        "Bytes per step through the server's link (gradients in + weights out, over 10 steps, so the first pull of the "
+        "initial weights adds 0.1× the model), counted by the application, next to "
         "what one rank sends in a ring all-reduce of the same gradients, 2(N−1)/N · n (N = workers).",
         "",
         "| workers | server link / step | × gradient size | all-reduce per rank / step | × gradient size |",

@@ -35,7 +35,7 @@ from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.nn.xp import to_host
 from apps.sgd.buckets import DEFAULT_CAP_MB
-from apps.sgd.data import DataError, Sampler, Teacher, load_digits
+from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digits
 from apps.sgd.ddp import DDP, compression_dtype
 from apps.sgd.ps import ParameterServer
 from apps.sgd.zero import Zero
@@ -148,6 +148,7 @@ class Source:
             # one contiguous run of indices, generated from one or two blocks.
             self.shuffle = False
             self._dtype = dtype
+            self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         elif cfg.data == "file":
             self._x, self._y, xt, yt = _read_npz(cfg.data_file, dtype)
             self.n_train, self.features = self._x.shape
@@ -160,8 +161,23 @@ class Source:
 
     def get(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self._teacher is not None:
-            return self._teacher.samples(indices, self._dtype)
+            return self._teacher_rows(indices)
         return self._x[indices], self._y[indices]
+
+    def _teacher_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Teacher samples through a two-block cache: in order, consecutive steps of a worker read one block."""
+        blocks = indices // TEACHER_BLOCK
+        if len(indices) == 0 or blocks.min() != blocks.max() or len(indices) > TEACHER_BLOCK:
+            return self._teacher.samples(indices, self._dtype)
+        block = int(blocks[0])
+        if block not in self._blocks:
+            start = block * TEACHER_BLOCK
+            self._blocks[block] = self._teacher.samples(np.arange(start, start + TEACHER_BLOCK), self._dtype)
+            while len(self._blocks) > 2:
+                self._blocks.pop(next(iter(self._blocks)))
+        x, y = self._blocks[block]
+        rows = indices - block * TEACHER_BLOCK
+        return x[rows], y[rows]
 
 
 def _read_npz(path: str | None, dtype: Any) -> tuple[np.ndarray, ...]:
