@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import mpicomm
+from mpicomm import trace
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.xp import array_module
 from apps.sgd.data import divide
@@ -124,6 +125,7 @@ class Reducer:
         self._pending: list[tuple[Bucket, Any, float]] = []
         self._launched = 0
         self._scale = 1.0
+        self._since = 0.0
         self.timings: list[tuple[int, float, float]] = []  # (bucket, launched, completed) of the last step
 
     @property
@@ -138,8 +140,20 @@ class Reducer:
         self._pending.clear()
         self.timings = []
 
+    def backward_starts(self) -> None:
+        """Mark the start of the synchronizing backward (the first layer's trace event begins here)."""
+        self._since = time.perf_counter()
+
     def hook(self, layer: int) -> None:
-        """The model's backward hook: drive progress, then launch the buckets this layer completes."""
+        """The model's backward hook: drive progress, then launch the buckets this layer completes.
+
+        Under ``MPICOMM_TRACE`` each layer's backward becomes an event next to the
+        bucket collectives, so the overlap is visible in Perfetto.
+        """
+        if trace.ON:
+            now = time.perf_counter()
+            trace.record(f"backward layer {layer}", "backward", self._since, now, layer=layer)
+            self._since = now
         if self._pending:
             mpicomm.progress()
         if self.overlap:
@@ -280,6 +294,8 @@ class DDP:
             loss, dlogits = softmax_cross_entropy(logits, y[a:b], denominator)
             result.loss_sum += loss * (b - a)
             result.correct += correct(logits, y[a:b])
+            if last:
+                reducer.backward_starts()
             model.backward(dlogits, hook=reducer.hook if last else None)
         t1 = time.perf_counter()
         result.exposed = reducer.finish()

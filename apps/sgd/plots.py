@@ -56,14 +56,17 @@ def timeline(per_rank: Sequence[Sequence[tuple[str, str, float, float]] | None],
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.9 * max(1, len(per_rank))))
     for rank, events in enumerate(per_rank):
         for kind, label, start, end in events or ():
-            y = rank + (0.0 if kind == "backward" else 0.4)
-            ax.broken_barh([(start * 1e3, max(end - start, 1e-6) * 1e3)], (y - 0.15, 0.3),
+            # Buckets overlap in time: each on its own thin row above the rank's backward row.
+            lane = int(label.split()[-1]) % 3 if kind == "bucket" else 0
+            y = rank + (0.0 if kind == "backward" else 0.3 + 0.17 * lane)
+            height = 0.3 if kind == "backward" else 0.15
+            ax.broken_barh([(start * 1e3, max(end - start, 1e-6) * 1e3)], (y - height / 2, height),
                            facecolors=_COLORS.get(kind, "grey"), edgecolors="black", linewidth=0.3)
             if end - start > 0:
                 ax.text((start + end) / 2 * 1e3, y, label.split()[-1], ha="center", va="center", fontsize=6)
     ax.set_yticks([r + 0.2 for r in range(len(per_rank))])
     ax.set_yticklabels([f"rank {r}" for r in range(len(per_rank))])
-    ax.set_xlabel("ms since the step started")
+    ax.set_xlabel("ms since this rank's step started")
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=_COLORS["backward"], label="layer backward (number = layer)"),

@@ -165,3 +165,17 @@ def test_bench_runs_every_part_small(tmp_path):
         assert f"| {mode} |" in text
     again = _run(2, args, timeout=60)
     assert again.returncode == 2 and "exists: pass --force" in again.stderr
+
+
+def test_the_trace_shows_layers_backward_next_to_the_bucket_allreduces(tmp_path):
+    path = tmp_path / "trace.json"
+    out = mpirun.run(2, SGD + ["train", "--steps", "3", "--quiet", "--per-parameter"], timeout=60,
+                     env={"MPICOMM_TRACE": str(path), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    events = json.loads(path.read_text())["traceEvents"]
+    names = [e["name"] for e in events if e.get("ph") == "X"]
+    for rank_pid in {e["pid"] for e in events if e.get("ph") == "X"}:
+        mine = [e["name"] for e in events if e.get("ph") == "X" and e["pid"] == rank_pid]
+        assert sum(n.startswith("backward layer") for n in mine) == 3 * 3  # 3 layers (Linear, ReLU, Linear) × 3 steps
+        assert sum(n.startswith("allreduce") for n in mine) == 3 * 4  # a bucket per W and b, 3 steps
+    assert len(names) > 0
