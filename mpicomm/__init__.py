@@ -12,13 +12,14 @@ Main names:
   pull (``expose`` → :class:`Window`, ``rendezvous`` → :class:`Rendezvous`) and
   barrier algorithms;
 * :class:`Request` - pending operations (``Wait``/``Test``/``Waitall``), and
-  :func:`progress` to advance them without blocking;
+  :func:`progress` to advance them without blocking; :class:`Prequest` -
+  persistent collectives (``comm.Allreduce_init(...)``: plan once, ``Start`` many times);
 * collectives - ``Comm.Allreduce`` & co. with mpi4py's signatures plus
   ``algorithm=``, and array-first functions (:func:`allreduce`, :func:`bcast`,
   :func:`allgather`...) that return new arrays; :mod:`mpicomm.ops` for ops;
 * :func:`algorithms` - registered algorithm names per collective, and
   :func:`predict` - the cost model's time for one of them
-  (:func:`mpicomm.model.predict`; ``comm.machine`` is a communicator's fit);
+  (:func:`mpicomm.registry.predict`; ``comm.machine`` is a communicator's fit);
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI.
 """
 
@@ -32,12 +33,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "Comm": ("mpicomm.comm", "Comm"),
     "Request": ("mpicomm.requests", "Request"),
+    "Prequest": ("mpicomm.coll.persistent", "Prequest"),
     "progress": ("mpicomm.requests", "progress"),
     "Window": ("mpicomm.rma", "Window"),
     "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
     "RemoteError": ("mpicomm.p2p", "RemoteError"),
     "algorithms": ("mpicomm.registry", "algorithms"),
-    "predict": ("mpicomm.model", "predict"),
+    "predict": ("mpicomm.registry", "predict"),
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),

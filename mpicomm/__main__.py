@@ -53,7 +53,7 @@ def info() -> int:
 
 def algorithms(markdown: bool = False) -> int:
     from mpicomm import registry
-    from mpicomm.coll.dispatch import COLLECTIVES
+    from mpicomm.catalogue import COLLECTIVES
 
     table = registry.table()
     rows = []

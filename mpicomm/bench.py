@@ -409,11 +409,11 @@ def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray
 
 def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any) -> float | None:
     """The model's time for one call in µs, or None where it has no prediction."""
-    from . import model
+    from . import registry
 
     for name in dict.fromkeys((spec.registry, spec.name)):
         try:
-            seconds = model.predict(name, algorithm, nbytes, p, machine=machine)
+            seconds = registry.predict(name, algorithm, nbytes, p, machine=machine)
         except (LookupError, ValueError, NotImplementedError):  # no cost function for this pair
             continue
         if seconds is not None and math.isfinite(seconds):

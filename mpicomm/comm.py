@@ -28,112 +28,17 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config, launcher, p2p, registry
+from . import p2p, registry, specs
 from . import device as _device
 from .buffers import array_module
-from .requests import Request, barrier, run
+from .coll import arguments, dispatch, persistent
+from .requests import Request, run
+from .state import job_local_rank, state_of
 
 __all__ = ["Comm"]
 
 
-class _State:
-    """What mpicomm keeps per MPI communicator (built collectively, once)."""
-
-    def __init__(self, comm: MPI.Intracomm):
-        config.check()  # a bad MPICOMM_* value fails here, before any collective
-        comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
-        barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
-        rank = comm.Get_rank()
-        self.rank, self.size = rank, comm.Get_size()
-        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
-        self.local_rank = self.node_comm.Get_rank()
-        self.local_size = self.node_comm.Get_size()
-        first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
-        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
-        self.leader_comm: MPI.Intracomm | None = None if leaders == MPI.COMM_NULL else leaders
-        where = np.zeros(3, np.int64)
-        if self.leader_comm is not None:
-            most = self.leader_comm.allreduce(self.local_size, op=MPI.MAX)
-            where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size(), most
-        self.node_comm.Bcast(where, root=0)
-        self.node, self.nodes, self.ppn = int(where[0]), int(where[1]), int(where[2])
-        self.host = MPI.Get_processor_name()
-        self.library_comm = p2p.private_dup(comm)
-        self.channel = p2p.Channel(comm)
-        self.tag_ub = self.channel.tag_ub
-        self.tag_modulus = min(self.tag_ub + 1, 1 << 20)
-        self.collectives = 0  # sequence number of the next library collective
-        self.defaults: dict[str, str] = {}
-        self.machine = _machine(self.library_comm, self.host, self.nodes, self.local_size)
-        self.choices: dict[tuple, Any] = {}  # the dispatcher's algorithm choices for facts seen before
-
-    def free(self) -> None:
-        for c in (self.node_comm, self.leader_comm, self.library_comm):
-            if c is not None and c != MPI.COMM_NULL:
-                c.Free()
-        self.channel.free()
-
-
-def _machine(comm: MPI.Intracomm, host: str, nodes: int, local_size: int) -> Any:
-    """The fitted cost model for this communicator (:func:`mpicomm.model.for_comm`; collective), or None."""
-    from . import model
-
-    return model.for_comm(comm, host, nodes, local_size)
-
-
-def _local_order(comm: MPI.Intracomm) -> int:
-    """The key that orders ranks within a node: the launcher's local rank where it describes *comm*.
-
-    Launchers number local ranks their own way (Open MPI maps by package, for
-    instance), and programs bind GPUs from that number before MPI starts; using
-    it here makes ``local_rank`` agree with it. For a sub-communicator, or when
-    the environment does not describe this job, ranks keep their order.
-    """
-    job_local = _job_local_rank()
-    if job_local is not None and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
-        return job_local
-    return comm.Get_rank()
-
-
-def _job_local_rank() -> int | None:
-    """The launcher's local rank of this process, if its environment describes this MPI job."""
-    try:
-        env = launcher.from_environment()
-    except ValueError:  # a malformed variable: not ours to fail on (possibly inside a collective)
-        return None
-    world = MPI.COMM_WORLD
-    if env.local_rank is None or env.size != world.Get_size() or env.rank != world.Get_rank():
-        return None
-    return env.local_rank
-
-
-def _delete_state(comm: MPI.Comm, keyval: int, state: _State) -> None:
-    # MPI calls this when the communicator is freed (Comm.Free); at MPI_Finalize,
-    # MPICH does not call it for COMM_WORLD, and the library frees everything itself.
-    if not MPI.Is_finalized():
-        state.free()
-
-
-_keyval: list[int] = []
-
-
-def _state_of(comm: MPI.Intracomm) -> _State:
-    if not _keyval:
-        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_delete_state))
-    state = comm.Get_attr(_keyval[0])
-    if state is None:
-        state = _State(comm)
-        comm.Set_attr(_keyval[0], state)
-    return state
-
-
-_COLL: list = []  # (arguments.read, dispatch.start), imported at the first collective call
-
-
-def _bind_collectives() -> None:
-    from .coll import arguments, dispatch
-
-    _COLL[:] = [arguments.read, dispatch.start]
+_read, _start = arguments.read, dispatch.start
 
 
 class Comm(MPI.Intracomm):
@@ -154,7 +59,7 @@ class Comm(MPI.Intracomm):
         return super().__new__(cls, base)
 
     def __init__(self, mpi_comm: MPI.Intracomm | None = None):
-        self._state = _state_of(self)
+        self._state = state_of(self)
 
     # ------------------------------------------------------------ topology
 
@@ -233,7 +138,7 @@ class Comm(MPI.Intracomm):
         return _device.bind(self._process_local_rank(), device)
 
     def _process_local_rank(self) -> int:
-        job_local = _job_local_rank()
+        job_local = job_local_rank()
         return self._state.local_rank if job_local is None else job_local  # no launcher information: ours
 
     def collective_tag(self) -> int:
@@ -242,10 +147,7 @@ class Comm(MPI.Intracomm):
         Every rank calls collectives in the same order, so ranks agree on it,
         and concurrent nonblocking collectives never match each other's messages.
         """
-        state = self._state
-        tag = state.collectives % state.tag_modulus
-        state.collectives += 1
-        return tag
+        return self._state.next_tag()[1]
 
     # ------------------------------------------------------------ push: typed point-to-point
 
@@ -351,22 +253,15 @@ class Comm(MPI.Intracomm):
     # library's own collective. The I-forms return an mpicomm.Request.
 
     def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any:
-        if not _COLL:
-            _bind_collectives()
-        read, start = _COLL
-        return start(self, read(collective, self, *args, **kwargs), algorithm, blocking)
+        return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking)
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
-        from .coll import dispatch
-
-        dispatch.start(self, dispatch.Args("barrier"), algorithm, True)
+        _start(self._state, dispatch.Args("barrier"), algorithm, True)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
         """Nonblocking barrier; the request completes once every rank has called it."""
-        from .coll import dispatch
-
-        return dispatch.start(self, dispatch.Args("barrier"), algorithm, False)
+        return _start(self._state, dispatch.Args("barrier"), algorithm, False)
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast *buf* from *root* to every rank."""
@@ -484,8 +379,6 @@ class Comm(MPI.Intracomm):
         """mpi4py's rule: without recvcounts (and not in place), each rank's receive count is gathered."""
         if recvcounts is not None or sendbuf is None or sendbuf is MPI.IN_PLACE:
             return recvcounts
-        from . import specs
-
         try:
             mine = specs.simple(recvbuf, "recvbuf").count
         except Exception:  # the reader reports it, on every rank
@@ -507,6 +400,97 @@ class Comm(MPI.Intracomm):
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Exscan`."""
         return self._collective("exscan", False, algorithm, sendbuf, recvbuf, op=op)
+
+    # ------------------------------------------------------------ persistent collectives (MPI-4, mpi4py's signatures)
+    #
+    # Each returns an mpicomm.Prequest bound to the buffers (see mpicomm.coll.persistent): the
+    # arguments are read and agreed and the algorithm chosen now (collective); Start() runs it.
+
+    def _persistent(self, collective: str, algorithm: str | None, info: Any, *args: Any, **kwargs: Any) -> Any:
+        read = dispatch.Args("barrier") if collective == "barrier" else _read(collective, self, *args, **kwargs)
+        return persistent.create(self._state, read, algorithm)  # (info: no hint is used)
+
+    def Barrier_init(self, info: MPI.Info | None = None, *, algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Barrier`."""
+        return self._persistent("barrier", algorithm, info)
+
+    def Bcast_init(self, buf: Any, root: int = 0, info: MPI.Info | None = None, *,
+                   algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Bcast`: ``req.Start()`` broadcasts what *buf* holds on the root then."""
+        return self._persistent("bcast", algorithm, info, buf, root)
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,
+                    info: MPI.Info | None = None, *, algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce`."""
+        return self._persistent("reduce", algorithm, info, sendbuf, recvbuf, op=op, root=root)
+
+    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
+                       algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Allreduce`: plan once, ``Start()``/``Wait()`` many times."""
+        return self._persistent("allreduce", algorithm, info, sendbuf, recvbuf, op=op)
+
+    def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: MPI.Info | None = None, *,
+                    algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Gather`."""
+        return self._persistent("gather", algorithm, info, sendbuf, recvbuf, root)
+
+    def Gatherv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: MPI.Info | None = None, *,
+                     algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Gatherv`."""
+        return self._persistent("gatherv", algorithm, info, sendbuf, recvbuf, root)
+
+    def Scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: MPI.Info | None = None, *,
+                     algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Scatter`."""
+        return self._persistent("scatter", algorithm, info, sendbuf, recvbuf, root)
+
+    def Scatterv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: MPI.Info | None = None, *,
+                      algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Scatterv`."""
+        return self._persistent("scatterv", algorithm, info, sendbuf, recvbuf, root)
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                       algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Allgather`."""
+        return self._persistent("allgather", algorithm, info, sendbuf, recvbuf)
+
+    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                        algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Allgatherv`."""
+        return self._persistent("allgatherv", algorithm, info, sendbuf, recvbuf)
+
+    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                      algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Alltoall`."""
+        return self._persistent("alltoall", algorithm, info, sendbuf, recvbuf)
+
+    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                       algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Alltoallv`."""
+        return self._persistent("alltoallv", algorithm, info, sendbuf, recvbuf)
+
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                                  info: MPI.Info | None = None, *,
+                                  algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce_scatter_block`."""
+        return self._persistent("reduce_scatter_block", algorithm, info, sendbuf, recvbuf, op=op)
+
+    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
+                            info: MPI.Info | None = None, *,
+                            algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce_scatter`."""
+        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self._persistent("reduce_scatter", algorithm, info, sendbuf, recvbuf, recvcounts, op=op)
+
+    def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
+                  algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Scan`."""
+        return self._persistent("scan", algorithm, info, sendbuf, recvbuf, op=op)
+
+    def Exscan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
+                    algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Exscan`."""
+        return self._persistent("exscan", algorithm, info, sendbuf, recvbuf, op=op)
 
     # ------------------------------------------------------------ communicator constructors
 

@@ -1,16 +1,19 @@
-"""The α-β-γ cost model: every algorithm's cost as code, fitted to the machine by ``python -m mpicomm.tune``.
+"""The α-β-γ cost model's machine: what messages, reductions and copies cost here, fitted by ``python -m mpicomm.tune``.
 
 A :class:`Machine` holds what one message costs on each path (a :class:`Link`:
 α seconds of latency, β seconds per byte), what reducing and copying a byte
 cost locally (γ, δ), and the fixed Python cost of one mpicomm collective
-call (plus what validation adds). Each algorithm's ``Cost:`` docstring line is
-written here as a function ``fn(machine, n, p) -> seconds``, registered with
-:func:`cost`; :func:`predict` adds the per-call overhead::
+call (plus what validation adds). This module is arithmetic only: each
+algorithm's cost function ``fn(machine, n, p) -> seconds`` is written beside
+the algorithm in :mod:`mpicomm.coll` (its docstring's ``Cost:`` line states
+the same formula) and registered with :func:`mpicomm.registry.cost`;
+:func:`mpicomm.registry.predict` evaluates it and adds the per-call overhead::
 
-    mpicomm.model.predict("allreduce", "ring", 1 << 20, 4)   # seconds
+    mpicomm.predict("allreduce", "ring", 1 << 20, 4)   # seconds
 
-*n* is the message size the selection table compares
-(:func:`mpicomm.coll.dispatch.selection_bytes`): the whole vector for
+*n* is the message size of the collective's size rule in
+:mod:`mpicomm.catalogue` (the one definition the selection table, the
+benchmarks and the trace use too): the whole vector for
 bcast/reduce/allreduce/scan/exscan, the per-rank block for gather/scatter(v),
 everything gathered for allgather(v), each rank's whole send for
 alltoall(v), the whole input for reduce_scatter(_block). The v-forms and
@@ -29,10 +32,9 @@ cache (``intra.beta``, ``inter.beta``, ``gamma``, ``copy``) and for those that
 do not (``intra_mem.beta``, ``inter_mem.beta``, ``gamma_mem``, ``copy_mem``).
 The working set of a call is its message size n (every rank reads n bytes of
 input and writes n of output), except for gather/scatter(v), whose n is one
-rank's block: there it is all p blocks, n·p. A call whose working set is
+rank's block: there it is all p blocks, n·p (:func:`working_set`). A call whose working set is
 ≤ ``cache_bytes`` pays the cache values, a larger one the memory values (a
-step, no blend): :func:`communication` hands each cost function
-``machine.at(working set)``.
+step, no blend): the registry hands each cost function ``machine.at(working set)``.
 
 Fits are saved per host and rank layout as small JSON files in
 :func:`cache_dir`; :func:`for_comm` (collective) loads the one for a
@@ -49,19 +51,18 @@ import logging
 import math
 import os
 import re
-import sys
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from . import config
+from .catalogue import row
 
 __all__ = [
-    "Link", "Machine", "NOMINAL", "FORMAT_VERSION", "cost", "costs", "cost_function", "communication", "predict",
-    "cheapest", "cache_dir", "layout_key", "path_for", "save", "load", "for_comm", "fit_line", "fit_memory_slope",
-    "working_set", "now",
+    "Link", "Machine", "NOMINAL", "FORMAT_VERSION", "CostFunction", "cache_dir", "layout_key", "path_for", "save",
+    "load", "for_comm", "fit_line", "fit_memory_slope", "working_set", "now", "ceil_lg", "pof2", "folded",
+    "segments", "node_layout",
 ]
 
 log = logging.getLogger("mpicomm")
@@ -196,448 +197,45 @@ NOMINAL = Machine(
     overhead=30e-6, validation=30e-6, ppn=64, nodes=1, host="nominal", created="",
 )
 
-# ---------------------------------------------------------------- cost functions
-
+#: A cost function: ``fn(machine, n, p) -> seconds`` (see the module docstring).
 CostFunction = Callable[[Machine, float, int], float]
-_COSTS: dict[tuple[str, str], CostFunction] = {}
-_FAMILY = {"gatherv": "gather", "scatterv": "scatter", "allgatherv": "allgather", "alltoallv": "alltoall",
-           "reduce_scatter_block": "reduce_scatter"}
+
+# ---------------------------------------------------------------- arithmetic the cost functions share
+#
+# The cost functions live beside their algorithms in mpicomm/coll/*.py, registered with
+# mpicomm.registry.cost; mpicomm.registry.predict evaluates them. What they share is here.
 
 
-def cost(collective: str, *names: str) -> Callable[[CostFunction], CostFunction]:
-    """Decorator: register ``fn(machine, n, p) -> seconds`` as the cost of *collective*'s algorithms *names*."""
-    if not names:
-        raise TypeError(f"cost({collective!r}) names no algorithm; give one or more: cost({collective!r}, 'ring')")
-
-    def decorate(fn: CostFunction) -> CostFunction:
-        for name in names:
-            if (collective, name) in _COSTS:
-                raise ValueError(f"cost of {collective}/{name} is registered twice")
-            _COSTS[(collective, name)] = fn
-        return fn
-
-    return decorate
-
-
-def costs() -> dict[tuple[str, str], CostFunction]:
-    """Every registered cost function, by (collective, algorithm) (a copy; v-forms fall back to their family)."""
-    return dict(_COSTS)
-
-
-def cost_function(collective: str, algorithm: str) -> CostFunction | None:
-    """The cost function of *collective*'s *algorithm* (its own, else its family's), or None."""
-    fn = _COSTS.get((collective, algorithm))
-    if fn is None and collective in _FAMILY:
-        fn = _COSTS.get((_FAMILY[collective], algorithm))
-    return fn
-
-
-_BLOCKWISE = ("gather", "gatherv", "scatter", "scatterv")
-
-
-def working_set(collective: str, nbytes: float, p: int) -> float:
-    """Bytes a call touches, compared with :attr:`Machine.cache_bytes`: *nbytes* (the message size of the
-    module docstring), times *p* for gather/scatter(v), whose *nbytes* is one rank's block."""
-    return nbytes * p if collective in _BLOCKWISE else nbytes
-
-
-def communication(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine) -> float:
-    """Seconds the algorithm's formula predicts, without the per-call overhead (0 when p ≤ 1)."""
-    fn = cost_function(collective, algorithm)
-    if fn is None:
-        known = sorted(a for c, a in _COSTS if c in (collective, _FAMILY.get(collective)))
-        raise ValueError(f"no cost function for {collective} algorithm {algorithm!r}; "
-                         f"modelled: {', '.join(known) or 'none'}")
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"p = {p!r} is not a positive number of ranks")
-    if nbytes < 0:
-        raise ValueError(f"nbytes = {nbytes!r} is negative; give the message size in bytes")
-    if p == 1:
-        return 0.0
-    return fn(machine.at(working_set(collective, nbytes, p)), nbytes, p)
-
-
-def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine | None = None) -> float:
-    """Predicted seconds for one call of *collective* with *algorithm*, *nbytes* (see the module docstring), *p* ranks.
-
-    The formula plus ``machine.overhead``, plus ``machine.validation`` when
-    validation is on (``MPICOMM_VALIDATE``, read now). *machine* None: the fit
-    of the ``mpicomm.Comm()`` over ``MPI.COMM_WORLD`` if that exists and a fit
-    is saved for its layout, else :data:`NOMINAL` with its layout; never starts
-    MPI or a collective (before any ``Comm`` exists: :data:`NOMINAL`).
-    """
-    m = machine if machine is not None else _default_machine()
-    seconds = communication(collective, algorithm, nbytes, p, m) + m.overhead
-    if config.validate():
-        seconds += m.validation
-    return seconds
-
-
-def _default_machine() -> Machine:
-    """The world communicator's fit, else NOMINAL in its layout (see :func:`predict`)."""
-    if "mpi4py.MPI" not in sys.modules or "mpicomm.comm" not in sys.modules:
-        return NOMINAL
-    from mpi4py import MPI
-
-    from . import comm as comm_module
-
-    if not MPI.Is_initialized() or MPI.Is_finalized() or not comm_module._keyval:
-        return NOMINAL
-    state = MPI.COMM_WORLD.Get_attr(comm_module._keyval[0])
-    if state is None:
-        return NOMINAL
-    ppn = getattr(state, "ppn", state.local_size)
-    fitted = getattr(state, "machine", _MISSING)
-    if fitted is _MISSING:  # a Comm that does not load its fit itself: read this rank's view of the file
-        fitted = load(state.host, layout_key(MPI.COMM_WORLD.Get_size(), state.nodes, ppn), quiet=True)
-    if fitted is not None:
-        return fitted
-    return replace(NOMINAL, ppn=ppn, nodes=state.nodes, host=state.host)
-
-
-_MISSING = object()
-
-
-def _ceil_lg(p: int) -> int:
+def ceil_lg(p: int) -> int:
     """⌈lg p⌉: rounds of a tree or dissemination over p ranks."""
     return (p - 1).bit_length()
 
 
-def _pof2(p: int) -> int:
+def pof2(p: int) -> int:
     """p': the largest power of two ≤ p (the ranks left after a fold)."""
     return 1 << (p.bit_length() - 1)
 
 
-def _folded(p: int) -> bool:
+def folded(p: int) -> bool:
+    """Whether p is not a power of two (recursive algorithms fold it to p')."""
     return p & (p - 1) != 0
 
 
-def _segments(nbytes: float, segment: int) -> int:
+def segments(nbytes: float, segment: int) -> int:
     """Messages needed for *nbytes* in pieces of at most *segment* bytes (at least one)."""
     return max(1, math.ceil(nbytes / segment))
 
 
-# barrier ---------------------------------------------------------------------
-
-
-@cost("barrier", "dissemination", "native")
-def _barrier(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α"""
-    return _ceil_lg(p) * m.link(p).alpha
-
-
-# bcast -----------------------------------------------------------------------
-
-
-@cost("bcast", "linear")
-def _bcast_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + (p−1)n·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + (p - 1) * n * b
-
-
-@cost("bcast", "binomial")
-def _bcast_binomial(m: Machine, n: float, p: int) -> float:
-    """lg p·α + n·lg p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return _ceil_lg(p) * (a + n * b)
-
-
-@cost("bcast", "scatter_allgather")
-def _bcast_scatter_allgather(m: Machine, n: float, p: int) -> float:
-    """(lg p + p − 1)α + 2n(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (_ceil_lg(p) + p - 1) * a + 2 * n * (p - 1) / p * b
-
-
-@cost("bcast", "pipeline")
-def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
-    """(p − 2 + S)·(α + n/S·β), S = ⌈n / SEGMENT_BYTES⌉"""
-    from .coll.bcast import SEGMENT_BYTES
-
-    a, b = m.link(p).alpha, m.link(p).beta
-    s = _segments(n, SEGMENT_BYTES)
-    return (p - 2 + s) * (a + n / s * b)
-
-
-@cost("bcast", "shm")
-def _bcast_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy
-
-
-# reduce ----------------------------------------------------------------------
-
-
-@cost("reduce", "linear")
-@cost("scan", "linear")
-@cost("exscan", "linear")
-def _reduce_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + (p−1)nβ + (p−1)nγ"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * (a + n * b + n * m.gamma)
-
-
-@cost("reduce", "binomial")
-@cost("scan", "recursive_doubling")
-def _reduce_binomial(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root; scan: the same rounds)"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return _ceil_lg(p) * (a + n * b + n * m.gamma)
-
-
-@cost("reduce", "rabenseifner")
-def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
-    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + α + nβ + nγ to fold, + α + nβ for the folded root 0"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = _pof2(p)
-    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
-    if _folded(p):
-        t += (a + n * b + n * m.gamma) + (a + n * b)
-    return t
-
-
-@cost("reduce", "shm")
-def _reduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
-
-
-# allreduce -------------------------------------------------------------------
-
-
-@cost("allreduce", "recursive_doubling")
-def _allreduce_recursive_doubling(m: Machine, n: float, p: int) -> float:
-    """lg p'·α + n·lg p'·β + n·lg p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    t = math.log2(_pof2(p)) * (a + n * b + n * m.gamma)
-    if _folded(p):
-        t += 2 * a + 2 * n * b + n * m.gamma
-    return t
-
-
-@cost("allreduce", "naive")
-def _allreduce_naive(m: Machine, n: float, p: int) -> float:
-    """2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return 2 * (p - 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * m.gamma
-
-
-@cost("allreduce", "tree")
-def _allreduce_tree(m: Machine, n: float, p: int) -> float:
-    """2lg p·α + 2n·lg p·β + n·lg p·γ"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    lg = _ceil_lg(p)
-    return 2 * lg * a + 2 * n * lg * b + n * lg * m.gamma
-
-
-@cost("allreduce", "ring")
-def _allreduce_ring(m: Machine, n: float, p: int) -> float:
-    """2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ, + one α per extra segment: each of the 2(p−1) steps sends
-    ⌈(n/p) / SEGMENT_BYTES⌉ messages"""
-    from .coll.allreduce import SEGMENT_BYTES
-
-    a, b = m.link(p).alpha, m.link(p).beta
-    messages = _segments(n / p, SEGMENT_BYTES)
-    return 2 * (p - 1) * messages * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
-
-
-@cost("allreduce", "rabenseifner")
-def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
-    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = _pof2(p)
-    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
-    if _folded(p):
-        t += 2 * a + 2 * n * b + n * m.gamma
-    return t
-
-
-@cost("allreduce", "shm")
-def _allreduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
-
-
-# gather / scatter (n: the per-rank block; the docstrings' n is all p blocks, N = n·p) -------------------
-
-
-@cost("gather", "linear")
-@cost("scatter", "linear")
-def _rooted_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + N(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    total = n * p
-    return (p - 1) * a + total * (p - 1) / p * b
-
-
-@cost("gather", "binomial")
-@cost("scatter", "binomial")
-def _rooted_binomial(m: Machine, n: float, p: int) -> float:
-    """lg p·α + N(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    total = n * p
-    return _ceil_lg(p) * a + total * (p - 1) / p * b
-
-
-@cost("gatherv", "binomial")
-@cost("scatterv", "binomial")
-def _rooted_binomial_v(m: Machine, n: float, p: int) -> float:
-    """lg p·α + N(p−1)/p·β, + lg p·α for the size headers"""
-    return _rooted_binomial(m, n, p) + _ceil_lg(p) * m.link(p).alpha
-
-
-# allgather -------------------------------------------------------------------
-
-
-@cost("allgather", "linear", "ring")
-def _allgather_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + n(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + n * (p - 1) / p * b
-
-
-@cost("allgather", "recursive_doubling")
-def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
-    """lg p'·α + n(p'−1)/p'·β; p ≠ p': + 2α + n·β for the fold"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = _pof2(p)
-    t = math.log2(q) * a + n * (q - 1) / q * b
-    if _folded(p):
-        t += 2 * a + n * b
-    return t
-
-
-@cost("allgather", "bruck")
-def _allgather_bruck(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α + n(p−1)/p·β, plus two local copies of n (2n·δ)"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return _ceil_lg(p) * a + n * (p - 1) / p * b + 2 * n * m.copy
-
-
-@cost("allgather", "shm")
-def _allgather_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n(p+1)/p·δ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + n * (p + 1) / p * m.copy
-
-
-# alltoall (n: each rank's whole send) --------------------------------------------------------------
-
-
-@cost("alltoall", "linear", "pairwise")
-def _alltoall_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + n(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + n * (p - 1) / p * b
-
-
-@cost("alltoall", "bruck")
-def _alltoall_bruck(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    lg = _ceil_lg(p)
-    return lg * a + n / 2 * lg * b
-
-
-@cost("alltoallv", "bruck")
-def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β, + α and (p/2)·8 header bytes per round"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    lg = _ceil_lg(p)
-    return _alltoall_bruck(m, n, p) + a + lg * (p / 2) * 8 * b
-
-
-# reduce_scatter (n: the whole input) ---------------------------------------------------------------
-
-
-@cost("reduce_scatter", "ring", "pairwise")
-def _reduce_scatter_ring(m: Machine, n: float, p: int) -> float:
-    """(p−1)·α + n(p−1)/p·β + n(p−1)/p·γ"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
-
-
-@cost("reduce_scatter", "recursive_halving")
-def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
-    """lg p'·α + n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + n·β + n·γ for the fold"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = _pof2(p)
-    t = math.log2(q) * a + n * (q - 1) / q * (b + m.gamma)
-    if _folded(p):
-        t += 2 * a + n * b + n * m.gamma
-    return t
-
-
-@cost("reduce_scatter", "shm")
-def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + n * m.copy + n * (p - 1) / p * m.gamma
-
-
-# scan / exscan ---------------------------------------------------------------
-
-
-@cost("exscan", "recursive_doubling")
-def _exscan_recursive_doubling(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉(α + nβ + 2nγ)"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return _ceil_lg(p) * (a + n * b + 2 * n * m.gamma)
-
-
-# hierarchical: compositions of the flat algorithms on the node's ranks and on the node leaders ---------
-
-
-def _levels(m: Machine, p: int) -> tuple[int, int]:
+def node_layout(m: Machine, p: int) -> tuple[int, int]:
     """(ranks per node, nodes) of *p* ranks laid out as the machine's: ppn = min(p, m.ppn), nodes = ⌈p / ppn⌉."""
     ppn = max(1, min(p, m.ppn))
     return ppn, -(-p // ppn)
 
 
-def cheapest(m: Machine, collective: str, n: float, q: int, link: Link, spans_nodes: bool) -> float:
-    """T(collective, n, q, link): the least cost of a registered non-hierarchical algorithm over *q* ranks.
-
-    Every level pays *link*; *spans_nodes* excludes single-node (shared
-    memory) algorithms. q = 1 costs 0.
-    """
-    if q <= 1:
-        return 0.0
-    from . import registry
-
-    level = replace(m, intra=link, inter=link)
-    facts = {"p": q, "nodes": q if spans_nodes else 1, "commutative": True}
-    best = math.inf
-    registry._load()
-    for name, algorithm in registry._TABLE.get(collective, {}).items():
-        fn = cost_function(collective, name)
-        if name == "hierarchical" or fn is None or registry.allowed(algorithm, facts) is not None:
-            continue
-        best = min(best, fn(level, n, q))
-    if best == math.inf:
-        raise ValueError(f"no modelled {collective} algorithm runs on {q} ranks for a hierarchical composition")
-    return best
-
-
-@cost("allreduce", "hierarchical")
-def _allreduce_hierarchical(m: Machine, n: float, p: int) -> float:
-    """T(reduce, n, ppn, intra) + T(allreduce, n, nodes, inter) + T(bcast, n, ppn, intra)"""
-    ppn, nodes = _levels(m, p)
-    return (cheapest(m, "reduce", n, ppn, m.intra, False) + cheapest(m, "allreduce", n, nodes, m.inter, True)
-            + cheapest(m, "bcast", n, ppn, m.intra, False))
-
-
-@cost("bcast", "hierarchical")
-def _bcast_hierarchical(m: Machine, n: float, p: int) -> float:
-    """2·T(bcast, n, ppn, intra) + T(bcast, n, nodes, inter)"""
-    ppn, nodes = _levels(m, p)
-    return 2 * cheapest(m, "bcast", n, ppn, m.intra, False) + cheapest(m, "bcast", n, nodes, m.inter, True)
-
-
-@cost("allgather", "hierarchical")
-def _allgather_hierarchical(m: Machine, n: float, p: int) -> float:
-    """T(gather, n/p, ppn, intra) + T(allgatherv, n, nodes, inter) + T(bcast, n, ppn, intra) + n·δ"""
-    ppn, nodes = _levels(m, p)
-    return (cheapest(m, "gather", n / p, ppn, m.intra, False) + cheapest(m, "allgatherv", n, nodes, m.inter, True)
-            + cheapest(m, "bcast", n, ppn, m.intra, False) + n * m.copy)
+def working_set(collective: str, nbytes: float, p: int) -> float:
+    """Bytes a call touches, compared with :attr:`Machine.cache_bytes`: *nbytes* (n of the catalogue's size
+    rule), times *p* for gather/scatter(v), whose n is one rank's block."""
+    return nbytes * p if row(collective).blockwise else nbytes
 
 
 # ---------------------------------------------------------------- fitting

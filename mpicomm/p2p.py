@@ -86,6 +86,7 @@ class Channel:
         self.tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # MPI attaches TAG_UB to COMM_WORLD only
         self.seq_modulus = self.tag_ub + 1  # payload tags: sequence numbers modulo this
         self._next_seq: defaultdict[int, int] = defaultdict(int)
+        self.spare: list[np.ndarray] = []  # receive buffers of finished inline receives, for the next ones
 
     def next_seq(self, dest: int) -> int:
         seq = self._next_seq[dest]
@@ -101,6 +102,37 @@ class Channel:
 def make_header(kind: int, dtype: Any, shape: tuple[int, ...], seq: int, flags: int) -> np.ndarray:
     """The header words of one message (at most MAX_NDIM dimensions: checked by check_send)."""
     return np.array([MAGIC, kind, dtype_code(dtype), seq, len(shape), flags, *shape], np.int64)
+
+
+_HEADERS: dict[tuple, np.ndarray] = {}  # (kind, dtype, shape, flags) → header bytes with sequence number 0
+_SEQ = slice(3 * 8, 4 * 8)  # where the sequence number lies in the header bytes
+
+
+def _header_bytes(kind: int, dtype: np.dtype, shape: tuple[int, ...], flags: int) -> np.ndarray:
+    """The header of a message as bytes, sequence number 0 (cached: a loop sends the same kind of array)."""
+    key = (kind, dtype, shape, flags)
+    found = _HEADERS.get(key)
+    if found is None:
+        if len(_HEADERS) >= 256:
+            _HEADERS.clear()
+        found = _HEADERS[key] = make_header(kind, dtype, shape, 0, flags).view(np.uint8)
+    return found
+
+
+def _inline_message(kind: int, x: Any, seq: int) -> np.ndarray:
+    """Header and payload of a small message in one host buffer."""
+    header = _header_bytes(kind, x.dtype, x.shape, INLINE)
+    at = header.nbytes
+    message = np.empty(at + x.nbytes, np.uint8)
+    message[:at] = header
+    message[_SEQ].view(np.int64)[0] = seq
+    if x.nbytes:
+        if type(x) is np.ndarray:
+            message[at:] = x.reshape(-1).view(np.uint8)  # contiguous (checked by check_send)
+        else:
+            ops = ops_for(array_module(x))
+            ops.to_host(ops.bytes_of(x), message[at:])
+    return message
 
 
 def parse_header(message: np.ndarray, nbytes: int, source: int) -> tuple[int, np.dtype, tuple[int, ...], int, int, int]:
@@ -141,13 +173,7 @@ def _send_steps(channel: Channel, x: Any, dest: int, tag: int, kind: int, note: 
     if note is not None:
         note["msg"] = seq
     if x.nbytes <= INLINE_BYTES:
-        header = make_header(kind, x.dtype, x.shape, seq, INLINE)
-        message = np.empty(header.nbytes + x.nbytes, np.uint8)
-        message[: header.nbytes] = header.view(np.uint8)
-        if x.nbytes:
-            ops = ops_for(array_module(x))
-            ops.to_host(ops.bytes_of(x), message[header.nbytes :])
-        yield [channel.header.Isend(message, dest, tag)]
+        yield [channel.header.Isend(_inline_message(kind, x, seq), dest, tag)]
         return None
     transfer = send_buffer(x)  # first: if staging fails, nothing has been sent
     header = make_header(kind, x.dtype, x.shape, seq, 0)
@@ -207,7 +233,8 @@ def _recv_steps(
         if note is not None:
             note.update(peer=source, bytes=0)
         return Envelope(buf, MPI.PROC_NULL, MPI.ANY_TAG, 0, MPI.BYTE)
-    message = np.empty(RECEIVE_BYTES, np.uint8)
+    spare = channel.spare
+    message = spare.pop() if spare else np.empty(RECEIVE_BYTES, np.uint8)
     (status,) = yield [channel.header.Irecv(message, source, tag)]
     src, utag, received = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
     kind, dtype, shape, seq, flags, at = parse_header(message, received, src)
@@ -224,8 +251,13 @@ def _recv_steps(
             raise RemoteError(f"rank {src} answered with an error: {data.tobytes().decode('utf-8', 'replace')}")
         out = _destination(buf, xp, dtype, shape, what, src, utag)
         if nbytes:
-            ops = ops_for(array_module(out))
-            ops.from_host(data, ops.bytes_of(out))
+            if type(out) is np.ndarray:
+                out.reshape(-1).view(np.uint8)[...] = data
+            else:
+                ops = ops_for(array_module(out))
+                ops.from_host(data, ops.bytes_of(out))
+        if len(spare) < 4:
+            spare.append(message)  # copied out: the next receive may post it
         return Envelope(out, src, utag, count, mpi_datatype(dtype))
 
     try:  # the sender waits for this payload: whatever fails here, drain it before raising

@@ -13,12 +13,12 @@ Choosing an algorithm is data, in this order of precedence:
 3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
 4. ``auto``, with a fitted model of the machine (``facts["machine"]``, a
    :class:`mpicomm.model.Machine`) and a known message size: the allowed
-   algorithm with the least :func:`mpicomm.model.predict` (ties, within a
+   algorithm with the least :func:`predict` (ties, within a
    relative 1e-9: the first name in alphabetical order);
 5. otherwise :data:`SELECTION`, the static table: per collective, rules tried
    in order; the first whose conditions hold (and whose algorithm is allowed)
    wins. Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
-   (the message size, see :func:`mpicomm.coll.dispatch.selection_bytes`),
+   (the message size, see :func:`mpicomm.coll.args.selection_bytes`),
    ``pof2`` (p is a power of two), ``min_p``/``max_p``, and ``min_count``
    (elements ≥ a multiple of p: ``min_count: 1`` means count ≥ p).
 
@@ -42,13 +42,18 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
+import math
+import pkgutil
+import sys
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import config
+from .catalogue import CATALOGUE, family
+from .model import NOMINAL, CostFunction, Link, Machine, working_set
 
 __all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "SELECTION",
-           "table"]
+           "table", "cost", "costs", "cost_function", "communication", "predict", "cheapest"]
 
 log = logging.getLogger("mpicomm")
 
@@ -81,6 +86,11 @@ class Algorithm:
     def cost(self) -> str:
         """The ``Cost:`` line of the docstring (the α-β-γ formula)."""
         return cost_of(self.steps)
+
+    @property
+    def time(self) -> CostFunction | None:
+        """The cost function registered beside the algorithm (:func:`cost`): ``fn(machine, n, p) -> seconds``."""
+        return cost_function(self.collective, self.name)
 
     @property
     def summary(self) -> str:
@@ -204,13 +214,11 @@ def _by_model(collective: str, facts: dict, machine: Any) -> tuple[Algorithm, st
     hit = _choices.get(key)
     if hit is not None and hit[2] is machine:  # the same machine object, not one that took a freed one's id
         return hit[0], hit[1]
-    from . import model
-
     scored = []
     for name in algorithms(collective):
         algorithm = _TABLE[collective][name]
-        if allowed(algorithm, facts) is None and model.cost_function(collective, name) is not None:
-            scored.append((model.communication(collective, name, nbytes, p, machine), name, algorithm))
+        if allowed(algorithm, facts) is None and cost_function(collective, name) is not None:
+            scored.append((communication(collective, name, nbytes, p, machine), name, algorithm))
     if not scored:
         return None
     least = min(row[0] for row in scored)
@@ -320,7 +328,112 @@ _loaded: list[bool] = []
 
 
 def _load() -> None:
-    """Import the modules that register algorithms (once)."""
+    """Import the modules that register algorithms, every module of :mod:`mpicomm.coll` (once)."""
     if not _loaded:
-        importlib.import_module(f"{__package__}.coll")
+        package = importlib.import_module(f"{__package__}.coll")
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
         _loaded.append(True)
+
+
+# ---------------------------------------------------------------- cost functions
+#
+# Each algorithm's cost, fn(machine, n, p) -> seconds, is written beside it in mpicomm/coll/*.py and
+# registered with @cost; n is the catalogue's message size of the collective (mpicomm.catalogue).
+
+_COSTS: dict[tuple[str, str], CostFunction] = {}
+
+
+def cost(collective: str, *names: str) -> Callable[[CostFunction], CostFunction]:
+    """Decorator: register ``fn(machine, n, p) -> seconds`` as the cost of *collective*'s algorithms *names*."""
+    if not names:
+        raise TypeError(f"cost({collective!r}) names no algorithm; give one or more: cost({collective!r}, 'ring')")
+
+    def decorate(fn: CostFunction) -> CostFunction:
+        for name in names:
+            if (collective, name) in _COSTS:
+                raise ValueError(f"cost of {collective}/{name} is registered twice")
+            _COSTS[(collective, name)] = fn
+        _choices.clear()
+        return fn
+
+    return decorate
+
+
+def costs() -> dict[tuple[str, str], CostFunction]:
+    """Every registered cost function, by (collective, algorithm) (a copy; v-forms fall back to their family)."""
+    _load()
+    return dict(_COSTS)
+
+
+def cost_function(collective: str, algorithm: str) -> CostFunction | None:
+    """The cost function of *collective*'s *algorithm* (its own, else its family's), or None."""
+    _load()
+    fn = _COSTS.get((collective, algorithm))
+    if fn is None and collective in CATALOGUE:
+        fn = _COSTS.get((family(collective), algorithm))
+    return fn
+
+
+def communication(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine) -> float:
+    """Seconds the algorithm's formula predicts, without the per-call overhead (0 when p ≤ 1)."""
+    fn = cost_function(collective, algorithm)
+    if fn is None:
+        known = sorted(a for c, a in _COSTS if c in (collective, family(collective) if collective in CATALOGUE
+                                                     else None))
+        raise ValueError(f"no cost function for {collective} algorithm {algorithm!r}; "
+                         f"modelled: {', '.join(known) or 'none'}")
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"p = {p!r} is not a positive number of ranks")
+    if nbytes < 0:
+        raise ValueError(f"nbytes = {nbytes!r} is negative; give the message size in bytes")
+    if p == 1:
+        return 0.0
+    return fn(machine.at(working_set(collective, nbytes, p)), nbytes, p)
+
+
+def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine | None = None) -> float:
+    """Predicted seconds for one call of *collective* with *algorithm*, *nbytes* (n of the catalogue), *p* ranks.
+
+    The formula plus ``machine.overhead``, plus ``machine.validation`` when
+    validation is on (``MPICOMM_VALIDATE``, read now). *machine* None: the fit
+    of ``MPI.COMM_WORLD``'s communicator state if one exists and a fit is saved
+    for its layout, else :data:`~mpicomm.model.NOMINAL` with its layout; never
+    starts MPI or a collective (before any ``Comm`` exists: NOMINAL).
+    """
+    m = machine if machine is not None else _default_machine()
+    seconds = communication(collective, algorithm, nbytes, p, m) + m.overhead
+    if config.validate():
+        seconds += m.validation
+    return seconds
+
+
+def _default_machine() -> Machine:
+    if "mpicomm.state" not in sys.modules:  # no communicator state yet: do not start MPI to find none
+        return NOMINAL
+    from .state import world_machine
+
+    return world_machine()
+
+
+def cheapest(m: Machine, collective: str, n: float, q: int, link: Link, spans_nodes: bool) -> float:
+    """T(collective, n, q, link): the least cost of a registered non-hierarchical algorithm over *q* ranks.
+
+    For the cost of compositions (hierarchical algorithms). Every level pays
+    *link*; *spans_nodes* excludes single-node (shared memory) algorithms.
+    q = 1 costs 0.
+    """
+    if q <= 1:
+        return 0.0
+    level = replace(m, intra=link, inter=link)
+    facts = {"p": q, "nodes": q if spans_nodes else 1, "commutative": True}
+    best = math.inf
+    _load()
+    for name, algorithm in _TABLE.get(collective, {}).items():
+        fn = cost_function(collective, name)
+        if name == "hierarchical" or fn is None or allowed(algorithm, facts) is not None:
+            continue
+        best = min(best, fn(level, n, q))
+    if best == math.inf:
+        raise ValueError(f"no modelled {collective} algorithm runs on {q} ranks for a hierarchical composition")
+    return best

@@ -28,15 +28,14 @@ calls only (``blocking_only``), so two never overlap on a communicator.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from .coll.schedules import block_partition
 from .requests import Step, Steps, barrier
-
-if TYPE_CHECKING:
-    from .comm import Comm
+from .state import State, as_state
 
 __all__ = ["Pool", "Arena", "arena", "place", "target", "slices", "reduce_steps", "SCRATCH", "POOL", "ALIGN"]
 
@@ -74,10 +73,10 @@ class _Window:
         self.win.Free()
 
 
-def _check_single_node(comm: "Comm", what: str) -> None:
-    if comm.nodes != 1:
+def _check_single_node(state: State, what: str) -> None:
+    if state.nodes != 1:
         raise ValueError(
-            f"{what} needs every rank of the communicator on one node, but it spans {comm.nodes} nodes; "
+            f"{what} needs every rank of the communicator on one node, but it spans {state.nodes} nodes; "
             f"use the node's communicator (comm.node_comm) or a message-passing algorithm"
         )
 
@@ -94,15 +93,14 @@ class Pool:
     """
 
     def __init__(self, comm: Any, nbytes: int):
-        from .comm import Comm
-
-        comm = comm if isinstance(comm, Comm) else Comm(comm)
-        _check_single_node(comm, "a shared-memory pool")
+        state = as_state(comm)
+        _check_single_node(state, "a shared-memory pool")
         if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise ValueError(f"nbytes={nbytes!r}: give the bytes to reserve on each rank, a non-negative int")
         self.comm = comm
-        self._arena = arena(comm)
-        self._window: _Window | None = _Window(comm.library_comm, _round(int(nbytes)))
+        self._rank, self._size = state.rank, state.size
+        self._arena = arena(state)
+        self._window: _Window | None = _Window(state.library_comm, _round(int(nbytes)))
         self.id = self._arena.add_pool(self)
         self._used = 0
 
@@ -131,10 +129,10 @@ class Pool:
         if start + nbytes > self.window.nbytes:
             raise MemoryError(
                 f"shared-memory pool: {nbytes} bytes requested, {self.window.nbytes - start} of "
-                f"{self.window.nbytes} left on rank {self.comm.Get_rank()}; create the pool larger or reset() it"
+                f"{self.window.nbytes} left on rank {self._rank}; create the pool larger or reset() it"
             )
         self._used = start + nbytes
-        return self.window.segments[self.comm.Get_rank()][start : start + nbytes].view(dtype).reshape(shape)
+        return self.window.segments[self._rank][start : start + nbytes].view(dtype).reshape(shape)
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
         """Like :meth:`empty`, filled with zeros."""
@@ -170,7 +168,7 @@ class Pool:
 
     def __repr__(self) -> str:
         state = "freed" if self._window is None else f"{self._used}/{self._window.nbytes} bytes used"
-        return f"<mpicomm.shm.Pool #{getattr(self, 'id', '?')} on {self.comm.Get_size()} ranks, {state}>"
+        return f"<mpicomm.shm.Pool #{getattr(self, 'id', '?')} on {self._size} ranks, {state}>"
 
 
 class Arena:
@@ -180,9 +178,8 @@ class Arena:
     :meth:`fence` and :meth:`scratch`; see the module docstring.
     """
 
-    def __init__(self, comm: "Comm"):
-        self.comm = comm
-        self.lib = comm.library_comm
+    def __init__(self, state: State):
+        self.lib = state.library_comm
         self.rank = self.lib.Get_rank()
         self.p = self.lib.Get_size()
         self.control = _Window(self.lib, _SLOT * 8)
@@ -257,13 +254,16 @@ class Arena:
         self.control.free()
 
 
-def arena(comm: "Comm") -> Arena:
-    """The communicator's arena (created collectively on first use, then cached on the communicator)."""
-    state = comm._state
-    found = getattr(state, "arena", None)
+def arena(comm: Any) -> Arena:
+    """The communicator's arena (created collectively on first use, then kept in its State and freed with it).
+
+    *comm*: the communicator's :class:`~mpicomm.state.State`, or the communicator.
+    """
+    state = as_state(comm)
+    found = state.arena
     if found is None:
-        _check_single_node(comm, "shared-memory collectives")
-        found = state.arena = Arena(comm)
+        _check_single_node(state, "shared-memory collectives")
+        found = state.arena = Arena(state)
     return found
 
 
@@ -293,8 +293,6 @@ def slices(count: int, p: int, itemsize: int) -> tuple[list[int], list[int]]:
     Slices are whole multiples of ``ALIGN`` bytes (but the last), so two ranks
     never write the same cache line (no false sharing), and as even as that allows.
     """
-    from .coll.schedules import block_partition
-
     grain = max(1, ALIGN // itemsize) if ALIGN % itemsize == 0 else 1
     units, starts = block_partition(-(-count // grain), p)
     displs = [min(d * grain, count) for d in starts]
@@ -313,7 +311,7 @@ def reduce_steps(call: Any, send: Any, recv: Any, root: int | None) -> Steps:
     4. barrier; 5. a rank whose output is not in a pool copies the p slices from
        the peers' scratch results.
     """
-    a = arena(call.comm)
+    a = arena(call.state)
     rank, p, dtype = call.rank, call.p, call.dtype
     n = send.size
     nbytes = n * dtype.itemsize

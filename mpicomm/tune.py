@@ -189,7 +189,7 @@ def _pingpong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], iters: int
 
     plain = MPI.Intracomm(comm)
     rank = plain.Get_rank()
-    call = Call(comm, "tune", np, np.dtype(np.uint8))  # every rank: the collective tag sequence stays aligned
+    call = Call(comm._state, "tune", np, np.dtype(np.uint8))  # every rank: the collective tag sequence stays aligned
     first, second = pair
     times: list[float] = []
     if rank in pair:

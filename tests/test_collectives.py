@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import collectives, registry
-from mpicomm.coll.dispatch import COLLECTIVES
+from mpicomm.catalogue import COLLECTIVES
 from tests.conftest import host
 
 from tests.coll import reference

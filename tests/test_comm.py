@@ -157,9 +157,9 @@ def test_machine_is_the_saved_fit_on_every_rank(comm, monkeypatch):
 
 
 def test_predict_is_exported():
-    from mpicomm import model
+    from mpicomm import registry
 
-    assert mpicomm.predict is model.predict
+    assert mpicomm.predict is registry.predict
 
 
 def test_bad_constructor_arguments():

@@ -42,11 +42,11 @@ def cache(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("collective,algorithm", all_algorithms(), ids=lambda v: v)
 def test_every_algorithm_has_a_cost_function_and_a_cost_line(collective, algorithm):
-    assert model.cost_function(collective, algorithm) is not None, f"no cost function for {collective}/{algorithm}"
+    assert registry.cost_function(collective, algorithm) is not None, f"no cost function for {collective}/{algorithm}"
     assert registry.lookup(collective, algorithm).cost, f"{collective}/{algorithm} has no Cost: line"
     for p in (1, 2, 3, 4, 8):
         for n in (0, 8, 65536, 1 << 22):
-            seconds = model.communication(collective, algorithm, n, p, M)
+            seconds = registry.communication(collective, algorithm, n, p, M)
             assert seconds >= 0 and math.isfinite(seconds)
             if p == 1:
                 assert seconds == 0
@@ -57,7 +57,7 @@ def test_cost_grows_with_the_message(collective, algorithm):
     if collective == "barrier":
         pytest.skip("a barrier moves no data")
     for p in (2, 3, 4, 8):
-        small, large = (model.communication(collective, algorithm, n, p, M) for n in (1024, 1 << 20))
+        small, large = (registry.communication(collective, algorithm, n, p, M) for n in (1024, 1 << 20))
         assert large > small
 
 
@@ -102,14 +102,14 @@ HAND = [
 
 @pytest.mark.parametrize("collective,algorithm,nbytes,p,seconds", HAND, ids=lambda v: str(v))
 def test_prediction_matches_the_hand_computed_value(no_validation, collective, algorithm, nbytes, p, seconds):
-    assert model.predict(collective, algorithm, nbytes, p, machine=M) == pytest.approx(seconds, rel=1e-9)
+    assert registry.predict(collective, algorithm, nbytes, p, machine=M) == pytest.approx(seconds, rel=1e-9)
 
 
 def test_validation_adds_its_cost(monkeypatch):
     monkeypatch.setenv("MPICOMM_VALIDATE", "1")
-    on = model.predict("bcast", "binomial", 4096, 5, machine=M)
+    on = registry.predict("bcast", "binomial", 4096, 5, machine=M)
     monkeypatch.setenv("MPICOMM_VALIDATE", "0")
-    off = model.predict("bcast", "binomial", 4096, 5, machine=M)
+    off = registry.predict("bcast", "binomial", 4096, 5, machine=M)
     assert on - off == pytest.approx(7e-6, rel=1e-9)
 
 
@@ -124,7 +124,7 @@ def brute_force_cheapest(collective, n, q, link, spans_nodes):
     best = math.inf
     for name, algorithm in registry.table()[collective].items():
         if name != "hierarchical" and registry.allowed(algorithm, facts) is None:
-            best = min(best, model.communication(collective, name, n, q, level))
+            best = min(best, registry.communication(collective, name, n, q, level))
     return best
 
 
@@ -147,35 +147,35 @@ def test_hierarchical_compositions_use_the_cheapest_algorithm_of_each_level(no_v
     for collective, seconds in expected.items():
         if "hierarchical" not in registry.table()[collective]:
             continue
-        assert model.predict(collective, "hierarchical", n, p, machine=M) == pytest.approx(seconds + 3e-6, rel=1e-12)
+        assert registry.predict(collective, "hierarchical", n, p, machine=M) == pytest.approx(seconds + 3e-6, rel=1e-12)
 
 
 def test_a_level_that_spans_nodes_skips_single_node_algorithms():
     n, q = 1 << 16, 4
-    flat = {name: model.communication("allreduce", name, n, q, replace(M, intra=M.inter))
+    flat = {name: registry.communication("allreduce", name, n, q, replace(M, intra=M.inter))
             for name, a in registry.table()["allreduce"].items() if name != "hierarchical"}
     spanning = [v for name, v in flat.items() if not registry.lookup("allreduce", name).single_node]
-    assert model.cheapest(M, "allreduce", n, q, M.inter, True) == min(spanning)
-    assert model.cheapest(M, "allreduce", n, q, M.inter, False) == min(flat.values())
-    assert model.cheapest(M, "allreduce", n, 1, M.inter, True) == 0
+    assert registry.cheapest(M, "allreduce", n, q, M.inter, True) == min(spanning)
+    assert registry.cheapest(M, "allreduce", n, q, M.inter, False) == min(flat.values())
+    assert registry.cheapest(M, "allreduce", n, 1, M.inter, True) == 0
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="no cost function for allreduce algorithm 'tornado'; modelled: .*ring"):
-        model.predict("allreduce", "tornado", 8, 2, machine=M)
+        registry.predict("allreduce", "tornado", 8, 2, machine=M)
     with pytest.raises(ValueError, match="p = 0"):
-        model.predict("allreduce", "ring", 8, 0, machine=M)
+        registry.predict("allreduce", "ring", 8, 0, machine=M)
     with pytest.raises(ValueError, match="nbytes = -1"):
-        model.predict("allreduce", "ring", -1, 2, machine=M)
+        registry.predict("allreduce", "ring", -1, 2, machine=M)
     with pytest.raises(ValueError, match="twice"):
-        model.cost("allreduce", "ring")(lambda m, n, p: 0.0)
+        registry.cost("allreduce", "ring")(lambda m, n, p: 0.0)
 
 
 def test_predict_without_a_machine_uses_the_world_communicators_fit_or_nominal(comm, no_validation):
     expected = comm.machine if getattr(comm, "machine", None) is not None else replace(
         model.NOMINAL, ppn=getattr(comm, "ppn", comm.local_size), nodes=comm.nodes, host=comm.host)
     for p in (2, 5):
-        assert model.predict("allreduce", "ring", 1 << 20, p) == model.predict("allreduce", "ring", 1 << 20, p,
+        assert registry.predict("allreduce", "ring", 1 << 20, p) == registry.predict("allreduce", "ring", 1 << 20, p,
                                                                                machine=expected)
 
 
@@ -349,7 +349,7 @@ MR = replace(M, cache_bytes=1 << 20, intra_mem=model.Link(2e-6, 3e-9), inter_mem
     ("gather", "linear", 512 << 10, 4, 6e-6 + (2 << 20) * 0.75 * 3e-9),  # n·p = 2 MiB: memory
 ])
 def test_the_regime_switches_at_cache_bytes(collective, algorithm, nbytes, p, seconds):
-    assert model.communication(collective, algorithm, nbytes, p, MR) == pytest.approx(seconds, rel=1e-12)
+    assert registry.communication(collective, algorithm, nbytes, p, MR) == pytest.approx(seconds, rel=1e-12)
 
 
 def test_at_gives_the_memory_values_above_the_threshold():
@@ -363,7 +363,7 @@ def test_at_gives_the_memory_values_above_the_threshold():
 def test_a_machine_without_memory_values_has_one_regime():
     assert (M.intra_mem, M.inter_mem, M.gamma_mem, M.copy_mem) == (M.intra, M.inter, M.gamma, M.copy)
     for n in (1 << 10, 1 << 30):
-        assert model.communication("allreduce", "shm", n, 4, M) == pytest.approx(
+        assert registry.communication("allreduce", "shm", n, 4, M) == pytest.approx(
             4 * 2e-6 + 2 * n * 0.25e-9 + 0.75 * n * 0.5e-9, rel=1e-12)
 
 

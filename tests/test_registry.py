@@ -127,7 +127,7 @@ MACHINE = model.Machine(intra=model.Link(20e-6, 0.125e-9), inter=model.Link(20e-
 
 def argmin(collective, facts, machine):
     """The allowed algorithm of least prediction, ties by name - worked out here independently of choose()."""
-    seconds = {name: model.predict(collective, name, facts["bytes"], facts["p"], machine)
+    seconds = {name: registry.predict(collective, name, facts["bytes"], facts["p"], machine)
                for name in registry.table()[collective]
                if registry.allowed(registry.lookup(collective, name), facts) is None}
     least = min(seconds.values())

@@ -7,13 +7,7 @@ steps, restrictions and α-β-γ cost in its docstring. :mod:`.call` is what an
 algorithm sees of its call, :mod:`.schedules` the pure communication
 schedules, :mod:`.dispatch` the path from arguments to a running algorithm.
 
-Importing this package imports (and so registers) every module in it.
+The registry imports (and so registers) every module here the first time an
+algorithm is looked up (:func:`mpicomm.registry.table`); importing one module
+of the package, such as :mod:`.schedules`, imports nothing else.
 """
-
-from __future__ import annotations
-
-import importlib
-import pkgutil
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")

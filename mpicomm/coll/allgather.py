@@ -16,9 +16,12 @@ rotated order) - *recv* itself when *displs* are the packed prefix sums of
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Sequence
 
-from ..registry import register
+from ..model import Machine, ceil_lg, folded, node_layout, pof2
+from ..registry import cheapest, cost, register
 from ..requests import Steps
 from .call import Call, block
 from .schedules import bruck_allgather, doubling_partners, fold, ring_allgather
@@ -196,7 +199,7 @@ def shm(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequenc
     """
     from .. import shm as _shm
 
-    a = _shm.arena(call.comm)
+    a = _shm.arena(call.state)
     item = call.dtype.itemsize
     a.publish(_shm.place(a, send, a.scratch(max(counts, default=0) * item), 0))
     yield from a.fence()
@@ -226,7 +229,7 @@ def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs
     from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.comm)
+    lv = levels(call.state)
     order = [r for node in lv.members for r in node]  # ranks in node-major order
     where = _offsets([counts[r] for r in order])
     start = {r: where[i] for i, r in enumerate(order)}
@@ -248,3 +251,41 @@ def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs
     yield from nested(lv.node, "bcast", recv=packed, root=0, count=packed.size)
     for r in range(call.p):
         call.copy(block(recv, counts, displs, r), packed[start[r] : start[r] + counts[r]])
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("allgather", "linear", "ring")
+def _allgather_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b
+
+@cost("allgather", "recursive_doubling")
+def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n(p'−1)/p'·β; p ≠ p': + 2α + n·β for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = pof2(p)
+    t = math.log2(q) * a + n * (q - 1) / q * b
+    if folded(p):
+        t += 2 * a + n * b
+    return t
+
+@cost("allgather", "bruck")
+def _allgather_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + n(p−1)/p·β, plus two local copies of n (2n·δ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return ceil_lg(p) * a + n * (p - 1) / p * b + 2 * n * m.copy
+
+@cost("allgather", "shm")
+def _allgather_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + n(p+1)/p·δ  (α of the intra-node link)"""
+    return 2 * ceil_lg(p) * m.intra.alpha + n * (p + 1) / p * m.copy
+
+@cost("allgather", "hierarchical")
+def _allgather_hierarchical(m: Machine, n: float, p: int) -> float:
+    """T(gather, n/p, ppn, intra) + T(allgatherv, n, nodes, inter) + T(bcast, n, ppn, intra) + n·δ"""
+    ppn, nodes = node_layout(m, p)
+    return (cheapest(m, "gather", n / p, ppn, m.intra, False) + cheapest(m, "allgatherv", n, nodes, m.inter, True)
+            + cheapest(m, "bcast", n, ppn, m.intra, False) + n * m.copy)

@@ -7,9 +7,12 @@ n = bytes of the vector, p = ranks.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Iterator, NamedTuple
 
-from ..registry import register
+from ..model import Machine, ceil_lg, folded, node_layout, pof2, segments
+from ..registry import cheapest, cost, register
 from ..requests import Step, Steps
 from .call import Call
 from .schedules import binomial, block_partition, doubling_partners, fold, ring_allgather, ring_reduce_scatter, unfold
@@ -311,10 +314,67 @@ def hierarchical(call: Call, send: Any, recv: Any) -> Steps:
     from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.comm)
+    lv = levels(call.state)
     leader = lv.leaders is not None
     count = recv.size
     yield from nested(lv.node, "reduce", send=send, recv=recv if leader else None, op=call.op, root=0, count=count)
     if leader:
         yield from nested(lv.leaders, "allreduce", send=recv, recv=recv, op=call.op, count=count)
     yield from nested(lv.node, "bcast", recv=recv, root=0, count=count)
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("allreduce", "recursive_doubling")
+def _allreduce_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n·lg p'·β + n·lg p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    t = math.log2(pof2(p)) * (a + n * b + n * m.gamma)
+    if folded(p):
+        t += 2 * a + 2 * n * b + n * m.gamma
+    return t
+
+@cost("allreduce", "naive")
+def _allreduce_naive(m: Machine, n: float, p: int) -> float:
+    """2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return 2 * (p - 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * m.gamma
+
+@cost("allreduce", "tree")
+def _allreduce_tree(m: Machine, n: float, p: int) -> float:
+    """2lg p·α + 2n·lg p·β + n·lg p·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = ceil_lg(p)
+    return 2 * lg * a + 2 * n * lg * b + n * lg * m.gamma
+
+@cost("allreduce", "ring")
+def _allreduce_ring(m: Machine, n: float, p: int) -> float:
+    """2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ, + one α per extra segment: each of the 2(p−1) steps sends
+    ⌈(n/p) / SEGMENT_BYTES⌉ messages"""
+
+    a, b = m.link(p).alpha, m.link(p).beta
+    messages = segments(n / p, SEGMENT_BYTES)
+    return 2 * (p - 1) * messages * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
+
+@cost("allreduce", "rabenseifner")
+def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
+    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = pof2(p)
+    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    if folded(p):
+        t += 2 * a + 2 * n * b + n * m.gamma
+    return t
+
+@cost("allreduce", "shm")
+def _allreduce_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+
+@cost("allreduce", "hierarchical")
+def _allreduce_hierarchical(m: Machine, n: float, p: int) -> float:
+    """T(reduce, n, ppn, intra) + T(allreduce, n, nodes, inter) + T(bcast, n, ppn, intra)"""
+    ppn, nodes = node_layout(m, p)
+    return (cheapest(m, "reduce", n, ppn, m.intra, False) + cheapest(m, "allreduce", n, nodes, m.inter, True)
+            + cheapest(m, "bcast", n, ppn, m.intra, False))

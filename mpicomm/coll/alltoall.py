@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..registry import register
+from ..model import Machine, ceil_lg
+from ..registry import cost, register
 from ..requests import Steps
 from .call import Call, block
 from .schedules import pairwise as pairwise_schedule
@@ -194,3 +195,27 @@ def _bruck_sized(call: Call, send: Any, sendcounts: Sequence[int], senddispls: S
     if mismatched:
         raise ValueError(f"{call.label} on rank {rank}: " + "; ".join(mismatched) + " - sendcounts and recvcounts "
                          f"must match pairwise")
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("alltoall", "linear", "pairwise")
+def _alltoall_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b
+
+@cost("alltoall", "bruck")
+def _alltoall_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = ceil_lg(p)
+    return lg * a + n / 2 * lg * b
+
+@cost("alltoallv", "bruck")
+def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β, + α and (p/2)·8 header bytes per round"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    lg = ceil_lg(p)
+    return _alltoall_bruck(m, n, p) + a + lg * (p / 2) * 8 * b

@@ -16,28 +16,23 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import specs
+from ..catalogue import row
 from ..ops import BUILTIN, resolve
 from ..validate import check_peer
 from .call import block as block_of
-from .dispatch import Args
+from .args import Args
 
 if TYPE_CHECKING:
     from ..comm import Comm
 
 __all__ = ["read"]
 
-_NATIVE = {
-    "bcast": "Ibcast", "reduce": "Ireduce", "allreduce": "Iallreduce", "gather": "Igather", "gatherv": "Igatherv",
-    "scatter": "Iscatter", "scatterv": "Iscatterv", "allgather": "Iallgather", "allgatherv": "Iallgatherv",
-    "alltoall": "Ialltoall", "alltoallv": "Ialltoallv", "reduce_scatter": "Ireduce_scatter",
-    "reduce_scatter_block": "Ireduce_scatter_block", "scan": "Iscan", "exscan": "Iexscan",
-}
 
 
 def read(collective: str, comm: "Comm", *positional: Any, **keywords: Any) -> Args:
     """Read one call's mpi4py-style arguments; never raises (see the module docstring)."""
     args = Args(collective)
-    method = getattr(MPI.Intracomm, _NATIVE[collective])
+    method = getattr(MPI.Intracomm, row(collective).nonblocking)
     args.native = lambda: method(comm, *positional, **_native_keywords(keywords))
     try:
         _READERS[collective](args, comm, *positional, **keywords)

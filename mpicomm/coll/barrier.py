@@ -6,7 +6,8 @@ one to completion; ``comm.Ibarrier(algorithm=...)`` returns it as a request.
 
 from __future__ import annotations
 
-from ..registry import register
+from ..model import Machine, ceil_lg
+from ..registry import cost, register
 from ..requests import Step, Steps
 from .call import Call
 from .schedules import dissemination as dissemination_schedule
@@ -39,3 +40,12 @@ def native(call: Call) -> Steps:
     Cost: ⌈lg p⌉·α (MPICH's algorithm; the library decides)
     """
     yield Step([call.lib.Ibarrier()])
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("barrier", "dissemination", "native")
+def _barrier(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉·α"""
+    return ceil_lg(p) * m.link(p).alpha

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import register
+from ..model import Machine, ceil_lg, node_layout, segments
+from ..registry import cheapest, cost, register
 from ..requests import Steps
 from .call import Call
 from .schedules import binomial as binomial_tree
@@ -131,7 +132,7 @@ def shm(call: Call, buf: Any) -> Steps:
     """
     from .. import shm as _shm
 
-    a = _shm.arena(call.comm)
+    a = _shm.arena(call.state)
     root = call.root
     if call.rank == root:
         a.publish(_shm.place(a, buf, a.scratch(buf.nbytes), 0))
@@ -158,7 +159,7 @@ def hierarchical(call: Call, buf: Any) -> Steps:
     from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.comm)
+    lv = levels(call.state)
     root_node, root_local = lv.node_of[call.root], lv.local_of[call.root]
     mine = lv.node_of[call.rank]
     count = buf.size
@@ -168,3 +169,44 @@ def hierarchical(call: Call, buf: Any) -> Steps:
         yield from nested(lv.leaders, "bcast", recv=buf, root=root_node, count=count)
     if mine != root_node or root_local == 0:
         yield from nested(lv.node, "bcast", recv=buf, root=0, count=count)
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("bcast", "linear")
+def _bcast_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + (p−1)n·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + (p - 1) * n * b
+
+@cost("bcast", "binomial")
+def _bcast_binomial(m: Machine, n: float, p: int) -> float:
+    """lg p·α + n·lg p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return ceil_lg(p) * (a + n * b)
+
+@cost("bcast", "scatter_allgather")
+def _bcast_scatter_allgather(m: Machine, n: float, p: int) -> float:
+    """(lg p + p − 1)α + 2n(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (ceil_lg(p) + p - 1) * a + 2 * n * (p - 1) / p * b
+
+@cost("bcast", "pipeline")
+def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
+    """(p − 2 + S)·(α + n/S·β), S = ⌈n / SEGMENT_BYTES⌉"""
+
+    a, b = m.link(p).alpha, m.link(p).beta
+    s = segments(n, SEGMENT_BYTES)
+    return (p - 2 + s) * (a + n / s * b)
+
+@cost("bcast", "shm")
+def _bcast_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ  (α of the intra-node link)"""
+    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy
+
+@cost("bcast", "hierarchical")
+def _bcast_hierarchical(m: Machine, n: float, p: int) -> float:
+    """2·T(bcast, n, ppn, intra) + T(bcast, n, nodes, inter)"""
+    ppn, nodes = node_layout(m, p)
+    return 2 * cheapest(m, "bcast", n, ppn, m.intra, False) + cheapest(m, "bcast", n, nodes, m.inter, True)

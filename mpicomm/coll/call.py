@@ -33,7 +33,7 @@ from ..ops import Op
 from ..requests import Step
 
 if TYPE_CHECKING:
-    from ..comm import Comm
+    from ..state import State
 
 __all__ = ["Call", "block"]
 
@@ -63,17 +63,16 @@ def _address(x: Any) -> int:
 class Call:
     """One collective call: who, with what, and how to move and reduce its arrays."""
 
-    __slots__ = ("comm", "lib", "rank", "p", "tag", "seq", "collective", "algorithm", "source", "blocking", "xp",
-                 "dtype", "op", "root", "_device", "_direct")
+    __slots__ = ("state", "lib", "rank", "p", "tag", "seq", "collective", "algorithm", "source", "blocking", "xp",
+                 "dtype", "op", "root", "_device", "_direct", "scratch", "_scratch_next")
 
-    def __init__(self, comm: "Comm", collective: str, xp: ModuleType, dtype: np.dtype,
+    def __init__(self, state: "State", collective: str, xp: ModuleType, dtype: np.dtype,
                  op: Op | None = None, root: int = 0, device: Any = None):
-        state = comm._state
-        self.comm = comm
+        self.state = state  # the communicator's State (see mpicomm.state)
         self.lib: MPI.Intracomm = state.library_comm
         self.rank = state.rank
         self.p = state.size
-        self.seq = seq = state.collectives  # as Comm.collective_tag(), inline: this runs on every call
+        self.seq = seq = state.collectives  # as State.next_tag(), inline: this runs on every call
         state.collectives = seq + 1
         self.tag = seq % state.tag_modulus
         self.collective = collective
@@ -86,6 +85,8 @@ class Call:
         self.root = root
         self._device = device  # CuPy device of the buffers (None on the host)
         self._direct: bool | None = None  # NumPy views go to MPI as they are (decided at the first one)
+        self.scratch: list | None = None  # a plan's scratch arrays, reused by every run of it (see empty())
+        self._scratch_next = 0
 
     def for_bytes(self) -> "Call":
         """A copy of this call that moves host bytes (same communicator, tag and sequence number).
@@ -97,6 +98,7 @@ class Call:
         for name in Call.__slots__:
             setattr(other, name, getattr(self, name))
         other.xp, other.dtype, other.op, other._device, other._direct = np, np.dtype(np.uint8), None, None, None
+        other.scratch, other._scratch_next = None, 0
         return other
 
     def real_rank(self, vrank: int) -> int:
@@ -165,11 +167,34 @@ class Call:
         return self._device if self._device is not None else contextlib.nullcontext()
 
     def empty(self, count: int, dtype: Any = None) -> Any:
-        """Scratch space for *count* elements, in the buffers' module and device."""
+        """Scratch space for *count* elements, in the buffers' module and device.
+
+        Under a plan (:attr:`scratch` set: a persistent request, or a blocking
+        call whose signature was seen before) the k-th array an algorithm asks
+        for is the k-th of the plan's previous run when it has the same size
+        and type: an algorithm allocates the same sequence every run, so a
+        repeated call touches memory that is already mapped and warm.
+        """
+        dtype = self.dtype if dtype is None else dtype
+        kept = self.scratch
+        if kept is not None:
+            k = self._scratch_next
+            self._scratch_next = k + 1
+            if k < len(kept):
+                x = kept[k]
+                if x.size == count and x.dtype == dtype:
+                    return x
         if self._device is None:
-            return self.xp.empty(count, self.dtype if dtype is None else dtype)
-        with self._device:
-            return self.xp.empty(count, self.dtype if dtype is None else dtype)
+            x = self.xp.empty(count, dtype)
+        else:
+            with self._device:
+                x = self.xp.empty(count, dtype)
+        if kept is not None:
+            if k < len(kept):
+                kept[k] = x
+            else:
+                kept.append(x)
+        return x
 
     def copy(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` (nothing when they are the same memory, as in place)."""

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..registry import register
+from ..model import Machine, ceil_lg
+from ..registry import cost, register
 from ..requests import Steps
 from .call import Call, block
 from .schedules import binomial as binomial_tree
@@ -136,3 +137,29 @@ def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, dis
         offset += size
     yield call.exchange(sends=up, recvs=data)
     yield call.send(parent, gathered)
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("gather", "linear")
+@cost("scatter", "linear")
+def _rooted_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + N(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    total = n * p
+    return (p - 1) * a + total * (p - 1) / p * b
+
+@cost("gather", "binomial")
+@cost("scatter", "binomial")
+def _rooted_binomial(m: Machine, n: float, p: int) -> float:
+    """lg p·α + N(p−1)/p·β"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    total = n * p
+    return ceil_lg(p) * a + total * (p - 1) / p * b
+
+@cost("gatherv", "binomial")
+@cost("scatterv", "binomial")
+def _rooted_binomial_v(m: Machine, n: float, p: int) -> float:
+    """lg p·α + N(p−1)/p·β, + lg p·α for the size headers"""
+    return _rooted_binomial(m, n, p) + ceil_lg(p) * m.link(p).alpha

@@ -6,9 +6,12 @@ the root *send* may be *recv* (in place). n = bytes of the vector, p = ranks.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
-from ..registry import register
+from ..model import Machine, ceil_lg, folded, pof2
+from ..registry import cost, register
 from ..requests import Steps
 from .call import Call
 from .schedules import binomial as binomial_tree
@@ -180,3 +183,37 @@ def shm(call: Call, send: Any, recv: Any) -> Steps:
     from ..shm import reduce_steps
 
     yield from reduce_steps(call, send, recv, call.root)
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("reduce", "linear")
+@cost("scan", "linear")
+@cost("exscan", "linear")
+def _reduce_linear(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + (p−1)nβ + (p−1)nγ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * (a + n * b + n * m.gamma)
+
+@cost("reduce", "binomial")
+@cost("scan", "recursive_doubling")
+def _reduce_binomial(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root; scan: the same rounds)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return ceil_lg(p) * (a + n * b + n * m.gamma)
+
+@cost("reduce", "rabenseifner")
+def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
+    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + α + nβ + nγ to fold, + α + nβ for the folded root 0"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = pof2(p)
+    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    if folded(p):
+        t += (a + n * b + n * m.gamma) + (a + n * b)
+    return t
+
+@cost("reduce", "shm")
+def _reduce_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma

@@ -10,10 +10,13 @@ n = bytes of the whole input vector, p = ranks.
 
 from __future__ import annotations
 
+import math
+
 from itertools import accumulate
 from typing import Any
 
-from ..registry import register
+from ..model import Machine, ceil_lg, folded, pof2
+from ..registry import cost, register
 from ..requests import Steps
 from .call import Call
 from .schedules import fold, pairwise as pairwise_schedule, ring_reduce_scatter, unfold
@@ -191,7 +194,7 @@ def shm(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
     """
     from .. import shm as _shm
 
-    a = _shm.arena(call.comm)
+    a = _shm.arena(call.state)
     at = _displs(counts)
     item = call.dtype.itemsize
     a.publish(_shm.place(a, send, a.scratch(at[-1] * item), 0))
@@ -206,3 +209,28 @@ def shm(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
         for r in range(2, call.p):
             call.combine(recv, inputs[r], recv)
     yield from a.fence()
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("reduce_scatter", "ring", "pairwise")
+def _reduce_scatter_ring(m: Machine, n: float, p: int) -> float:
+    """(p−1)·α + n(p−1)/p·β + n(p−1)/p·γ"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return (p - 1) * a + n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
+
+@cost("reduce_scatter", "recursive_halving")
+def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
+    """lg p'·α + n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + n·β + n·γ for the fold"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    q = pof2(p)
+    t = math.log2(q) * a + n * (q - 1) / q * (b + m.gamma)
+    if folded(p):
+        t += 2 * a + n * b + n * m.gamma
+    return t
+
+@cost("reduce_scatter", "shm")
+def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
+    """2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * ceil_lg(p) * m.intra.alpha + n * m.copy + n * (p - 1) / p * m.gamma

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import register
+from ..model import Machine, ceil_lg
+from ..registry import cost, register
 from ..requests import Steps
 from .call import Call
 
@@ -135,3 +136,13 @@ def _doubling(call: Call, send: Any, recv: Any, inclusive: bool) -> Steps:
                 if dest + distance < p:  # a later round still sends the partial
                     call.combine(got, partial, partial)
         distance *= 2
+
+
+# ---------------------------------------------------------------- cost functions (n: the catalogue's size)
+
+
+@cost("exscan", "recursive_doubling")
+def _exscan_recursive_doubling(m: Machine, n: float, p: int) -> float:
+    """⌈lg p⌉(α + nβ + 2nγ)"""
+    a, b = m.link(p).alpha, m.link(p).beta
+    return ceil_lg(p) * (a + n * b + 2 * n * m.gamma)

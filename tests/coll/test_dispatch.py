@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.coll import dispatch
+from mpicomm.coll import agreement, dispatch
 from mpicomm.requests import Request, run
 
 from . import reference as R
@@ -187,9 +187,9 @@ def _spy_calls(monkeypatch, on: Any) -> list:
     made: list = []
     original = dispatch._call
 
-    def spy(comm: Any, *a: Any) -> Any:
-        call = original(comm, *a)
-        if comm is on:
+    def spy(state: Any, *a: Any) -> Any:
+        call = original(state, *a)
+        if state is on._state:
             made.append((call.algorithm, call.source))
         return call
 
@@ -244,8 +244,8 @@ def test_choices_are_kept_per_communicator_and_follow_changes(comm, monkeypatch)
 def _steps_of(comm, args: dispatch.Args, algorithm: str) -> tuple[int, Any]:
     """Run the agreement for *args* on every rank; (steps it took, its outcome: True/False or the error text)."""
     chosen, source = dispatch._choose(comm, args, algorithm)
-    call = dispatch._call(comm, args, chosen, source)
-    steps = dispatch.agreement(call, args)
+    call = dispatch._call(comm._state, args, chosen, source)
+    steps = agreement.agreement(call, args)
     count = 0
     try:
         step = next(steps)
@@ -300,8 +300,8 @@ def test_cross_checked_counts_always_compare_the_rows(comm):
 
 def _digest_of(args: dispatch.Args, algorithm: str = "ring", p: int = 4, rank: int = 0) -> bytes:
     call = SimpleNamespace(collective=args.collective, algorithm=algorithm)
-    vector = dispatch._vector(args, p, rank) if args.collective in dispatch._VECTORED else []
-    return dispatch._digest(call, args, vector, False).tobytes()
+    vector = agreement._vector(args, p, rank) if args.collective in agreement._VECTORED else []
+    return agreement._digest(call, args, vector, False).tobytes()
 
 
 def test_the_digest_changes_with_everything_the_ranks_must_agree_on():

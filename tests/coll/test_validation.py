@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import registry
-from mpicomm.coll.dispatch import REDUCING
+from mpicomm.catalogue import REDUCING
 
 from . import reference
 

@@ -1,0 +1,207 @@
+"""What mpicomm keeps per MPI communicator: one :class:`State`, built collectively once, freed with it.
+
+Everything an algorithm, a plan or the dispatcher needs to know about a
+communicator lives here, declared in one place: the topology (node-local and
+node-leader sub-communicators), the private duplicate collectives run on and
+its tag sequence, the typed-message channel, per-communicator algorithm
+defaults and remembered choices, the fitted cost model, the shared-memory
+arena, the two levels of hierarchical algorithms, and the plans of repeated
+calls. :meth:`State.free` releases all of it; MPI calls it when the
+communicator is freed (``Comm.Free``), through the attribute the state is
+kept in, so nothing is left behind.
+
+Algorithms and :class:`~mpicomm.coll.call.Call` take a State, not a
+:class:`mpicomm.Comm`: the wrapper stands above everything here, and the
+sub-communicators hierarchical algorithms run on (:mod:`mpicomm.coll.hierarchy`)
+are States too. :func:`state_of` returns the State of any intracommunicator
+(a ``Comm`` or a plain mpi4py one), building it the first time (collective).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import config, launcher, model, p2p
+from .requests import barrier
+
+__all__ = ["State", "state_of", "as_state", "job_local_rank", "world_machine"]
+
+
+class State:
+    """One communicator's mpicomm state (see the module docstring). Built by :func:`state_of`."""
+
+    comm: MPI.Intracomm  #: the communicator itself (a plain mpi4py handle)
+    rank: int
+    size: int
+    node_comm: MPI.Intracomm  #: this node's ranks (``Split_type(COMM_TYPE_SHARED)``)
+    local_rank: int
+    local_size: int
+    leader_comm: MPI.Intracomm | None  #: one rank per node (None off the leaders)
+    node: int
+    nodes: int
+    ppn: int  #: the most ranks on any one node
+    host: str
+    library_comm: MPI.Intracomm  #: private duplicate: every collective's messages
+    channel: p2p.Channel  #: typed point-to-point messages (``send_array``...)
+    tag_ub: int
+    tag_modulus: int
+    collectives: int  #: sequence number of the next collective call (its tag: this modulo tag_modulus)
+    defaults: dict[str, str]  #: ``comm.set_algorithm`` choices
+    choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
+    plans: dict[tuple, Any]  #: plans of repeated blocking calls, by their signature
+    machine: Any  #: the fitted cost model (:class:`mpicomm.model.Machine`) or None
+    arena: Any  #: the shared-memory arena (:class:`mpicomm.shm.Arena`), made by the first shm call
+    levels: Any  #: the hierarchy's levels (:class:`mpicomm.coll.hierarchy.Levels`), made by the first use
+    freed: bool
+
+    def __init__(self, comm: MPI.Intracomm):
+        config.check()  # a bad MPICOMM_* value fails here, before any collective
+        comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
+        barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
+        self.comm = comm
+        rank = comm.Get_rank()
+        self.rank, self.size = rank, comm.Get_size()
+        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
+        self.local_rank = self.node_comm.Get_rank()
+        self.local_size = self.node_comm.Get_size()
+        first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
+        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
+        self.leader_comm = None if leaders == MPI.COMM_NULL else leaders
+        where = np.zeros(3, np.int64)
+        if self.leader_comm is not None:
+            most = self.leader_comm.allreduce(self.local_size, op=MPI.MAX)
+            where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size(), most
+        self.node_comm.Bcast(where, root=0)
+        self.node, self.nodes, self.ppn = int(where[0]), int(where[1]), int(where[2])
+        self.host = MPI.Get_processor_name()
+        self.library_comm = p2p.private_dup(comm)
+        self.channel = p2p.Channel(comm)
+        self.tag_ub = self.channel.tag_ub
+        self.tag_modulus = min(self.tag_ub + 1, 1 << 20)
+        self.collectives = 0
+        self.defaults = {}
+        self.choices = {}
+        self.plans = {}
+        self.machine = model.for_comm(self.library_comm, self.host, self.nodes, self.local_size)
+        self.arena = None
+        self.levels = None
+        self.freed = False
+
+    def next_tag(self) -> tuple[int, int]:
+        """``(sequence number, tag)`` of the next collective call (advances the sequence).
+
+        Every rank calls collectives in the same order, so ranks agree on it,
+        and calls in flight at once never match each other's messages.
+        """
+        seq = self.collectives
+        self.collectives = seq + 1
+        return seq, seq % self.tag_modulus
+
+    def free(self) -> None:
+        """Release everything: plans, the shared-memory windows, the levels' communicators, the duplicates.
+
+        Collective (it frees windows and communicators), as ``Comm.Free`` is.
+        """
+        if self.freed:
+            return
+        self.freed = True
+        for plan in list(self.plans.values()):
+            release = getattr(plan, "release", None)
+            if release is not None:
+                release()
+        self.plans.clear()
+        self.choices.clear()
+        if self.arena is not None:
+            self.arena.free()
+            self.arena = None
+        if self.levels is not None:
+            for level in (self.levels.node, self.levels.leaders):
+                if level is not None:
+                    level.comm.Free()  # its own State goes with it (the attribute's delete callback)
+            self.levels = None
+        for c in (self.node_comm, self.leader_comm, self.library_comm):
+            if c is not None and c != MPI.COMM_NULL:
+                c.Free()
+        self.channel.free()
+
+    def __repr__(self) -> str:
+        return (f"<mpicomm.State rank {self.rank}/{self.size}, local {self.local_rank}/{self.local_size}, "
+                f"node {self.node}/{self.nodes} ({self.host})>")
+
+
+def _local_order(comm: MPI.Intracomm) -> int:
+    """The key that orders ranks within a node: the launcher's local rank where it describes *comm*.
+
+    Launchers number local ranks their own way (Open MPI maps by package, for
+    instance), and programs bind GPUs from that number before MPI starts; using
+    it here makes ``local_rank`` agree with it. For a sub-communicator, or when
+    the environment does not describe this job, ranks keep their order.
+    """
+    job_local = job_local_rank()
+    if job_local is not None and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (MPI.IDENT, MPI.CONGRUENT):
+        return job_local
+    return comm.Get_rank()
+
+
+def job_local_rank() -> int | None:
+    """The launcher's local rank of this process, if its environment describes this MPI job."""
+    try:
+        env = launcher.from_environment()
+    except ValueError:  # a malformed variable: not ours to fail on (possibly inside a collective)
+        return None
+    world = MPI.COMM_WORLD
+    if env.local_rank is None or env.size != world.Get_size() or env.rank != world.Get_rank():
+        return None
+    return env.local_rank
+
+
+def _delete_state(comm: MPI.Comm, keyval: int, state: State) -> None:
+    # MPI calls this when the communicator is freed (Comm.Free); at MPI_Finalize,
+    # MPICH does not call it for COMM_WORLD, and the library frees everything itself.
+    if not MPI.Is_finalized():
+        state.free()
+
+
+_keyval: list[int] = []
+
+
+def state_of(comm: MPI.Intracomm) -> State:
+    """The :class:`State` of *comm* (any intracommunicator); built collectively the first time."""
+    if not _keyval:
+        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_delete_state))
+    state = comm.Get_attr(_keyval[0])
+    if state is None:
+        state = State(comm)
+        comm.Set_attr(_keyval[0], state)
+    return state
+
+
+def as_state(comm: Any) -> State:
+    """*comm* if it is a State, else :func:`state_of` it (a ``mpicomm.Comm`` or an mpi4py intracommunicator)."""
+    if type(comm) is State:
+        return comm
+    state = getattr(comm, "_state", None)
+    return state if type(state) is State else state_of(comm)
+
+
+def world_machine() -> model.Machine:
+    """The fit of ``MPI.COMM_WORLD``'s State if one exists, else :data:`~mpicomm.model.NOMINAL` in its layout.
+
+    Never starts MPI nor runs a collective: before MPI or any State exists it
+    is NOMINAL.
+    """
+    if "mpi4py.MPI" not in sys.modules or not _keyval:
+        return model.NOMINAL
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return model.NOMINAL
+    state = MPI.COMM_WORLD.Get_attr(_keyval[0])
+    if state is None:
+        return model.NOMINAL
+    if state.machine is not None:
+        return state.machine
+    return replace(model.NOMINAL, ppn=state.ppn, nodes=state.nodes, host=state.host)

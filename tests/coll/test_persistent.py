@@ -1,0 +1,284 @@
+"""Persistent collectives (``comm.Allreduce_init`` & co.) against the MPI library, started many times.
+
+Each request is made once and started several times with data that changes
+between starts (and depends on rank and index); every run must equal the
+library's own collective on the same data. Also: several requests in flight
+at once, every algorithm a nonblocking call may use, Free, misuse, bad
+arguments at creation (the same ArgumentError on every rank), and buffer specs
+that only the MPI library runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicomm
+from mpicomm import registry
+
+from . import reference
+from .reference import assert_matches, counts, data
+
+pytestmark = pytest.mark.mpi
+
+STARTS = 3
+
+
+def _fill(x: np.ndarray, rank: int, start: int) -> None:
+    """Rank-, index- and start-dependent values, written into *x* in place (the request keeps its buffers)."""
+    x[...] = data(rank, x.size, x.dtype) + start
+
+
+def _ranks(comm: Any) -> tuple[int, int]:
+    return comm.Get_rank(), comm.Get_size()
+
+
+@pytest.mark.parametrize("count", counts(4) + [reference.LARGE // 10])
+@pytest.mark.parametrize("collective", ["allreduce", "bcast", "reduce", "allgather", "reduce_scatter_block",
+                                        "alltoall", "gather", "scatter", "scan", "exscan"])
+def test_started_many_times_with_changing_data_matches_the_library(comm, collective, count):
+    rank, p = _ranks(comm)
+    lib = reference.native()
+    root = p - 1
+    big = count * p
+    send = np.zeros(big if collective in ("reduce_scatter_block", "alltoall", "scatter") else count, np.int64)
+    recv = np.zeros(big if collective in ("allgather", "alltoall", "gather") else count, np.int64)
+    expected = np.zeros_like(recv)
+    make, reference_call = {
+        "allreduce": (lambda: comm.Allreduce_init(send, recv), lambda: lib.Allreduce(send, expected)),
+        "bcast": (lambda: comm.Bcast_init(recv, root), None),
+        "reduce": (lambda: comm.Reduce_init(send, recv, MPI.SUM, root), lambda: lib.Reduce(send, expected, MPI.SUM, root)),
+        "allgather": (lambda: comm.Allgather_init(send, recv), lambda: lib.Allgather(send, expected)),
+        "reduce_scatter_block": (lambda: comm.Reduce_scatter_block_init(send, recv),
+                                 lambda: lib.Reduce_scatter_block(send, expected)),
+        "alltoall": (lambda: comm.Alltoall_init(send, recv), lambda: lib.Alltoall(send, expected)),
+        "gather": (lambda: comm.Gather_init(send, recv, root), lambda: lib.Gather(send, expected, root)),
+        "scatter": (lambda: comm.Scatter_init(send, recv, root), lambda: lib.Scatter(send, expected, root)),
+        "scan": (lambda: comm.Scan_init(send, recv), lambda: lib.Scan(send, expected)),
+        "exscan": (lambda: comm.Exscan_init(send, recv, MPI.SUM), lambda: lib.Exscan(send, expected)),
+    }[collective]
+    request = make()
+    assert isinstance(request, mpicomm.Prequest) and request
+    for start in range(STARTS):
+        _fill(send, rank, start)
+        if collective == "bcast":
+            _fill(recv, rank, start)
+            expected[...] = data(root, count, np.int64) + start
+        else:
+            recv[...] = -1
+            expected[...] = -1
+            reference_call()
+        request.Start()
+        request.Wait()
+        if collective in ("reduce", "gather") and rank != root:
+            continue  # only the root's receive buffer is defined
+        if collective == "exscan" and rank == 0:
+            continue  # rank 0's is undefined in MPI
+        assert_matches(recv, expected, f"persistent {collective}, start {start}")
+    assert request.plan.runs == STARTS
+    request.Free()
+    assert not request
+
+
+@pytest.mark.parametrize("collective", ["allgatherv", "alltoallv", "reduce_scatter", "gatherv", "scatterv"])
+def test_the_v_forms_with_uneven_counts(comm, collective):
+    rank, p = _ranks(comm)
+    lib = reference.native()
+    sizes = [r + 1 for r in range(p)]  # rank r's block has r + 1 elements
+    displs = [sum(sizes[:r]) for r in range(p)]
+    total = sum(sizes)
+    if collective == "allgatherv":
+        send, recv = np.zeros(sizes[rank], np.int64), np.zeros(total, np.int64)
+        spec = [recv, (sizes, displs), MPI.INT64_T]
+        request = comm.Allgatherv_init(send, spec)
+        expected_call = lambda out: lib.Allgatherv(send, [out, (sizes, displs), MPI.INT64_T])  # noqa: E731
+    elif collective == "alltoallv":
+        send, recv = np.zeros(total, np.int64), np.zeros(sizes[rank] * p, np.int64)
+        rcounts = [sizes[rank]] * p
+        rdispls = [r * sizes[rank] for r in range(p)]
+        request = comm.Alltoallv_init([send, (sizes, displs), MPI.INT64_T], [recv, (rcounts, rdispls), MPI.INT64_T])
+        expected_call = lambda out: lib.Alltoallv([send, (sizes, displs), MPI.INT64_T],  # noqa: E731
+                                                  [out, (rcounts, rdispls), MPI.INT64_T])
+    elif collective == "reduce_scatter":
+        send, recv = np.zeros(total, np.int64), np.zeros(sizes[rank], np.int64)
+        request = comm.Reduce_scatter_init(send, recv, sizes)
+        expected_call = lambda out: lib.Reduce_scatter(send, out, sizes)  # noqa: E731
+    elif collective == "gatherv":
+        send, recv = np.zeros(sizes[rank], np.int64), np.zeros(total, np.int64)
+        request = comm.Gatherv_init(send, [recv, (sizes, displs), MPI.INT64_T], 0)
+        expected_call = lambda out: lib.Gatherv(send, [out, (sizes, displs), MPI.INT64_T], 0)  # noqa: E731
+    else:
+        send, recv = np.zeros(total, np.int64), np.zeros(sizes[rank], np.int64)
+        request = comm.Scatterv_init([send, (sizes, displs), MPI.INT64_T], recv, 0)
+        expected_call = lambda out: lib.Scatterv([send, (sizes, displs), MPI.INT64_T], out, 0)  # noqa: E731
+    for start in range(STARTS):
+        _fill(send, rank, start)
+        recv[...] = -1
+        expected = np.full_like(recv, -1)
+        expected_call(expected)
+        request.Start()
+        request.Wait()
+        if collective == "gatherv" and rank != 0:
+            continue
+        assert_matches(recv, expected, f"persistent {collective}, start {start}")
+    request.Free()
+
+
+@pytest.mark.parametrize("algorithm", registry.algorithms("allreduce"))
+def test_every_allreduce_algorithm_a_persistent_request_may_use(comm, algorithm):
+    rank, p = _ranks(comm)
+    why = registry.allowed(registry.lookup("allreduce", algorithm),
+                           {"p": p, "nodes": comm.nodes, "blocking": False})
+    if why is not None:  # the same on every rank: the facts are
+        with pytest.raises(mpicomm.ArgumentError, match=algorithm):
+            comm.Allreduce_init(np.zeros(3), np.zeros(3), algorithm=algorithm)
+        return
+    for count in (1, p + 1, 1000):
+        send, recv = np.zeros(count), np.zeros(count)
+        request = comm.Allreduce_init(send, recv, algorithm=algorithm)
+        assert request.plan.algorithm.name == algorithm
+        for start in range(STARTS):
+            _fill(send, rank, start)
+            expected = np.empty_like(recv)
+            reference.native().Allreduce(send, expected)
+            request.Start()
+            request.Wait()
+            assert_matches(recv, expected, f"persistent allreduce {algorithm}, count {count}, start {start}")
+        request.Free()
+
+
+def test_several_requests_in_flight_complete_in_any_order(comm):
+    rank, p = _ranks(comm)
+    a_send, a_recv = np.zeros(5, np.int64), np.zeros(5, np.int64)
+    b_buf = np.zeros(7, np.int64)
+    c_send, c_recv = np.zeros(3, np.int64), np.zeros(3 * p, np.int64)
+    a = comm.Allreduce_init(a_send, a_recv)
+    b = comm.Bcast_init(b_buf, root=0)
+    c = comm.Allgather_init(c_send, c_recv)
+    for start in range(STARTS):
+        _fill(a_send, rank, start)
+        _fill(b_buf, rank, start)
+        _fill(c_send, rank, 10 * start)
+        mpicomm.Prequest.Startall([a, b, c])
+        assert mpicomm.Request.Testall([c, b, a]) in (True, False)  # progress, whatever it says
+        if start % 2:
+            mpicomm.Request.Waitall([c, b, a])
+        else:
+            c.Wait()
+            a.Wait()
+            b.Wait()
+        expected_a = np.empty_like(a_recv)
+        reference.native().Allreduce(a_send, expected_a)
+        expected_c = np.empty_like(c_recv)
+        reference.native().Allgather(c_send, expected_c)
+        assert_matches(a_recv, expected_a, f"allreduce in flight, start {start}")
+        assert_matches(b_buf, data(0, 7, np.int64) + start, f"bcast in flight, start {start}")
+        assert_matches(c_recv, expected_c, f"allgather in flight, start {start}")
+    for r in (a, b, c):
+        r.Free()
+
+
+def test_a_blocking_call_between_starts_and_an_inactive_wait(comm):
+    rank, _ = _ranks(comm)
+    send, recv = np.zeros(4, np.int64), np.zeros(4, np.int64)
+    request = comm.Allreduce_init(send, recv)
+    assert request.Wait() is True and request.Test() is True  # inactive: returns at once
+    _fill(send, rank, 1)
+    request.Start()
+    other = np.zeros(4, np.int64)
+    comm.Allreduce(send, other)  # a blocking collective while the persistent one is active
+    request.Wait()
+    assert_matches(recv, other, "persistent and blocking allreduce of the same data")
+    request.Free()
+
+
+def test_misuse_is_named(comm):
+    request = comm.Barrier_init()
+    request.Start()
+    if not request.done:  # (one rank: a barrier completes as it starts)
+        with pytest.raises(ValueError, match="started again before it completed"):
+            request.Start()
+        with pytest.raises(ValueError, match="freed while active"):
+            request.Free()
+    request.Wait()
+    request.Free()
+    request.Free()  # freeing twice is harmless
+    with pytest.raises(ValueError, match="was freed"):
+        request.Start()
+    with pytest.raises(TypeError, match="Startall takes mpicomm persistent requests"):
+        mpicomm.Prequest.Startall([MPI.REQUEST_NULL])
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="needs two ranks to disagree")
+def test_mismatched_counts_at_creation_raise_on_every_rank(comm):
+    rank, _ = _ranks(comm)
+    n = 5 if rank == 1 else 4
+    try:
+        comm.Allreduce_init(np.zeros(n), np.zeros(n))
+    except mpicomm.ArgumentError as exc:
+        message = str(exc)
+    else:
+        message = ""
+    everyone = MPI.COMM_WORLD.allgather(message)
+    assert all("ranks disagree on the count" in m for m in everyone), everyone
+    x = np.ones(3)  # the communicator still works
+    out = np.empty_like(x)
+    comm.Allreduce(x, out)
+    assert out.tolist() == [comm.Get_size()] * 3
+
+
+def test_a_bad_root_or_op_at_creation_raises_on_every_rank(comm):
+    _, p = _ranks(comm)
+    for make in (lambda: comm.Bcast_init(np.zeros(3), root=p),
+                 lambda: comm.Allreduce_init(np.zeros(3, np.float64), np.zeros(3), op=MPI.BXOR)):
+        try:
+            make()
+        except mpicomm.ArgumentError as exc:
+            message = str(exc)
+        else:
+            message = ""
+        everyone = MPI.COMM_WORLD.allgather(message)
+        assert all(everyone) and len({m.partition(": ")[2] for m in everyone}) == 1, everyone
+
+
+def test_a_derived_datatype_runs_in_the_librarys_own_persistent_collective(comm):
+    rank, p = _ranks(comm)
+    vector = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()
+    try:
+        send = np.zeros(4)
+        out = np.zeros(2 * p)
+        request = comm.Allgather_init([send, 1, vector], [out, 2, MPI.DOUBLE])
+        assert request.plan.library
+        for start in range(STARTS):
+            send[...] = data(rank, 4, np.float64) + start
+            request.Start()
+            request.Wait()
+            expected = np.concatenate([data(r, 4, np.float64)[[0, 2]] + start for r in range(p)])
+            assert_matches(out, expected, f"persistent allgather of a vector type, start {start}")
+        request.Free()
+    finally:
+        vector.Free()
+
+
+def test_the_persistent_plan_reuses_its_scratch(comm):
+    rank, p = _ranks(comm)
+    if p < 2:
+        pytest.skip("one rank allocates nothing")
+    send, recv = np.zeros(4096), np.zeros(4096)
+    request = comm.Allreduce_init(send, recv, algorithm="ring")
+    request.Start()
+    request.Wait()
+    first = [id(x) for x in request.plan.scratch]
+    assert first, "the ring allocates scratch on the first run"
+    for start in range(2):
+        _fill(send, rank, start)
+        request.Start()
+        request.Wait()
+        assert [id(x) for x in request.plan.scratch] == first
+        expected = np.empty_like(recv)
+        reference.native().Allreduce(send, expected)
+        assert_matches(recv, expected, "ring allreduce with reused scratch")
+    request.Free()

@@ -1,0 +1,41 @@
+"""The catalogue: one row per collective, read by the dispatcher, the readers, the model and the benchmarks."""
+
+from __future__ import annotations
+
+import pytest
+from mpi4py import MPI
+
+from mpicomm import catalogue, registry
+
+
+def test_every_collective_has_a_row_and_mpi4py_has_its_methods():
+    for name, row in catalogue.CATALOGUE.items():
+        assert row.name == name
+        assert hasattr(MPI.Intracomm, row.method), row.method
+        assert hasattr(MPI.Intracomm, row.nonblocking), row.nonblocking
+        assert row.size in catalogue.SIZE_RULES
+        assert row.family in catalogue.SIGNATURES
+    assert catalogue.row("allreduce").persistent == "Allreduce_init"
+    assert catalogue.row("reduce_scatter_block").nonblocking == "Ireduce_scatter_block"
+
+
+def test_rows_say_the_facts_mpi_defines():
+    assert catalogue.ROOTED == {"bcast", "reduce", "gather", "gatherv", "scatter", "scatterv"}
+    assert catalogue.REDUCING == {"reduce", "allreduce", "reduce_scatter", "reduce_scatter_block", "scan", "exscan"}
+    assert catalogue.VECTORED == {"gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter"}
+    assert {c for c in catalogue.COLLECTIVES if catalogue.family(c) != c} == {
+        "gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter_block"}
+
+
+def test_every_family_has_registered_algorithms_and_every_algorithm_a_cost():
+    table = registry.table()
+    for name in catalogue.COLLECTIVES:
+        assert table.get(name), f"no algorithm registered for {name}"
+        for algorithm in table[name].values():
+            assert algorithm.time is not None, f"{name}/{algorithm.name} has no cost function beside it"
+            assert algorithm.cost, f"{name}/{algorithm.name} has no Cost: line"
+
+
+def test_an_unknown_collective_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match="unknown collective 'allreduse'.*allreduce"):
+        catalogue.row("allreduse")
