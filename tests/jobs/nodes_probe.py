@@ -43,7 +43,7 @@ def run(argv: list[str] | None = None) -> int:
     me = {
         "rank": comm.rank, "host": comm.host, "node": comm.node, "nodes": comm.nodes,
         "local_rank": comm.local_rank, "local_size": comm.local_size,
-        "leaders_size": level.leaders.Get_size() if level.leaders is not None else None,
+        "leaders_size": level.leaders.size if level.leaders is not None else None,
         "levels_nodes": level.nodes, "hierarchical_ok": bool(np.array_equal(mine, expected)),
     }
     everyone = comm.gather(me, root=0)
