@@ -45,6 +45,7 @@ from .validate import check_span
 
 __all__ = [
     "DTYPES",
+    "adopt",
     "array_module",
     "check_array",
     "dtype_code",
@@ -88,6 +89,66 @@ def array_module(x: Any) -> ModuleType:
         f"expected a NumPy or CuPy array, got {type(x).__module__}.{type(x).__qualname__}; "
         f"convert it with numpy.asarray(...) (or cupy.asarray(...) for GPU memory)"
     )
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13  # DLPack device types (dlpack.h)
+
+
+def adopt(x: Any, name: str) -> Any:
+    """*x* as a NumPy or CuPy array over the same memory (no copy), as mpi4py takes buffers.
+
+    NumPy and CuPy arrays are returned as they are. Otherwise, in this order:
+    an object exporting ``__cuda_array_interface__`` (Numba device arrays,
+    PyTorch CUDA tensors) becomes a CuPy array; one exporting DLPack
+    (``__dlpack__``/``__dlpack_device__``: PyTorch tensors, JAX arrays, any
+    array library speaking the standard) a NumPy array when its memory is on
+    the host, a CuPy array when it is on a GPU; anything with the buffer
+    protocol (``bytearray``, ``array.array``, ``memoryview``) a NumPy array.
+    Writes into the result land in the caller's object. TypeError, naming the
+    kind and the fix, when none applies or the memory is on a GPU and CuPy is
+    not installed.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    module = type(x).__module__
+    kind = type(x).__qualname__ if module == "builtins" else f"{module}.{type(x).__qualname__}"
+    if type(x).__module__.partition(".")[0] == "cupy":
+        cupy = cupy_module()
+        if cupy is not None and isinstance(x, cupy.ndarray):
+            return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return _device_array(x, name, kind, "exports __cuda_array_interface__").asarray(x)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        device_type = int(x.__dlpack_device__()[0])
+        try:
+            if device_type in (_DL_CPU, _DL_CUDA_HOST):
+                return np.from_dlpack(x)
+            if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+                return _device_array(x, name, kind, "is a DLPack tensor in GPU memory").from_dlpack(x)
+        except (BufferError, RuntimeError, TypeError) as exc:
+            raise TypeError(f"{name} ({kind}) could not be shared through DLPack: {exc}; pass a plain array, or "
+                            f"for a tensor that requires grad its .detach()") from None
+        raise TypeError(f"{name} ({kind}) lives on DLPack device type {device_type}, which mpicomm cannot reach; "
+                        f"copy it to host memory first")
+    try:
+        view = memoryview(x)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an array or a buffer (NumPy, CuPy, DLPack, __cuda_array_interface__, bytearray...), "
+            f"got {kind}; convert it with numpy.asarray({name})"
+        ) from None
+    try:
+        return np.asarray(view)
+    except (TypeError, ValueError):
+        return np.frombuffer(view.cast("B") if view.c_contiguous else view, np.uint8)
+
+
+def _device_array(x: Any, name: str, kind: str, what: str) -> ModuleType:
+    cupy = cupy_module()
+    if cupy is None:
+        raise TypeError(f"{name} ({kind}) {what}: GPU memory, which mpicomm moves and reduces with CuPy, and CuPy "
+                        f"is not installed; pip install 'mpicomm[cuda12]' (or [cuda13]), or pass host memory")
+    return cupy
 
 
 def check_array(x: Any, name: str, *, writable: bool = False) -> ModuleType:

@@ -20,8 +20,11 @@ displs, datatype]``, ... (v)                       (in elements; None: packed)
 =================================================  =====================================
 
 ``buf`` is a NumPy or CuPy array (any shape, C-contiguous), an object with
-``__cuda_array_interface__`` (taken with ``cupy.asarray``, no copy), or
-anything with the buffer protocol (``bytearray``, ``array.array``...).
+``__cuda_array_interface__`` (taken with ``cupy.asarray``, no copy), a DLPack
+exporter (PyTorch tensors, JAX arrays: NumPy on the host, CuPy on a GPU, no
+copy), or anything with the buffer protocol (``bytearray``, ``array.array``...).
+In a v-spec, ``(count, displ)`` of two integers means what it means to mpi4py:
+every rank's block has *count* elements and rank i's starts at i·displ.
 ``datatype`` is an ``MPI.Datatype`` or a NumPy type code (``"d"``, ``"i"``).
 """
 
@@ -35,8 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import DTYPES, array_module
-from .device import cupy_module
+from .buffers import DTYPES, adopt, array_module
 from .ops import is_pair_dtype
 
 __all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable"]
@@ -109,31 +111,11 @@ def _supported(dt: np.dtype) -> None:
 
 
 def _as_array(buf: Any, name: str) -> tuple[Any, ModuleType]:
-    """The object as a flat array of its own elements (no copy) and its module."""
+    """The object as a flat array of its own elements (no copy) and its module (see :func:`buffers.adopt`)."""
     if buf is MPI.BOTTOM:
         raise Unsupported(f"{name} is MPI.BOTTOM (absolute addresses)")
-    if isinstance(buf, np.ndarray):
-        xp: ModuleType = np
-    elif type(buf).__module__.partition(".")[0] == "cupy" or hasattr(buf, "__cuda_array_interface__"):
-        cupy = cupy_module()
-        if cupy is None:
-            raise TypeError(f"{name} is GPU memory but CuPy is not installed; install mpicomm[cuda12] or [cuda13]")
-        buf = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
-        xp = cupy
-    else:
-        try:
-            view = memoryview(buf)
-        except TypeError:
-            raise TypeError(
-                f"{name} must be an array or a buffer (NumPy, CuPy, bytearray...), got {type(buf).__qualname__}; "
-                f"convert it with numpy.asarray({name})"
-            ) from None
-        try:
-            buf = np.asarray(view)
-        except (TypeError, ValueError):
-            buf = np.frombuffer(view.cast("B") if view.c_contiguous else view, np.uint8)
-        xp = np
-    array_module(buf)
+    buf = adopt(buf, name)
+    xp = array_module(buf)
     if not buf.flags.c_contiguous:
         raise ValueError(
             f"{name} is not C-contiguous (shape {buf.shape}, strides {buf.strides}); "
@@ -238,7 +220,7 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
             raise Unsupported(f"{name} has one datatype per rank (an Alltoallw spec)")
         if len(rest) == 1:
             counts = rest[0]
-            if isinstance(counts, tuple) and len(counts) == 2 and all(c is None or _is_sequence(c) for c in counts):
+            if isinstance(counts, tuple) and len(counts) == 2:  # mpi4py: a pair is always (counts, displs)
                 counts, displs = counts
         elif len(rest) == 2:
             counts, displs = rest
@@ -257,6 +239,9 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
         raise ValueError(f"{name} has {len(counts_t)} counts for {p} ranks; give one per rank")
     if displs is None:
         displs_t = tuple(int(d) for d in np.cumsum((0,) + counts_t[:-1], dtype=np.int64)) if p else ()
+    elif isinstance(displs, numbers.Integral) and not isinstance(displs, bool):
+        step = _count(displs, name + " displacement")
+        displs_t = tuple(r * step for r in range(p))  # mpi4py: rank i's block starts at i·displ
     else:
         displs_t = tuple(_count(d, name + " displacement") for d in displs)
         if len(displs_t) != p:

@@ -132,7 +132,7 @@ def test_zero_size_and_scalar_arrays():
     (np.zeros(3, ">f8"), TypeError, "non-native byte order"),
     (np.zeros((4, 4))[:, 1], ValueError, "sendbuf is not C-contiguous (shape (4,), strides (32,))"),
     (np.zeros((4, 4)).T, ValueError, "not C-contiguous"),
-    ({"a": 1}, TypeError, "sendbuf must be an array or a buffer (NumPy, CuPy, bytearray...), got dict"),
+    ({"a": 1}, TypeError, "sendbuf must be an array or a buffer (NumPy, CuPy, DLPack, __cuda_array_interface__, bytearray...), got dict"),
     ([1.0, 2.0], TypeError, "got float"),
     (3, TypeError, "got int"),
     ("abc", TypeError, "got str"),

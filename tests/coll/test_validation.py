@@ -429,7 +429,7 @@ def _(c):
 @case("list-as-buffer")
 def _(c):
     return (lambda: c.Allreduce([1.0, 2.0, 3.0], np.empty(3)),
-            ["sendbuf must be an array or a buffer (NumPy, CuPy, bytearray...), got float",
+            ["sendbuf must be an array or a buffer (NumPy, CuPy, DLPack, __cuda_array_interface__, bytearray...), got float",
              "numpy.asarray(sendbuf)"])
 
 
