@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config, launcher, p2p, registry
+from . import config, decisions, launcher, p2p, registry
 from . import device as _device
 from .buffers import array_module
 from .requests import Request, barrier, run
@@ -65,6 +65,8 @@ class _State:
         self.collectives = 0  # sequence number of the next library collective
         self.defaults: dict[str, str] = {}
         self.machine = _machine(self.library_comm, self.host, self.nodes, self.local_size)
+        # measured decisions for this layout (python -m mpicomm.tune --collectives), loaded by rank 0 and broadcast
+        self.decisions = decisions.for_comm(self.library_comm, self.host, self.nodes, self.ppn, registry.algorithms)
         self.choices: dict[tuple, Any] = {}  # the dispatcher's algorithm choices for facts seen before
 
     def free(self) -> None:
