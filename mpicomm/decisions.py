@@ -239,14 +239,17 @@ def lookup(decisions: Decisions | None, collective: str, nbytes: int | None) -> 
     return decisions.algorithm_for(collective, nbytes) if decisions is not None else None
 
 
-def decide(points: Sequence[Mapping[str, Any]]) -> tuple[Range, ...]:
+def decide(points: Sequence[Mapping[str, Any]], stick: float = 0.05) -> tuple[Range, ...]:
     """Ranges from measured *points* (``{"bytes": n or None, "us": {algorithm: µs}}``, ``auto`` ignored).
 
     At each size the fastest algorithm wins (ties: the first name in
-    alphabetical order); neighbouring sizes with the same winner merge into
-    one range, which ends at the largest of them. The last range ends at the
-    largest size measured (larger sizes are left to the model), except that
-    points without a size (barrier) give one range for every size.
+    alphabetical order), unless the winner of the size below is within
+    *stick* (relative) of it: then that one goes on, so that noise between
+    near-equal algorithms does not cut the sizes into many short ranges.
+    Neighbouring sizes with the same winner merge into one range, which ends
+    at the largest of them. The last range ends at the largest size measured
+    (larger sizes are left to the model), except that points without a size
+    (barrier) give one range for every size.
     """
     ranges: list[Range] = []
     ordered = sorted(points, key=lambda pt: -1 if pt.get("bytes") is None else pt["bytes"])
@@ -255,6 +258,8 @@ def decide(points: Sequence[Mapping[str, Any]]) -> tuple[Range, ...]:
         if not times:
             continue
         winner = min(sorted(times), key=times.__getitem__)
+        if ranges and ranges[-1].algorithm in times and times[ranges[-1].algorithm] <= (1 + stick) * times[winner]:
+            winner = ranges[-1].algorithm
         limit = pt.get("bytes")
         if ranges and ranges[-1].algorithm == winner:
             ranges[-1] = Range(limit, winner)

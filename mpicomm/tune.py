@@ -504,7 +504,8 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
     ranges: dict[str, tuple[decisions.Range, ...]] = {}
     measured: dict[str, list[dict]] = {}
     lines: list[str] = []
-    close = total = 0
+    close = total = kept = compared = 0
+    loaded = getattr(getattr(comm, "_state", None), "decisions", None)  # what this communicator's auto followed
     for name in collectives:
         spec = COLLECTIVES[name]
         names, notes = bench_measure.usable_algorithms(spec, comm)
@@ -518,11 +519,18 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
         measured[spec.registry] = points
         near, count = auto_closeness(rows)
         close, total = close + near, total + count
+        if loaded is not None:  # the earlier decisions, judged on this run's times
+            near, count = auto_closeness([{"us": {**pt["us"], "auto": pt["us"][pick]}} for pt in points
+                                          if (pick := loaded.algorithm_for(spec.registry, pt["bytes"])) in pt["us"]])
+            kept, compared = kept + near, compared + count
         if rank == 0:
             lines += _collective_lines(spec.registry, names, rows, ranges[spec.registry], notes)
     if rank == 0 and total:
-        lines.append(f"auto before these decisions (model or table, as this run loaded them): within 10 % of the "
-                     f"fastest algorithm at {close} of {total} points")
+        lines.append(f"auto as this run chose it (decisions, model or table; its own timed calls): within 10 % of "
+                     f"the fastest algorithm at {close} of {total} points")
+    if rank == 0 and loaded is not None:
+        lines.append(f"the decisions this run loaded (measured {loaded.measured or '?'}): their algorithm within "
+                     f"10 % of this run's fastest at {kept} of {compared} points they cover")
     result = decisions.Decisions(p, comm.nodes, comm.ppn, ranges, host, model.now(), measurements=measured)
     return result, lines
 

@@ -122,6 +122,11 @@ def test_decide_merges_neighbours_and_breaks_ties_by_name():
               {"bytes": 65536, "us": {"ring": 9.0, "naive": 2.0}}]
     assert decisions.decide(points) == (Range(8, "naive"), Range(1024, "ring"), Range(65536, "naive"))
     assert decisions.decide([{"bytes": None, "us": {"native": 2.0, "dissemination": 3.0}}]) == (Range(None, "native"),)
+    # the size below's winner goes on while it is within 5 % of the fastest (noise does not split ranges)
+    near = [{"bytes": 8, "us": {"ring": 10.0, "naive": 20.0}}, {"bytes": 16, "us": {"ring": 10.4, "naive": 10.0}},
+            {"bytes": 32, "us": {"ring": 12.0, "naive": 10.0}}]
+    assert decisions.decide(near) == (Range(16, "ring"), Range(32, "naive"))
+    assert decisions.decide(near, stick=0.0) == (Range(8, "ring"), Range(32, "naive"))
 
 
 # ---------------------------------------------------------------- precedence

@@ -196,7 +196,7 @@ def test_tune_collectives_writes_decisions_that_a_communicator_uses(tmp_path):
     assert saved, result.stdout
     path = saved.group(1).strip()
     assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("decisions-")
-    assert path.endswith("-p2-1x2.json") and "decided: " in result.stdout and "within 10 %" in result.stdout
+    assert path.endswith("-p2-1x2.json") and "decided: " in result.stdout and "within 10 % of the fastest" in result.stdout
     found = decisions.load(path, registry.algorithms)
     assert (found.p, found.nodes, found.ppn) == (2, 1, 2) and set(found.collectives) == {"allreduce", "barrier"}
     assert found.collectives["allreduce"][-1].max_bytes == 4096  # up to the largest size measured
@@ -219,6 +219,17 @@ def test_tune_collectives_writes_decisions_that_a_communicator_uses(tmp_path):
     shown = mpirun.run(2, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--show"], timeout=60, env=env)
     assert shown.returncode == 0, shown.stderr
     assert path in shown.stdout and '"format": "mpicomm-decisions"' in shown.stdout
+
+    # a second run, elsewhere: the saved decisions stay, and are judged on the new times
+    other = tmp_path / "again.json"
+    again = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--collectives", "--collective",
+                           "allreduce", "--sizes", "8", "--iters", "4", "--rounds", "2", "--quiet", "--out",
+                           str(other)], timeout=120, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.search(r"the decisions this run loaded .*: their algorithm within 10 % of this run's fastest at "
+                     r"\d of 1 points", again.stdout), again.stdout
+    assert f"communicators load {path}" in again.stdout and other.exists()
+    assert decisions.load(path) == found  # untouched
 
 
 @pytest.mark.launches
