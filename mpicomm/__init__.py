@@ -19,7 +19,7 @@ Main names:
   :func:`allgather`...) that return new arrays; :mod:`mpicomm.ops` for ops;
 * :func:`algorithms` - registered algorithm names per collective, and
   :func:`predict` - the cost model's time for one of them
-  (:func:`mpicomm.registry.predict`; ``comm.machine`` is a communicator's fit);
+  (:func:`mpicomm.state.predict`; ``comm.machine`` is a communicator's fit);
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI.
 """
 
@@ -39,7 +39,7 @@ _LAZY = {
     "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
     "RemoteError": ("mpicomm.p2p", "RemoteError"),
     "algorithms": ("mpicomm.registry", "algorithms"),
-    "predict": ("mpicomm.registry", "predict"),
+    "predict": ("mpicomm.state", "predict"),
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),

@@ -7,12 +7,21 @@ after pointing mpi4py at a cluster's MPI, or under the launcher
 ``algorithms``: every registered (collective, algorithm) with its
 restrictions and α-β-γ cost, and the selection table's rules
 (``--markdown`` for a table to paste into documents).
+
+``algorithms --explain COLLECTIVE SIZE [--ranks N]``: why ``auto`` picks what
+it picks for one call, without starting MPI: each algorithm, whether it may
+run (and why not), the model's prediction, the measured time where a
+decisions file (``python -m mpicomm.tune --collectives``) has one, and the
+choice with its source (decisions, model or table).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import socket
 import sys
+from dataclasses import replace
 
 
 def info() -> int:
@@ -93,6 +102,95 @@ def algorithms(markdown: bool = False) -> int:
     return 0
 
 
+def _explain_layout(host: str, ranks: int | None) -> tuple[int, int, int]:
+    """(p, nodes, ppn) to explain: *ranks* on one node; else the newest decisions file's layout; else 2 on one node."""
+    from mpicomm import decisions
+
+    if ranks is not None:
+        return ranks, 1, ranks
+    for layout in decisions.saved_layouts(host):
+        found = re.fullmatch(r"p(\d+)-(\d+)x(\d+)", layout)
+        if found:
+            p, nodes, ppn = map(int, found.groups())
+            return p, nodes, ppn
+    return 2, 1, 2
+
+
+def explain(collective: str, size: int, ranks: int | None = None) -> int:
+    """Print why ``auto`` picks its algorithm for *collective* at *size* bytes (see the module docstring)."""
+    from mpicomm import decisions, model, registry
+    from mpicomm.bench.metrics import COLLECTIVES, layout
+
+    known = registry.table()
+    if collective not in known and collective in COLLECTIVES:  # a benchmark name (reduce_scatter_block's)
+        collective = COLLECTIVES[collective].registry
+    if collective not in known:
+        print(f"python -m mpicomm algorithms --explain: unknown collective {collective!r}; known: "
+              f"{', '.join(sorted(known))}", file=sys.stderr)
+        return 2
+    host = socket.gethostname()
+    p, nodes, ppn = _explain_layout(host, ranks)
+    key = model.layout_key(p, nodes, ppn)
+    spec = next((s for s in COLLECTIVES.values() if s.registry == collective), None)
+    if spec is not None and spec.name != "barrier":
+        count = layout(spec.name, size, p)[0]
+        nbytes: int | None = count * 8 * (1 if spec.whole or spec.name in ("gather", "scatter") else p)
+        op = "sum" if spec.op else None
+    else:
+        count, nbytes = (max(1, size // 8), size) if collective != "barrier" else (0, None)
+        op = "sum" if collective in ("reduce", "allreduce", "scan", "exscan", "reduce_scatter") else None
+    lines = [f"{collective}, size {size} B (as python -m mpicomm.bench and mpicomm.tune --sizes count it; "
+             f"selection size {nbytes if nbytes is not None else '-'} B, float64{' sum' if op else ''}), "
+             f"p = {p} on {nodes} node(s), "
+             f"up to {ppn} per node (layout {key}), host {host}"]
+    path = decisions.path_for(host, key)
+    try:
+        measured = decisions.load_for(host, key, registry.algorithms)
+    except (OSError, decisions.DecisionsError) as exc:
+        measured = None
+        lines.append(f"decisions: ignored: {exc}")
+    else:
+        lines.append(f"decisions: {path} (measured {measured.measured or '?'})" if measured is not None
+                     else f"decisions: none for this layout ({path}; write them with "
+                          f"mpiexec -n {p} python -m mpicomm.tune --collectives)")
+    fitted = model.load(host, key, quiet=True)
+    machine = fitted if fitted is not None else replace(model.NOMINAL, ppn=ppn, nodes=nodes, host=host)
+    lines.append(f"model: fitted {model.path_for(host, key)}" if fitted is not None
+                 else f"model: nominal (no fit saved for this layout: {model.path_for(host, key)})")
+    facts = {"p": p, "bytes": nbytes, "count": count, "commutative": True, "op": op, "nodes": nodes, "ppn": ppn,
+             "device": False, "machine": fitted, "decisions": measured, "blocking": True}
+    point = measured.measured_at(collective, nbytes) if measured is not None else None
+    at = "" if point is None else f" at {point.get('bytes')} B" if point.get("bytes") != nbytes else ""
+    rows = [("algorithm", "allowed", "model (us)", f"measured (us){at}")]
+    for name, algorithm in sorted(known[collective].items()):
+        why = registry.allowed(algorithm, facts)
+        try:
+            predicted = f"{registry.predict(collective, name, nbytes or 0, p, machine) * 1e6:.1f}"
+        except (LookupError, ValueError):
+            predicted = "-"
+        seconds = (point or {}).get("us", {}).get(name)
+        rows.append((name, "yes" if why is None else f"no: {why}", predicted,
+                     f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines.append("")
+    try:
+        table_pick = registry.auto(collective, facts).name
+        chosen, source = registry.choose(collective, None, None, facts)
+    except ValueError as exc:
+        print("\n".join(lines + [f"no algorithm can run: {exc}"]))
+        return 1
+    lines += [f"{'*' if r[0] == chosen.name else ' '} {r[0]:<{widths[0]}}  {r[2]:>{widths[2]}}  "
+              f"{r[3]:>{widths[3]}}  {r[1]}" for r in rows]
+    lines.append("")
+    lines.append(f"table: {table_pick}")
+    why = {"decisions": f"measured fastest for this size ({path})", "model": "least predicted time",
+           "table": "first matching rule of the static table (no decision covers this size, no fitted model)",
+           "environment": f"MPICOMM_{collective.upper()}_ALGORITHM is set"}.get(source, source)
+    lines.append(f"auto (*): {chosen.name} (from the {source}: {why})")
+    print("\n".join(lines))
+    return 0
+
+
 COMMANDS = {"info": info, "algorithms": algorithms}
 
 
@@ -101,7 +199,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=sorted(COMMANDS),
                         help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
+    parser.add_argument("--explain", nargs=2, metavar=("COLLECTIVE", "SIZE"),
+                        help="algorithms: why auto picks its algorithm for COLLECTIVE at SIZE bytes (1M, 64K, 8; "
+                             "the benchmark's Size): each algorithm allowed or why not, predicted and measured "
+                             "times, the choice and its source (decisions, model, table); no mpiexec needed")
+    parser.add_argument("--ranks", type=int, metavar="N",
+                        help="with --explain: N ranks on one node (default: the layout of this host's newest "
+                             "decisions file, else 2)")
     args = parser.parse_args(argv)
+    if args.ranks is not None and args.ranks < 1:
+        parser.error(f"--ranks {args.ranks}: must be >= 1")
+    if (args.explain or args.ranks is not None) and args.command != "algorithms":
+        parser.error("--explain and --ranks go with the algorithms command: python -m mpicomm algorithms "
+                     "--explain allreduce 1M")
+    if args.ranks is not None and not args.explain:
+        parser.error("--ranks needs --explain COLLECTIVE SIZE")
+    if args.command == "algorithms" and args.explain:
+        from mpicomm.bench.metrics import parse_sizes
+
+        try:
+            size = parse_sizes(args.explain[1])
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"--explain {args.explain[0]} {args.explain[1]}: {exc}")
+        if len(size) != 1:
+            parser.error(f"--explain takes one size, not {args.explain[1]!r} (e.g. 1M)")
+        return explain(args.explain[0], size[0], args.ranks)
     if args.command == "algorithms":
         return algorithms(args.markdown)
     return COMMANDS[args.command]()

@@ -11,11 +11,15 @@ Choosing an algorithm is data, in this order of precedence:
 1. the call's ``algorithm=`` argument (``"auto"`` or None passes);
 2. the communicator's default (``comm.set_algorithm(collective, name)``);
 3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
-4. ``auto``, with a fitted model of the machine (``facts["machine"]``, a
+4. ``auto``, with measured decisions for the communicator's layout
+   (``facts["decisions"]``, :mod:`mpicomm.decisions`, written by
+   ``python -m mpicomm.tune --collectives``) that cover the message size: the
+   algorithm measured fastest there, when it is allowed;
+5. ``auto``, with a fitted model of the machine (``facts["machine"]``, a
    :class:`mpicomm.model.Machine`) and a known message size: the allowed
    algorithm with the least :func:`predict` (ties, within a
    relative 1e-9: the first name in alphabetical order);
-5. otherwise :data:`SELECTION`, the static table: per collective, rules tried
+6. otherwise :data:`SELECTION`, the static table: per collective, rules tried
    in order; the first whose conditions hold (and whose algorithm is allowed)
    wins. Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
    (the message size, see :func:`mpicomm.coll.args.selection_bytes`),
@@ -29,13 +33,13 @@ is about speed only - every algorithm runs with any count, count < p included -
 so the model ignores it.
 
 :func:`choose` returns the algorithm and where the choice came from
-(``"call"``, ``"communicator"``, ``"environment"``, ``"model"``, ``"table"``);
+(``"call"``, ``"communicator"``, ``"environment"``, ``"decisions"``, ``"model"``, ``"table"``);
 both are logged at debug level on the ``mpicomm`` logger.
 
 Facts (every key optional): ``p`` ranks, ``bytes`` (selection size or None),
 ``count``, ``commutative`` and ``op`` (its name), ``nodes`` and ``ppn`` (the
 communicator's layout), ``device`` (true, or a device object, when the
-buffers are not host memory; None/False on the host), ``machine``.
+buffers are not host memory; None/False on the host), ``machine``, ``decisions``.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ import importlib
 import logging
 import math
 import pkgutil
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -233,6 +236,21 @@ def _by_model(collective: str, facts: dict, machine: Any) -> tuple[Algorithm, st
     return best, why
 
 
+def _by_decisions(collective: str, facts: dict) -> tuple[Algorithm, str] | None:
+    """The measured decision (``facts["decisions"]``, a :class:`mpicomm.decisions.Decisions`) for this size, if one
+    covers it and its algorithm can run here; None leaves the choice to the model or the table. Decisions are
+    measured on host arrays at one p, so device buffers and other sizes of communicator skip them."""
+    decisions = facts.get("decisions")
+    if decisions is None or facts.get("device") or decisions.p != (facts.get("p") or 1):
+        return None
+    name = decisions.algorithm_for(collective, facts.get("bytes"))
+    _load()
+    algorithm = _TABLE.get(collective, {}).get(name) if name is not None else None
+    if algorithm is None or allowed(algorithm, facts) is not None:
+        return None
+    return algorithm, f"measured fastest at this size ({decisions.layout})"
+
+
 def register(collective: str, name: str, **restrictions: bool) -> Callable[[Callable], Callable]:
     """Decorator: register a step-generator function as *collective*'s algorithm *name*."""
 
@@ -280,7 +298,7 @@ def choose(collective: str, requested: str | None, comm_default: str | None = No
     """Resolve the algorithm for one call and say where the choice came from (see the module docstring).
 
     Returns ``(algorithm, source)``, source one of ``"call"``,
-    ``"communicator"``, ``"environment"``, ``"model"``, ``"table"``. A named
+    ``"communicator"``, ``"environment"``, ``"decisions"``, ``"model"``, ``"table"``. A named
     algorithm that is not :func:`allowed` with these *facts* (a non-commutative
     op for a commutative-only one, several nodes for a single-node one...)
     raises ValueError with the reason and the algorithms that can run.
@@ -304,11 +322,10 @@ def choose(collective: str, requested: str | None, comm_default: str | None = No
             break
     else:
         machine = facts.get("machine")
-        picked = None
-        if machine is not None and facts.get("bytes") is not None and (facts.get("p") or 1) > 1:
-            picked = _by_model(collective, facts, machine)
+        picked, source = _by_decisions(collective, facts), "decisions"
+        if picked is None and machine is not None and facts.get("bytes") is not None and (facts.get("p") or 1) > 1:
+            picked, source = _by_model(collective, facts, machine), "model"
         if picked is not None:
-            source = "model"
             algorithm, note = picked
         else:
             source = "table"
@@ -396,24 +413,15 @@ def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: Mac
     """Predicted seconds for one call of *collective* with *algorithm*, *nbytes* (n of the catalogue), *p* ranks.
 
     The formula plus ``machine.overhead``, plus ``machine.validation`` when
-    validation is on (``MPICOMM_VALIDATE``, read now). *machine* None: the fit
-    of ``MPI.COMM_WORLD``'s communicator state if one exists and a fit is saved
-    for its layout, else :data:`~mpicomm.model.NOMINAL` with its layout; never
-    starts MPI or a collective (before any ``Comm`` exists: NOMINAL).
+    validation is on (``MPICOMM_VALIDATE``, read now). *machine* None:
+    :data:`~mpicomm.model.NOMINAL` (``mpicomm.predict``, :func:`mpicomm.state.predict`,
+    takes the world communicator's fit instead).
     """
-    m = machine if machine is not None else _default_machine()
+    m = machine if machine is not None else NOMINAL
     seconds = communication(collective, algorithm, nbytes, p, m) + m.overhead
     if config.validate():
         seconds += m.validation
     return seconds
-
-
-def _default_machine() -> Machine:
-    if "mpicomm.state" not in sys.modules:  # no communicator state yet: do not start MPI to find none
-        return NOMINAL
-    from .state import world_machine
-
-    return world_machine()
 
 
 def cheapest(m: Machine, collective: str, n: float, q: int, link: Link, spans_nodes: bool) -> float:

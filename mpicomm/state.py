@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config, launcher, model, p2p
+from . import config, decisions, launcher, model, p2p, registry
 from .requests import barrier
 
-__all__ = ["State", "state_of", "as_state", "job_local_rank", "world_machine"]
+__all__ = ["State", "state_of", "as_state", "job_local_rank", "world_machine", "predict"]
 
 
 class State:
@@ -55,6 +55,7 @@ class State:
     choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
     plans: dict[tuple, Any]  #: plans of repeated blocking calls, by their signature
     machine: Any  #: the fitted cost model (:class:`mpicomm.model.Machine`) or None
+    decisions: Any  #: measured decisions for this layout (:class:`mpicomm.decisions.Decisions`) or None
     arena: Any  #: the shared-memory arena (:class:`mpicomm.shm.Arena`), made by the first shm call
     levels: Any  #: the hierarchy's levels (:class:`mpicomm.coll.hierarchy.Levels`), made by the first use
     freed: bool
@@ -88,6 +89,8 @@ class State:
         self.choices = {}
         self.plans = {}
         self.machine = model.for_comm(self.library_comm, self.host, self.nodes, self.local_size)
+        # measured decisions (python -m mpicomm.tune --collectives), loaded by rank 0 and broadcast
+        self.decisions = decisions.for_comm(self.library_comm, self.host, self.nodes, self.ppn, registry.algorithms)
         self.arena = None
         self.levels = None
         self.freed = False
@@ -205,3 +208,13 @@ def world_machine() -> model.Machine:
     if state.machine is not None:
         return state.machine
     return replace(model.NOMINAL, ppn=state.ppn, nodes=state.nodes, host=state.host)
+
+
+def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: model.Machine | None = None) -> float:
+    """Predicted seconds of one call (:func:`mpicomm.registry.predict`); *machine* None: :func:`world_machine`.
+
+    ``mpicomm.predict``: the model of the machine this job runs on when a
+    ``Comm`` over ``MPI.COMM_WORLD`` exists and a fit is saved for its layout,
+    else :data:`~mpicomm.model.NOMINAL` (never starts MPI or a collective).
+    """
+    return registry.predict(collective, algorithm, nbytes, p, machine if machine is not None else world_machine())

@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python -m mpicomm.tune                  # fit, print the fit, save it
     mpiexec -n 2 python -m mpicomm.tune --show           # print the saved fit for this layout
+    mpiexec -n 2 python -m mpicomm.tune --collectives    # time every algorithm, save the measured decisions
 
 Measures, on the current machine and rank layout (N ≥ 2 ranks):
 
@@ -34,6 +35,16 @@ else ``$XDG_CACHE_HOME/mpicomm``, else ``~/.cache/mpicomm``), named by rank
 0's host and the layout (ranks, nodes, most ranks per node); every
 ``mpicomm.Comm`` with that layout on that host then loads it, and
 ``algorithm="auto"`` picks the algorithm the model predicts fastest.
+
+With ``--collectives``, nothing is fitted: every registered algorithm of
+each collective (``--collective``, default all of ``python -m mpicomm.bench``'s)
+that can run at this p and layout is timed on plain NumPy float64 arrays over
+``--sizes`` (default 8 B to 16 MiB), all of them interleaved in ``--rounds``
+rounds per size, each taking its median round (:func:`mpicomm.bench.time_algorithms`).
+The fastest at each size becomes a decision, and the decisions are saved as a
+hand-editable JSON file of size ranges per collective next to the fit
+(:mod:`mpicomm.decisions`); every ``mpicomm.Comm`` of that host and layout
+loads it, and ``auto`` follows it before the model for the sizes it covers.
 """
 
 from __future__ import annotations
@@ -48,9 +59,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import model
+from . import decisions, model
 
-__all__ = ["main", "measure", "Fit", "fit_regimes", "fit_knee", "last_level_cache", "cache_threshold"]
+__all__ = ["main", "measure", "Fit", "fit_regimes", "fit_knee", "last_level_cache", "cache_threshold",
+           "measure_collectives", "collective_iterations", "auto_closeness"]
 
 _ROUNDS = 5
 
@@ -453,6 +465,157 @@ def report(fit: Fit) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- measured decisions (--collectives)
+
+
+def collective_iterations(nbytes: int, requested: int | None = None) -> int:
+    """Calls per algorithm and size when deciding: *requested*, else 200 for small messages down to 10 from 400 KiB
+    (about 4 MiB moved per algorithm, so the large sizes do not take minutes on a small machine)."""
+    return requested if requested else max(10, min(200, (4 << 20) // max(nbytes, 1)))
+
+
+def auto_closeness(points: Sequence[dict], tolerance: float = 0.10) -> tuple[int, int]:
+    """(points where ``auto`` was within *tolerance* of the fastest algorithm, points with ``auto`` measured).
+
+    *points*: rows of :func:`mpicomm.bench.time_algorithms` (``us`` by name, ``auto`` among them)."""
+    close = total = 0
+    for pt in points:
+        times = {n: t for n, t in pt["us"].items() if n != "auto"}
+        if "auto" not in pt["us"] or not times:
+            continue
+        total += 1
+        close += pt["us"]["auto"] <= (1 + tolerance) * min(times.values())
+    return close, total
+
+
+def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[int], iters: int | None = None,
+                        rounds: int = 5, show: bool = True) -> tuple[decisions.Decisions, list[str]]:
+    """Time every usable algorithm of each of *collectives* (``python -m mpicomm.bench`` names) at *sizes* and
+    decide; COLLECTIVE over *comm* (an ``mpicomm.Comm``). Returns the decisions (the same on every rank) and
+    lines of text describing what was measured (on rank 0; empty elsewhere)."""
+    from mpi4py import MPI
+
+    from .bench import measure as bench_measure
+    from .bench.metrics import COLLECTIVES
+
+    plain = MPI.Intracomm(comm)
+    rank, p = plain.Get_rank(), plain.Get_size()
+    host = plain.bcast(comm.host, root=0)
+    ranges: dict[str, tuple[decisions.Range, ...]] = {}
+    measured: dict[str, list[dict]] = {}
+    lines: list[str] = []
+    close = total = kept = compared = 0
+    loaded = getattr(getattr(comm, "_state", None), "decisions", None)  # what this communicator's auto followed
+    for name in collectives:
+        spec = COLLECTIVES[name]
+        names, notes = bench_measure.usable_algorithms(spec, comm)
+        _progress(show and rank == 0, f"{name}: {', '.join(names)}" + "".join(f"; {n}" for n in notes))
+        rows = bench_measure.time_algorithms(
+            comm, spec, names + ["auto"], sizes, iters=lambda n: collective_iterations(n, iters), rounds=rounds,
+            progress=(lambda text: _progress(True, text)) if show else None)
+        points = [{"bytes": r["bytes"], "us": {n: round(t, 3) for n, t in r["us"].items() if n != "auto"}}
+                  for r in rows]
+        ranges[spec.registry] = decisions.decide(points)
+        measured[spec.registry] = points
+        near, count = auto_closeness(rows)
+        close, total = close + near, total + count
+        if loaded is not None:  # the earlier decisions, judged on this run's times
+            near, count = auto_closeness([{"us": {**pt["us"], "auto": pt["us"][pick]}} for pt in points
+                                          if (pick := loaded.algorithm_for(spec.registry, pt["bytes"])) in pt["us"]])
+            kept, compared = kept + near, compared + count
+        if rank == 0:
+            lines += _collective_lines(spec.registry, names, rows, ranges[spec.registry], notes)
+    if rank == 0 and total:
+        lines.append(f"auto as this run chose it (decisions, model or table; its own timed calls): within 10 % of "
+                     f"the fastest algorithm at {close} of {total} points")
+    if rank == 0 and loaded is not None:
+        lines.append(f"the decisions this run loaded (measured {loaded.measured or '?'}): their algorithm within "
+                     f"10 % of this run's fastest at {kept} of {compared} points they cover")
+    result = decisions.Decisions(p, comm.nodes, comm.ppn, ranges, host, model.now(), measurements=measured)
+    return result, lines
+
+
+def _collective_lines(collective: str, names: list[str], rows: list[dict], ranges: Sequence[decisions.Range],
+                      notes: list[str]) -> list[str]:
+    """One collective's measurements (median µs per call, mean over ranks) and the ranges decided from them."""
+    from .bench.report import markdown_table
+
+    header = ["bytes", *names, "auto", "fastest"]
+    cells = []
+    for r in rows:
+        best = min(names, key=r["us"].__getitem__)
+        auto = r.get("auto", {})
+        cells.append([str(r["bytes"] if r["bytes"] is not None else "-"), *(f"{r['us'][n]:.1f}" for n in names),
+                      f"{r['us']['auto']:.1f} ({auto.get('algorithm', '?')}, {auto.get('source', '?')})", best])
+    decided = "; ".join(f"up to {rng.max_bytes} B: {rng.algorithm}" if rng.max_bytes is not None
+                        else f"every size: {rng.algorithm}" for rng in ranges)
+    return ["", f"{collective} (median us per call over rounds, mean over ranks):",
+            markdown_table(header, cells), *(f"note: {n}" for n in notes), f"decided: {decided}"]
+
+
+def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
+    """``--collectives``: measure, print, save the decisions (or, with ``--show``, print the saved ones)."""
+    from mpi4py import MPI
+
+    plain = MPI.Intracomm(comm)
+    rank, p = plain.Get_rank(), plain.Get_size()
+    layout = model.layout_key(p, comm.nodes, comm.ppn)
+    if args.show:
+        if rank != 0:
+            return plain.bcast(None, root=0)
+        path = decisions.path_for(comm.host, layout)
+        try:
+            text = decisions.load(path).to_json()
+            status = 0
+        except FileNotFoundError:
+            print(f"no decisions saved for host {comm.host} and layout {layout} ({path}); "
+                  f"run: mpiexec -n {p} python -m mpicomm.tune --collectives", file=sys.stderr)
+            status = 1
+        except (OSError, decisions.DecisionsError) as exc:
+            print(str(exc), file=sys.stderr)
+            status = 1
+        else:
+            print(f"{path}:\n{text}", end="")
+        return plain.bcast(status, root=0)
+    if p < 2:
+        print("mpicomm.tune --collectives needs at least 2 ranks: mpiexec -n 2 python -m mpicomm.tune --collectives",
+              file=sys.stderr)
+        return 2
+    result, lines = measure_collectives(comm, args.collective, args.sizes, args.iters, args.rounds,
+                                        show=not args.quiet)
+    status = 0
+    if rank == 0:
+        print(f"mpicomm.tune --collectives: {p} ranks on {comm.nodes} node(s), up to {comm.ppn} per node "
+              f"(layout {layout}), host {result.host}")
+        print("\n".join(lines))
+        try:
+            path = decisions.save(result, args.out)
+        except OSError as exc:
+            print(f"\ncould not save the decisions: {exc}; set MPICOMM_CACHE_DIR to a writable directory or use "
+                  f"--out", file=sys.stderr)
+            status = 1
+        else:
+            print(f"\nsaved: {path}")
+            if args.out and os.path.abspath(args.out) != decisions.path_for(result.host, layout):
+                print(f"(communicators load {decisions.path_for(result.host, layout)}; copy it there to use it)")
+    return plain.bcast(status, root=0)
+
+
+def _collective_names(text: str) -> list[str]:
+    """``--collective allreduce,bcast`` → those names (``python -m mpicomm.bench`` names or registry names)."""
+    from .bench.metrics import COLLECTIVES
+
+    aliases = {spec.registry: name for name, spec in COLLECTIVES.items()}
+    if text.strip() == "all":
+        return list(COLLECTIVES)
+    names = [aliases.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in COLLECTIVES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown collective(s) {', '.join(map(repr, bad)) or '(none)'}; "
+                                         f"valid: all, {', '.join(COLLECTIVES)} (comma-separated)")
+    return list(dict.fromkeys(names))
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     from .bench import parse_sizes
 
@@ -465,9 +628,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                "$XDG_CACHE_HOME/mpicomm, else ~/.cache/mpicomm; every mpicomm.Comm with the same host and layout "
                "loads it, and algorithm='auto' then follows the model.",
     )
-    parser.add_argument("--sizes", type=parse_sizes, default=parse_sizes("8:64M"),
+    parser.add_argument("--sizes", type=parse_sizes, default=None,
                         help="message sizes in bytes: LOW:HIGH (powers of two) or a list (default 8:64M, "
-                             "past the cache, so both regimes are fitted)")
+                             "past the cache, so both regimes are fitted; with --collectives 8:16M, in the "
+                             "benchmark's Size: the vector, or one rank's block for allgather, alltoall, gather, "
+                             "scatter)")
     parser.add_argument("--iters", type=int, default=None,
                         help="iterations per size and per measurement (default: 1000 round trips up to 8 KiB, "
                              "fewer above)")
@@ -475,10 +640,37 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="write the fit to PATH instead of the cache directory (communicators load only "
                              "the cache directory's file)")
     parser.add_argument("--show", action="store_true",
-                        help="print the fit saved for this host and layout, measure nothing")
+                        help="print the fit (with --collectives: the decisions) saved for this host and layout, "
+                             "measure nothing")
+    parser.add_argument("--collectives", action="store_true",
+                        help="instead of fitting the model, time every registered algorithm of each collective "
+                             "and save the fastest per size range as measured decisions, which auto follows "
+                             "before the model (decisions-<host>-<layout>.json next to the fit)")
+    parser.add_argument("--collective", type=_collective_names, default=None, metavar="all|NAME,...",
+                        help="with --collectives: the collectives to decide (default all: allreduce, bcast, "
+                             "reduce, allgather, alltoall, reduce_scatter, gather, scatter, scan, barrier)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="with --collectives: interleaved rounds per size; each algorithm's time is its "
+                             "median round (default 5)")
+    parser.add_argument("--out", metavar="FILE",
+                        help="with --collectives: write the decisions to FILE instead of the cache directory "
+                             "(communicators load only the cache directory's file)")
+    parser.add_argument("--quiet", action="store_true", help="with --collectives: no progress lines on stderr")
     args = parser.parse_args(argv)
     if args.iters is not None and args.iters < 1:
         parser.error(f"--iters {args.iters}: must be >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be >= 1")
+    if not args.collectives:
+        for option, value in (("--collective", args.collective), ("--out", args.out)):
+            if value:
+                parser.error(f"{option} needs --collectives (it chooses what to decide); "
+                             f"e.g. python -m mpicomm.tune --collectives {option} ...")
+    if args.collectives:
+        args.sizes = args.sizes or parse_sizes("8:16M")
+        args.collective = args.collective or _collective_names("all")
+        return args
+    args.sizes = args.sizes or parse_sizes("8:64M")
     if len(set(args.sizes)) < 2:
         parser.error(f"--sizes: {args.sizes} has fewer than two sizes; a line needs at least two (e.g. 8:64K)")
     return args
@@ -494,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = mpicomm.Comm()
     plain = MPI.Intracomm(comm)
     rank, p = plain.Get_rank(), plain.Get_size()
+    if args.collectives:
+        return _collectives_main(args, comm)
     if args.show:
         ppn = getattr(comm, "ppn", None) or plain.allreduce(comm.local_size, op=MPI.MAX)
         if rank != 0:

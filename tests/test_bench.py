@@ -284,3 +284,53 @@ def test_bad_algorithm_name_exits_2_on_every_rank():
 
     assert "valid: all, auto, " in result.stderr
     assert all(name in result.stderr for name in mpicomm.algorithms("alltoall"))
+
+
+# ---------------------------------------------------------------- the package's layers, and timing for tune
+
+
+@pytest.mark.serial
+def test_bench_submodules_import_downward_only():
+    import ast
+    import os
+
+    order = ["metrics", "measure", "report", "cli"]
+    folder = os.path.dirname(bench.__file__)
+    for index, name in enumerate(order):
+        with open(os.path.join(folder, name + ".py")) as f:
+            tree = ast.parse(f.read())
+        imported = set()
+        for node in ast.walk(tree):  # function-level imports count too
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1:
+                    imported.add((node.module or "").split(".")[0])
+                elif node.module and node.module.startswith("mpicomm.bench"):
+                    imported.add(node.module.split(".")[2] if node.module.count(".") > 1 else "__init__")
+        allowed = set(order[:index])
+        assert imported <= allowed, f"bench/{name}.py imports {sorted(imported - allowed)}, above it"
+
+
+@pytest.mark.serial
+def test_the_package_runs_as_a_module():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "mpicomm.bench", "--help"], capture_output=True, text=True,
+                          timeout=60, env=mpirun.clean_env())
+    assert done.returncode == 0 and "usage: python -m mpicomm.bench" in done.stdout and "pingpong" in done.stdout
+
+
+@pytest.mark.mpi
+def test_time_algorithms_gives_every_rank_the_medians(comm):
+    spec = COLLECTIVES["allgather"]
+    rows = bench.time_algorithms(comm, spec, ["ring", "linear", "auto"], [8, 1024, 1000], iters=lambda n: 4,
+                                 rounds=3)
+    p = comm.size
+    assert [r["size"] for r in rows] == [8, 1024, 1000]  # sizes that round alike would be measured once
+    assert [r["bytes"] for r in rows] == [model_bytes("allgather", r["count"], 8, p) for r in rows]
+    for r in rows:
+        assert set(r["us"]) == {"ring", "linear", "auto"} and all(t > 0 for t in r["us"].values())
+        assert r["auto"]["algorithm"] in ("bruck", "hierarchical", "linear", "recursive_doubling", "ring", "shm")
+    assert comm.allgather(rows) == [rows] * p  # the same numbers everywhere
+    barrier = bench.time_algorithms(comm, COLLECTIVES["barrier"], ["native", "dissemination"], [8, 64],
+                                    iters=lambda n: 2, rounds=2)
+    assert len(barrier) == 1 and barrier[0]["bytes"] is None

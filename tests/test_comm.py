@@ -157,9 +157,9 @@ def test_machine_is_the_saved_fit_on_every_rank(comm, monkeypatch):
 
 
 def test_predict_is_exported():
-    from mpicomm import registry
+    from mpicomm import state
 
-    assert mpicomm.predict is registry.predict
+    assert mpicomm.predict is state.predict
 
 
 def test_bad_constructor_arguments():

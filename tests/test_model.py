@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+import mpicomm
 from mpicomm import model, registry
 
 #: A fixed machine: intra α 2 µs, β 1 ns/B; inter α 10 µs, β 4 ns/B; γ 0.5 ns/B; δ 0.25 ns/B; 4 ranks per node.
@@ -175,7 +176,7 @@ def test_predict_without_a_machine_uses_the_world_communicators_fit_or_nominal(c
     expected = comm.machine if getattr(comm, "machine", None) is not None else replace(
         model.NOMINAL, ppn=getattr(comm, "ppn", comm.local_size), nodes=comm.nodes, host=comm.host)
     for p in (2, 5):
-        assert registry.predict("allreduce", "ring", 1 << 20, p) == registry.predict("allreduce", "ring", 1 << 20, p,
+        assert mpicomm.predict("allreduce", "ring", 1 << 20, p) == registry.predict("allreduce", "ring", 1 << 20, p,
                                                                                machine=expected)
 
 

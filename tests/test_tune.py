@@ -154,3 +154,88 @@ def test_machine_from_fits_both_regimes_and_the_report_shows_them():
     assert re.search(r"gamma mem\s+0\.8000 ns/B", text) and "cache       1048576 B" in text
     row = [line.split() for line in text.splitlines() if re.match(r"\s+33554432\s", line)][0]
     assert row[3] in ("+0.0%", "-0.0%")  # the 32 MiB sample lies on the memory line
+
+
+# ---------------------------------------------------------------- measured decisions (--collectives)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--collectives", "--collective", "allreduce,spiral"], "unknown collective(s) 'spiral'"),
+    (["--collective", "allreduce"], "--collective needs --collectives"),
+    (["--out", "d.json"], "--out needs --collectives"),
+    (["--collectives", "--rounds", "0"], "--rounds 0: must be >= 1"),
+])
+def test_bad_collectives_options_are_named(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        tune.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_collective_names_accept_benchmark_and_registry_names():
+    assert tune._collective_names("allreduce,reduce_scatter_block,allreduce") == ["allreduce", "reduce_scatter"]
+    assert "barrier" in tune._collective_names("all")
+
+
+def test_auto_closeness_counts_points_within_ten_percent():
+    points = [{"us": {"ring": 10.0, "naive": 20.0, "auto": 10.9}},  # within 10 %
+              {"us": {"ring": 10.0, "naive": 20.0, "auto": 11.5}},  # not
+              {"us": {"ring": 10.0}}]  # auto not measured: not counted
+    assert tune.auto_closeness(points) == (1, 2)
+
+
+@pytest.mark.launches
+def test_tune_collectives_writes_decisions_that_a_communicator_uses(tmp_path):
+    from mpicomm import decisions, registry
+
+    env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
+    result = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--collectives", "--collective",
+                            "allreduce,barrier", "--sizes", "8,4K", "--iters", "4", "--rounds", "2", "--quiet"],
+                        timeout=180, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    saved = re.search(r"^saved: (.+)$", result.stdout, re.M)
+    assert saved, result.stdout
+    path = saved.group(1).strip()
+    assert os.path.dirname(path) == str(tmp_path) and os.path.basename(path).startswith("decisions-")
+    assert path.endswith("-p2-1x2.json") and "decided: " in result.stdout and "within 10 % of the fastest" in result.stdout
+    found = decisions.load(path, registry.algorithms)
+    assert (found.p, found.nodes, found.ppn) == (2, 1, 2) and set(found.collectives) == {"allreduce", "barrier"}
+    assert found.collectives["allreduce"][-1].max_bytes == 4096  # up to the largest size measured
+    assert found.collectives["barrier"][0].max_bytes is None
+    assert [pt["bytes"] for pt in found.measurements["allreduce"]] == [8, 4096]
+    small = found.algorithm_for("allreduce", 8)
+
+    program = ("import numpy as np, mpicomm; from mpicomm.coll import dispatch; c = mpicomm.Comm(); "
+               "a = dispatch.Args('allreduce', dtype=np.dtype(np.float64), count=1); "
+               "b = dispatch.Args('allreduce', dtype=np.dtype(np.float64), count=1 << 20); "
+               "x = np.ones(1); y = np.empty(1); c.Allreduce(x, y); assert y[0] == 2; "
+               "(small, source), big = dispatch._choose(c, a, None), dispatch._choose(c, b, None)[1]; "
+               "every = c.gather((c.rank, small.name, source, big), root=0); "
+               "c.rank == 0 and print(*('CHOICE %d %s %s %s' % row for row in every), sep='\\n')")
+    used = mpirun.run(2, [sys.executable, "-c", program], timeout=120, env=env)
+    assert used.returncode == 0, used.stdout + used.stderr
+    lines = sorted(line.split() for line in used.stdout.splitlines() if line.startswith("CHOICE"))
+    assert lines == [["CHOICE", "0", small, "decisions", "table"], ["CHOICE", "1", small, "decisions", "table"]]
+
+    shown = mpirun.run(2, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--show"], timeout=60, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert path in shown.stdout and '"format": "mpicomm-decisions"' in shown.stdout
+
+    # a second run, elsewhere: the saved decisions stay, and are judged on the new times
+    other = tmp_path / "again.json"
+    again = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--collectives", "--collective",
+                           "allreduce", "--sizes", "8", "--iters", "4", "--rounds", "2", "--quiet", "--out",
+                           str(other)], timeout=120, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.search(r"the decisions this run loaded .*: their algorithm within 10 % of this run's fastest at "
+                     r"\d of 1 points", again.stdout), again.stdout
+    assert f"communicators load {path}" in again.stdout and other.exists()
+    assert decisions.load(path) == found  # untouched
+
+
+@pytest.mark.launches
+def test_tune_collectives_needs_two_ranks(tmp_path):
+    env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
+    result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--sizes", "8"], timeout=60, env=env)
+    assert result.returncode == 2 and "needs at least 2 ranks" in result.stderr
+    result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--show"], timeout=60, env=env)
+    assert result.returncode == 1 and "no decisions saved" in result.stderr and "p1-1x1" in result.stderr

@@ -86,6 +86,7 @@ def _facts(state: State, args: Args, nbytes: int | None, blocking: bool = True) 
         "ppn": state.ppn,
         "device": args.xp is not None and args.xp is not np,
         "machine": state.machine,
+        "decisions": state.decisions,
         "blocking": blocking,
     }
 

@@ -1,0 +1,181 @@
+"""The command line: ``python -m mpicomm.bench BENCHMARK [options]``, one sub-command per benchmark.
+
+Each sub-command measures (:mod:`mpicomm.bench.measure`) on every rank and
+reports (:mod:`mpicomm.bench.report`) on rank 0; this module only wires
+the two to argparse and to the exit status every rank agrees on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from .measure import _requested, collective_run, pingpong_rows
+from .metrics import COLLECTIVES, Collective, parse_sizes
+from .report import Report, _bandwidth_text, collective_report, finish, pingpong_report
+
+__all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A sub-command: *run* measures and returns a :class:`Report` (the same on every rank that prints)."""
+
+    name: str
+    run: Callable[[argparse.Namespace], "Report"]
+    summary: str
+    description: str = ""
+    collective: bool = False
+
+
+
+BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def benchmark(name: str) -> Callable:
+    """Register a benchmark sub-command (its docstring's first line is its help)."""
+
+    def register(fn: Callable) -> Callable:
+        doc = (fn.__doc__ or name).strip()
+        BENCHMARKS[name] = Benchmark(name, fn, doc.splitlines()[0], doc)
+        return fn
+
+    return register
+
+
+@benchmark("pingpong")
+def pingpong(args: argparse.Namespace) -> Report:
+    """Ranks 0 and 1 bounce a message: mpi4py Send/Recv against mpicomm send_array/recv_array."""
+    return pingpong_report(args, pingpong_rows(args))
+
+
+def _collective(spec: Collective, args: argparse.Namespace) -> Report:
+    """Measure *spec* at every size (see :mod:`mpicomm.bench`) and build its report."""
+    return collective_report(spec, args, collective_run(spec, args))
+
+
+def _describe(spec: Collective) -> str:
+    from mpicomm import registry
+
+    names = ", ".join(registry.algorithms(spec.registry))
+    text = (f"Benchmark {spec.name}: mpicomm.Comm.{spec.method}(..., algorithm=NAME) for every algorithm ({names}) "
+            f"and auto, against MPI.COMM_WORLD.{spec.method} (native), interleaved. Size: {spec.describe_size()}.")
+    if spec.name != "barrier":
+        text += f" {_bandwidth_text(spec)}."
+    return text
+
+
+
+for _spec in COLLECTIVES.values():
+    BENCHMARKS[_spec.name] = Benchmark(
+        _spec.name, (lambda s: lambda args: _collective(s, args))(_spec),
+        f"{_spec.name}: every algorithm and auto against native MPI",
+        collective=True,
+    )
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line: one sub-command per benchmark (returned too, by name, for their own errors)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpicomm.bench",
+        description="Benchmarks of mpicomm against native MPI (mpi4py), measured interleaved in the same run.",
+        epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.bench allreduce --validate; "
+               "python -m mpicomm.bench BENCHMARK --help for a benchmark's options.",
+    )
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True,
+                                help=f"one of: {', '.join(BENCHMARKS)}")
+    subs = {}
+    for name, bench in BENCHMARKS.items():
+        description = bench.description
+        if bench.collective:
+            try:
+                description = _describe(COLLECTIVES[name])
+            except (ImportError, ValueError):  # the registry cannot load: still parse; the run reports it
+                description = bench.summary
+        p = subs[name] = sub.add_parser(name, help=bench.summary, description=description)
+        p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("8:1M"),
+                       help="sizes in bytes: LOW:HIGH (powers of two) or a list, e.g. 8:1M (default) or 8,4K,64M")
+        p.add_argument("--iters", type=int, default=None,
+                       help="iterations per size (default: OSU's, 1000 up to 8 KiB, 100 above)")
+        p.add_argument("--rounds", type=int, default=5,
+                       help="interleaved rounds per size: each runs native and every variant iters/rounds times "
+                            "(default: 5)")
+        p.add_argument("--out", metavar="FILE.md",
+                       help="also write the table, the command and the machine to this Markdown file")
+        p.add_argument("--append", action="store_true", help="with --out: append to the file instead of replacing it")
+        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+        p.add_argument("--progress", action="store_true",
+                       help="progress lines on stderr (the default for collectives)")
+        if bench.collective:
+            p.add_argument("--algorithms", default="all", metavar="all|NAME,...",
+                           help="algorithms to measure: all (default: every registered one and auto) or a "
+                                "comma-separated list (auto included)")
+            p.add_argument("--validate", action="store_true",
+                           help="after each size, check every algorithm's result against native MPI (exit 1 if any "
+                                "differs)")
+            p.add_argument("--json", metavar="OUT.json", help="write the rows, command, machine, MPI library, p, date")
+            p.add_argument("--plot", metavar="OUT.png",
+                           help="latency vs size, log-log, one line per algorithm and native (needs matplotlib)")
+            p.add_argument("--pool", action="store_true",
+                           help="also measure the shm algorithm on buffers from the shared-memory pool "
+                                "(row shm+pool)")
+    return parser, subs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run the benchmark on every rank, print and write the results on rank 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subs = _parser()
+    args = parser.parse_args(argv)
+    parser = subs[args.benchmark]  # errors from here on show the benchmark's own usage
+    if args.iters is not None and args.iters < 1:
+        parser.error(f"--iters {args.iters}: must be >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be >= 1")
+    if args.append and not args.out:
+        parser.error("--append needs --out FILE.md")
+    bench = BENCHMARKS[args.benchmark]
+    if bench.collective:
+        try:
+            _requested(COLLECTIVES[args.benchmark], args.algorithms)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                         "(or install mpicomm with the plot extra: pip install -e '.[plot]')")
+    else:
+        args.quiet = not args.progress
+    args.progress = not args.quiet
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    code = 0
+    try:
+        report = bench.run(args)
+        code = report.code
+        if world.Get_rank() == 0:
+            try:
+                finish(args, argv, report)
+            except OSError as exc:  # an output path that cannot be written: say so, exit 1 everywhere
+                print(f"python -m mpicomm.bench: cannot write the results: {exc}", file=sys.stderr, flush=True)
+                code = 1
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if world.Get_size() > 1:  # the other ranks may be waiting in a collective: end the job
+            print(f"rank {world.Get_rank()}: {args.benchmark} benchmark failed; aborting the job",
+                  file=sys.stderr, flush=True)
+            world.Abort(1)
+        raise
+    return world.allreduce(code, op=MPI.MAX)
+
