@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from . import p2p, registry, specs
 from . import device as _device
-from .buffers import array_module
+from .buffers import adopt, array_module
 from .coll import arguments, dispatch, persistent
 from .requests import Request, run
 from .state import job_local_rank, state_of
@@ -153,11 +153,17 @@ class Comm(MPI.Intracomm):
 
     def isend_array(self, x: Any, dest: int, tag: int = 0) -> Request:
         """Start sending array *x* to rank *dest*; the request completes when *x* may be reused."""
+        x = adopt(x, "x")
         p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
         return Request(p2p.send_steps(self._state.channel, x, dest, tag), "isend_array")
 
     def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
-        """Send array *x* (NumPy or CuPy, C-contiguous) to rank *dest*; the receiver learns dtype and shape."""
+        """Send array *x* (NumPy or CuPy, C-contiguous) to rank *dest*; the receiver learns dtype and shape.
+
+        *x* may be anything a buffer spec may be (a DLPack or ``__cuda_array_interface__`` exporter, a
+        ``bytearray``...): it is read where it lies.
+        """
+        x = adopt(x, "x")
         p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
         run(p2p.send_steps(self._state.channel, x, dest, tag))
 
@@ -165,6 +171,7 @@ class Comm(MPI.Intracomm):
         self, buf: Any = None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *, xp: ModuleType = np
     ) -> Request:
         """Start receiving an array; ``request.wait()`` returns it (see :meth:`recv_array`)."""
+        buf = None if buf is None else adopt(buf, "buf")
         p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
         return Request(p2p.recv_steps(self._state.channel, buf, source, tag, xp, "irecv_array"), "irecv_array")
 
@@ -183,8 +190,10 @@ class Comm(MPI.Intracomm):
         ValueError on this rank; the sender is not left waiting); without, a new
         array of the sender's dtype and shape is allocated with module *xp*
         (NumPy by default; pass ``xp=cupy`` for device memory). *status* gets
-        the source, tag and element count.
+        the source, tag and element count. *buf* may be any object a buffer
+        spec may be; the data lands in its memory.
         """
+        buf = None if buf is None else adopt(buf, "buf")
         p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
         return run(p2p.recv_steps(self._state.channel, buf, source, tag, xp), status)
 
@@ -205,6 +214,8 @@ class Comm(MPI.Intracomm):
         Without *buf* the received array uses *x*'s array module unless *xp* says otherwise.
         """
         size, tag_ub = self.Get_size(), self._state.tag_ub
+        x = adopt(x, "x")
+        buf = None if buf is None else adopt(buf, "buf")
         p2p.check_send(x, dest, sendtag, size, tag_ub)
         module = xp if xp is not None else array_module(x)
         p2p.check_recv(buf, source, recvtag, size, tag_ub, module)

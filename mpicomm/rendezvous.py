@@ -31,7 +31,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import p2p, trace
-from .buffers import array_module, check_array, element_view
+from .buffers import adopt, array_module, check_array, element_view
 from .requests import Request, Steps, barrier, progress
 from .validate import check_int, check_peer
 
@@ -70,6 +70,7 @@ class Rendezvous:
     def publish(self, key: str, array: Any) -> None:
         """Make *array* pullable as *key* (do not modify it until :meth:`close` or :meth:`unpublish`)."""
         self._key_bytes(key)
+        array = adopt(array, "array")
         check_array(array, "array")
         if self._closing:
             raise RuntimeError(f"publish({key!r}) after close(); publish before closing the rendezvous")
@@ -206,6 +207,7 @@ class Rendezvous:
         if offset < 0 or (count is not None and count < 0):
             raise ValueError(f"offset={offset}, count={count}: both must be >= 0 (count=None: to the end)")
         if out is not None:
+            out = adopt(out, "out")
             check_array(out, "out", writable=True)
         if self._closing:
             raise RuntimeError("pull after close(); pull before closing the rendezvous")

@@ -41,7 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .buffers import check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
+from .buffers import adopt, check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
 from .requests import barrier
 from .validate import agree, check_int, check_peer, check_span
 
@@ -58,6 +58,7 @@ class Window:
         problem, layout = None, (-1, 0)
         memory = None
         try:
+            buf = adopt(buf, "buf")
             self.xp: ModuleType = check_array(buf, "buf", writable=True)
             layout = (dtype_code(buf.dtype), int(buf.size))
             self._ops = ops_for(self.xp)
@@ -115,6 +116,7 @@ class Window:
     ) -> Any:
         target = self._target(target)
         if out is not None:
+            out = adopt(out, "out")
             check_array(out, "out", writable=True)
         if target == MPI.PROC_NULL:
             return out
@@ -147,6 +149,7 @@ class Window:
         return self._put(x, target, offset, None)
 
     def _put(self, x: Any, target: int, offset: int, note: dict | None) -> None:
+        x = adopt(x, "x")
         check_array(x, "x")
         target = self._target(target)
         if x.dtype != self.dtype:
