@@ -362,8 +362,10 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
 
 @cost("bcast", "shm")
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy
+    """α + n·δ + c·δ, c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk (α of the intra-node link)"""
+    from .shm import CHUNK_BYTES
+
+    return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy
 
 
 # reduce ----------------------------------------------------------------------
@@ -399,8 +401,8 @@ def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
 
 @cost("reduce", "shm")
 def _reduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+    """2α + n(2p−1)/p·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return _allreduce_shm(m, n, p)
 
 
 # allreduce -------------------------------------------------------------------
@@ -455,8 +457,8 @@ def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
 
 @cost("allreduce", "shm")
 def _allreduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+    """2α + n(2p−1)/p·δ + n(p−1)/p·γ: copy in all but the own slice, copy out everything (α of the intra-node link)"""
+    return 2 * m.intra.alpha + n * (2 * p - 1) / p * m.copy + n * (p - 1) / p * m.gamma
 
 
 # gather / scatter (n: the per-rank block; the docstrings' n is all p blocks, N = n·p) -------------------
@@ -517,8 +519,8 @@ def _allgather_bruck(m: Machine, n: float, p: int) -> float:
 
 @cost("allgather", "shm")
 def _allgather_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n(p+1)/p·δ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + n * (p + 1) / p * m.copy
+    """α + n(p+1)/p·δ  (α of the intra-node link)"""
+    return m.intra.alpha + n * (p + 1) / p * m.copy
 
 
 # alltoall (n: each rank's whole send) --------------------------------------------------------------
@@ -547,6 +549,18 @@ def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
     return _alltoall_bruck(m, n, p) + a + lg * (p / 2) * 8 * b
 
 
+@cost("alltoall", "shm")
+def _alltoall_shm(m: Machine, n: float, p: int) -> float:
+    """α + 2n(p−1)/p·δ: copy in all but the own block, copy the p − 1 others' blocks out (α of the intra-node link)"""
+    return m.intra.alpha + 2 * n * (p - 1) / p * m.copy
+
+
+@cost("alltoallv", "shm")
+def _alltoallv_shm(m: Machine, n: float, p: int) -> float:
+    """α + 2n(p−1)/p·δ, + α to agree on the scratch size"""
+    return _alltoall_shm(m, n, p) + m.intra.alpha
+
+
 # reduce_scatter (n: the whole input) ---------------------------------------------------------------
 
 
@@ -570,8 +584,8 @@ def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
 
 @cost("reduce_scatter", "shm")
 def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * _ceil_lg(p) * m.intra.alpha + n * m.copy + n * (p - 1) / p * m.gamma
+    """α + n(p−1)/p·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return m.intra.alpha + n * (p - 1) / p * (m.copy + m.gamma)
 
 
 # scan / exscan ---------------------------------------------------------------
