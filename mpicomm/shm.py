@@ -40,6 +40,7 @@ calls only (``blocking_only``), so two never overlap on a communicator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -71,7 +72,7 @@ _FIRST_NAP, _LAST_NAP = 20e-6, 1e-3  #: the sleeps between polls after that, dou
 _NOTICE = 60.0  #: seconds of waiting between notices on stderr (without MPICOMM_TIMEOUT)
 #: Elements of a large reduction are pipelined in chunks of about this many bytes: while one chunk is
 #: reduced the next is being copied in, and each chunk is still in the cache when it is reduced and copied out.
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 4 << 20
 
 
 def _round(n: int, to: int = ALIGN) -> int:
@@ -460,6 +461,7 @@ def target(a: Arena, x: Any) -> list[int]:
     return [POOL, found[0], found[1]] if found is not None else [SCRATCH, 0, 0]
 
 
+@functools.lru_cache(maxsize=256)
 def slices(count: int, p: int, itemsize: int) -> tuple[list[int], list[int]]:
     """Split *count* elements into *p* slices that start on cache lines: (counts, displs).
 
