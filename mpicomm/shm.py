@@ -66,7 +66,7 @@ SCRATCH, POOL = 0, 1  #: where a published array lives
 _SLOT = 16  #: int64 words per rank in the control window: 8 descriptor words, then the counters' cache line
 IN, RED, DONE, FAILED = 8, 9, 10, 11  #: counter words: data published, slice reduced, call finished, failed
 _MIN_SCRATCH = 1 << 20
-_SPINS = 100  #: polls before a waiting rank starts giving its core away (fewer ranks than cores)
+_SPIN_FOR = 200e-6  #: seconds a waiting rank polls before it gives its core away (no more ranks than cores)
 _YIELD_FOR = 2e-3  #: seconds of sched_yield between polls before sleeping
 _FIRST_NAP, _LAST_NAP = 20e-6, 1e-3  #: the sleeps between polls after that, doubling
 _NOTICE = 60.0  #: seconds of waiting between notices on stderr (without MPICOMM_TIMEOUT)
@@ -230,7 +230,7 @@ class Arena:
         self.what: Any = "shared-memory collective"  #: the call running now (its label names it in errors)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         # more ranks than cores: give the core away at once, the rank awaited may be the one descheduled
-        self.spins = 1 if self.p > cores else _SPINS
+        self.spin = 0.0 if self.p > cores else _SPIN_FOR
         self._scratch: _Window | None = None
         self.pools: dict[int, Pool] = {}
         self._next_pool = 0
@@ -361,35 +361,31 @@ class Arena:
 
     def _block(self, word: int, value: int, pending: list[int]) -> None:
         words = self.words
-        spins = self.spins
-        polls = 0
-        started = 0.0
+        clock = time.perf_counter
+        started = clock()
+        spin = self.spin
         nap = _FIRST_NAP
         notice = _NOTICE
-        timeout: float | None = None
+        timeout = config.timeout()
+        polls = 0
         while True:
             pending = [r for r in pending if words[r][word] < value]
             if not pending:
                 return
-            polls += 1
-            if polls < spins:
+            waited = clock() - started
+            if waited < spin:
                 continue
+            polls += 1
             for r in self.others:
                 if words[r][FAILED]:
                     self.broken = words[r][FAILED] - 1  # the rank that failed first (r may only have seen it)
                     raise RuntimeError(
-                        f"{self.what}: rank {self.broken} failed inside this shared-memory collective (its own error says "
-                        f"why); the communicator's shared-memory state is unusable from now on: use a new "
-                        f"communicator (comm.Dup()) or a message-passing algorithm"
+                        f"{self.what}: rank {self.broken} failed inside this shared-memory collective (its own "
+                        f"error says why); the communicator's shared-memory state is unusable from now on: use a "
+                        f"new communicator (comm.Dup()) or a message-passing algorithm"
                     )
             if _requests._active:
                 progress()  # serve this rank's other pending requests: a peer may wait on one of them
-            now = time.monotonic()
-            if not started:
-                started = now
-                timeout = config.timeout()
-                continue
-            waited = now - started
             if waited < _YIELD_FOR:
                 os.sched_yield()
                 continue
