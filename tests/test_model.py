@@ -76,8 +76,11 @@ HAND = [
     ("allreduce", "recursive_doubling", 1000, 6, 60.5e-6),
     # recursive doubling, p = 4: 2(α + nβ + nγ)
     ("allreduce", "recursive_doubling", 1000, 4, 2 * (2e-6 + 1e-6 + 0.5e-6) + 3e-6),
-    # shm: 2⌈lg 4⌉·α + 2n·δ + n·3/4·γ
-    ("allreduce", "shm", 4096, 4, 14.584e-6),
+    # shm: 2α + n·7/4·δ + n·3/4·γ
+    ("allreduce", "shm", 4096, 4, 10.328e-6),
+    # shm alltoall, p = 4: α + 2n·3/4·δ; alltoallv: + α
+    ("alltoall", "shm", 4096, 4, 6.536e-6),
+    ("alltoallv", "shm", 4096, 4, 8.536e-6),
     # binomial bcast, p = 5 (inter): ⌈lg 5⌉ = 3 rounds of α + nβ
     ("bcast", "binomial", 4096, 5, 82.152e-6),
     # rabenseifner reduce, p = 3 folds onto 2: 2α + n·β + n/2·γ, + fold (α + nβ + nγ), + folded root 0 (α + nβ)
@@ -343,8 +346,8 @@ MR = replace(M, cache_bytes=1 << 20, intra_mem=model.Link(2e-6, 3e-9), inter_mem
 @pytest.mark.parametrize("collective,algorithm,nbytes,p,seconds", [
     ("bcast", "binomial", 1 << 20, 4, 2101.152e-6),  # working set = cache_bytes: 2(α + nβ), β = 1 ns/B
     ("bcast", "binomial", 2 << 20, 4, 12586.912e-6),  # above: β = 3 ns/B
-    ("allreduce", "shm", 1 << 20, 4, 925.504e-6),  # 4α + 2n·0.25 ns + 0.75n·0.5 ns
-    ("allreduce", "shm", 2 << 20, 4, 7348.032e-6),  # 4α + 2n·1 ns + 0.75n·2 ns
+    ("allreduce", "shm", 1 << 20, 4, 855.968e-6),  # 2α + 1.75n·0.25 ns + 0.75n·0.5 ns
+    ("allreduce", "shm", 2 << 20, 4, 6819.744e-6),  # 2α + 1.75n·1 ns + 0.75n·2 ns
     ("bcast", "binomial", 2 << 20, 8, 3 * (10e-6 + (2 << 20) * 8e-9)),  # inter link, memory β
     ("gather", "linear", 256 << 10, 4, 6e-6 + (1 << 20) * 0.75 * 1e-9),  # working set n·p = 1 MiB: cache
     ("gather", "linear", 512 << 10, 4, 6e-6 + (2 << 20) * 0.75 * 3e-9),  # n·p = 2 MiB: memory
@@ -365,7 +368,7 @@ def test_a_machine_without_memory_values_has_one_regime():
     assert (M.intra_mem, M.inter_mem, M.gamma_mem, M.copy_mem) == (M.intra, M.inter, M.gamma, M.copy)
     for n in (1 << 10, 1 << 30):
         assert registry.communication("allreduce", "shm", n, 4, M) == pytest.approx(
-            4 * 2e-6 + 2 * n * 0.25e-9 + 0.75 * n * 0.5e-9, rel=1e-12)
+            2 * 2e-6 + 1.75 * n * 0.25e-9 + 0.75 * n * 0.5e-9, rel=1e-12)
 
 
 def test_json_round_trip_with_the_memory_regime_and_old_files_load_with_defaults():

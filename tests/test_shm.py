@@ -165,3 +165,95 @@ def test_nonblocking_forms_refuse_blocking_only_algorithms_on_every_rank(comm, c
     got = np.empty_like(x)
     comm.Iallreduce(x, got).Wait()  # auto picks one that runs nonblocking
     R.assert_matches(got, want, "auto after the refusal")
+
+
+def test_alltoall_on_pool_arrays_and_plain_ones(comm):
+    """Pool send arrays are read where they are (even ranks), plain ones copied in (odd ranks)."""
+    one_node(comm)
+    p, rank = comm.size, comm.rank
+    with shm.Pool(comm, 1 << 20) as pool:
+        for count in sorted({0, 1, p - 1, p + 1, 1000}):
+            x = R.data(rank, p * count, np.int64)
+            want = np.empty_like(x)
+            MPI.COMM_WORLD.Alltoall(x, want)
+            pool.reset()
+            send = pool.empty(x.size, np.int64) if rank % 2 == 0 else x.copy()
+            send[:] = x
+            got = np.full_like(x, -7)
+            comm.Alltoall(send, got, algorithm="shm")
+            R.assert_matches(got, want, f"count={count}")
+            assert np.array_equal(send, x), "the input changed"
+            comm.Barrier()  # the next reset hands the same memory out again
+        # alltoallv with gaps in send: rank r sends r + s + 1 elements to rank s, every other slot skipped
+        sendcounts = [rank + s + 1 for s in range(p)]
+        recvcounts = [s + rank + 1 for s in range(p)]
+        senddispls = [sum(2 * c for c in sendcounts[:s]) for s in range(p)]
+        recvdispls = [sum(recvcounts[:s]) for s in range(p)]
+        x = R.data(rank, 2 * sum(sendcounts), np.int64)
+        want = np.full(sum(recvcounts), -7, np.int64)
+        MPI.COMM_WORLD.Alltoallv([x, (sendcounts, senddispls)], [want, (recvcounts, recvdispls)])
+        pool.reset()
+        send = pool.empty(x.size, np.int64) if rank % 2 else x.copy()
+        send[:] = x
+        got = np.full(sum(recvcounts), -7, np.int64)
+        comm.Alltoallv([send, (sendcounts, senddispls)], [got, (recvcounts, recvdispls)], algorithm="shm")
+        R.assert_matches(got, want, "alltoallv with gaps")
+        comm.Barrier()
+
+
+def test_alltoallv_shm_reports_counts_that_do_not_match(comm, monkeypatch):
+    """Without validation, a sender's count that differs from recvcounts raises on the receiver only."""
+    one_node(comm)
+    p, rank = comm.size, comm.rank
+    if p < 2:
+        pytest.skip("needs two ranks")
+    monkeypatch.setenv("MPICOMM_VALIDATE", "0")
+    sendcounts = [2 if (rank, s) == (0, 1) else 1 for s in range(p)]  # rank 1 expects 1 from rank 0
+    recv = np.zeros(p, np.int64)
+    send = [R.data(rank, sum(sendcounts), np.int64), (sendcounts, None)]
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"rank 0 sent 2 elements, recvcounts\[0\] = 1"):
+            comm.Alltoallv(send, [recv, ([1] * p, None)], algorithm="shm")
+    else:
+        comm.Alltoallv(send, [recv, ([1] * p, None)], algorithm="shm")
+    x = R.data(rank, p * 3, np.int64)  # the arena is still in step on every rank
+    want = np.empty_like(x)
+    MPI.COMM_WORLD.Alltoall(x, want)
+    got = np.empty_like(x)
+    comm.Alltoall(x, got, algorithm="shm")
+    R.assert_matches(got, want, "after the mismatch")
+
+
+def test_a_peer_failing_inside_the_call_raises_everywhere_instead_of_hanging(comm):
+    """Rank 1's op raises in the middle of a shm allreduce: the others raise too, naming it, and the
+    communicator refuses further shm calls with the fix; other communicators are unaffected."""
+    import mpicomm
+
+    one_node(comm)
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    rank = comm.rank
+
+    def add_but_fail_on_rank_1(a, b):
+        if rank == 1:
+            raise ZeroDivisionError("rank 1's op fails")
+        return a + b
+
+    op = mpicomm.ops.create(add_but_fail_on_rank_1, commutative=False, name="fails_on_rank_1")
+    dup = comm.Dup()
+    x = R.data(rank, 1000, np.int64)
+    if rank == 1:
+        with pytest.raises(ZeroDivisionError):
+            dup.Allreduce(x, np.empty_like(x), op=op, algorithm="shm")
+    else:
+        with pytest.raises(RuntimeError, match="rank 1 failed inside this shared-memory collective"):
+            dup.Allreduce(x, np.empty_like(x), op=op, algorithm="shm")
+    with pytest.raises(RuntimeError, match=r"failed earlier on rank 1.*comm\.Dup\(\)"):
+        dup.Allreduce(x, np.empty_like(x), algorithm="shm")
+    want = np.empty_like(x)
+    MPI.COMM_WORLD.Allreduce(x, want)
+    got = np.empty_like(x)
+    dup.Allreduce(x, got, algorithm="ring")  # message passing still works on it
+    R.assert_matches(got, want, "ring after the failure")
+    comm.Allreduce(x, got, algorithm="shm")  # and shared memory on another communicator
+    R.assert_matches(got, want, "shm on another communicator")

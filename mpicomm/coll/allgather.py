@@ -192,25 +192,32 @@ def shm(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequenc
     """Shared memory: every rank publishes its block, then copies every block straight from the peers' memory.
 
     Steps: publish the block (a :class:`mpicomm.shm.Pool` array where it is,
-    another copied once into scratch); barrier; copy the p blocks into place;
-    barrier (the blocks stay valid until everyone has read them).
+    another copied once into scratch) and raise this rank's counter; copy the
+    own block into place, then each peer's block (from rank r − 1 down, so the
+    ranks do not all read one peer at once) as soon as that peer's counter is
+    up - no barrier. No barrier at the end either: the next shared-memory call
+    waits until every rank has read this one's blocks (a pool block waits at the end).
     Restrictions: every rank on one node; host buffers.
-    Cost: 2⌈lg p⌉·α + n(p+1)/p·δ  (a pool block skips its copy in)
+    Cost: α + n(p+1)/p·δ  (a pool block skips its copy in)
     """
     from .. import shm as _shm
 
-    a = _shm.arena(call.state)
+    p, rank = call.p, call.rank
     item = call.dtype.itemsize
-    a.publish(_shm.place(a, send, a.scratch(max(counts, default=0) * item), 0))
-    yield from a.fence()
-    for r in range(call.p):
-        if counts[r]:
-            mine = block(recv, counts, displs, r)
-            if r == call.rank:
-                call.copy(mine, send)
-            else:
-                mine[...] = a.view(r, a.word(r, 0), a.word(r, 1), a.word(r, 2), counts[r], call.dtype)
-    yield from a.fence()
+    call.copy(block(recv, counts, displs, rank), send)
+    if p > 1:
+        a = _shm.arena(call.state)
+        with a.running(call, 1) as base:
+            own = _shm.place(a, send, a.scratch(max(counts, default=0) * item), 0)
+            a.publish(own)
+            a.signal(_shm.IN, base + 1)
+            for k in range(1, p):
+                r = (rank - k) % p
+                if counts[r]:
+                    a.wait(_shm.IN, base + 1, [r])
+                    block(recv, counts, displs, r)[...] = a.published(r, counts[r] * item, call.dtype)
+            a.end(wait=own[0] == _shm.POOL)
+    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
 
 
 @register("allgather", "hierarchical", blocking_only=True)
@@ -280,8 +287,8 @@ def _allgather_bruck(m: Machine, n: float, p: int) -> float:
 
 @cost("allgather", "shm")
 def _allgather_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n(p+1)/p·δ  (α of the intra-node link)"""
-    return 2 * ceil_lg(p) * m.intra.alpha + n * (p + 1) / p * m.copy
+    """α + n(p+1)/p·δ  (α of the intra-node link)"""
+    return m.intra.alpha + n * (p + 1) / p * m.copy
 
 @cost("allgather", "hierarchical")
 def _allgather_hierarchical(m: Machine, n: float, p: int) -> float:

@@ -289,11 +289,14 @@ def shm(call: Call, send: Any, recv: Any) -> Steps:
 
     Steps: (see :func:`mpicomm.shm.reduce_steps`) publish where the input and the
     output live (arrays from a :class:`mpicomm.shm.Pool` where they are, others
-    copied once into the rank's scratch); barrier; rank r reduces slice r of
-    all p inputs in rank order and writes it into every pool output; barrier;
-    ranks whose output is not in a pool copy the p reduced slices.
+    copied into the rank's scratch but for its own slice); rank r reduces
+    slice r of all p inputs in rank order and writes it into its scratch or
+    every pool output; ranks whose output is not in a pool copy the p reduced
+    slices. The vector is pipelined in chunks of :data:`mpicomm.shm.CHUNK_BYTES`,
+    the ranks synchronised by counters in shared memory (no MPI barrier; no
+    barrier at the end: the next call waits for the peers to be done).
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
-    Cost: 2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (δ: seconds per byte copied; pool buffers skip both copies)
+    Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ  (δ: seconds per byte copied; pool buffers skip both copies)
     """
     from ..shm import reduce_steps
 
@@ -369,8 +372,8 @@ def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
 
 @cost("allreduce", "shm")
 def _allreduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+    """2α + n(2p−1)/p·δ + n(p−1)/p·γ: copy in all but the own slice, copy out everything (α of the intra-node link)"""
+    return 2 * m.intra.alpha + n * (2 * p - 1) / p * m.copy + n * (p - 1) / p * m.gamma
 
 @cost("allreduce", "hierarchical")
 def _allreduce_hierarchical(m: Machine, n: float, p: int) -> float:

@@ -21,8 +21,7 @@ from ..requests import Steps
 from .call import Call, block
 from .schedules import pairwise as pairwise_schedule
 
-__all__ = ["linear", "pairwise", "bruck"]
-
+__all__ = ["linear", "pairwise", "bruck", "shm"]
 
 
 
@@ -197,6 +196,31 @@ def _bruck_sized(call: Call, send: Any, sendcounts: Sequence[int], senddispls: S
                          f"must match pairwise")
 
 
+@register("alltoall", "shm", single_node=True, host_only=True, blocking_only=True, in_place=False)
+@register("alltoallv", "shm", single_node=True, host_only=True, blocking_only=True, in_place=False)
+def shm(call: Call, send: Any, sendcounts: Sequence[int], senddispls: Sequence[int],
+        recv: Any, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> Steps:
+    """Shared memory: every rank publishes its blocks, then copies its own block out of every peer's memory.
+
+    Steps: (see :func:`mpicomm.shm.alltoall_steps`) copy the own block locally;
+    publish a header in the scratch (each destination's block offset and
+    count) and the blocks - a :class:`mpicomm.shm.Pool` send array where it
+    is, another packed into scratch in destination order (one copy per run of
+    adjacent blocks, the own block left out) - and raise this rank's counter;
+    then, from rank r − 1 down, copy the block for r out of each peer's memory
+    as soon as that peer's counter is up (no barrier). No barrier at the end:
+    the next shared-memory call waits until every rank has read this one's
+    blocks (a pool send array waits at the end). alltoallv first agrees on
+    the largest scratch any rank needs (+ α). A sender's count that differs
+    from *recvcounts* raises ValueError on the receiver once the call is over.
+    Restrictions: every rank on one node; host buffers; not in place (the dispatcher copies).
+    Cost: α + 2n(p−1)/p·δ  (alltoallv: + α; a pool send array skips the copy in: α + n(p−1)/p·δ)
+    """
+    from ..shm import alltoall_steps
+
+    yield from alltoall_steps(call, send, sendcounts, senddispls, recv, recvcounts, recvdispls)
+
+
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)
 
 
@@ -219,3 +243,15 @@ def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     lg = ceil_lg(p)
     return _alltoall_bruck(m, n, p) + a + lg * (p / 2) * 8 * b
+
+
+@cost("alltoall", "shm")
+def _alltoall_shm(m: Machine, n: float, p: int) -> float:
+    """α + 2n(p−1)/p·δ: copy in all but the own block, copy the p − 1 others' blocks out (α of the intra-node link)"""
+    return m.intra.alpha + 2 * n * (p - 1) / p * m.copy
+
+
+@cost("alltoallv", "shm")
+def _alltoallv_shm(m: Machine, n: float, p: int) -> float:
+    """α + 2n(p−1)/p·δ, + α to agree on the scratch size"""
+    return _alltoall_shm(m, n, p) + m.intra.alpha

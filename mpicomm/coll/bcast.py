@@ -122,26 +122,52 @@ def pipeline(call: Call, buf: Any) -> Steps:
 
 @register("bcast", "shm", single_node=True, host_only=True, blocking_only=True)
 def shm(call: Call, buf: Any) -> Steps:
-    """Shared memory: the root publishes its vector, every other rank copies it straight from there.
+    """Shared memory: the root publishes its vector chunk by chunk, every other rank copies each chunk from there.
 
-    Steps: the root publishes its buffer (a :class:`mpicomm.shm.Pool` array
-    where it is, another copied once into its scratch); barrier; every other
-    rank copies it; barrier (the root's memory stays valid until all have read).
+    Steps: the root publishes where its buffer lives (a :class:`mpicomm.shm.Pool`
+    array where it is) and copies a plain one into its scratch in chunks of
+    about :data:`mpicomm.shm.CHUNK_BYTES`, raising its counter after each; every
+    other rank waits for that counter (the root's only: no barrier) and copies
+    each chunk as soon as it is there, while the root copies the next. No
+    barrier at the end either: the root's next shared-memory call waits until
+    every rank has read this one (a pool buffer at the root waits at the end).
     Restrictions: every rank on one node; host buffers.
-    Cost: 2⌈lg p⌉·α + 2n·δ  (a pool buffer at the root skips the copy in)
+    Cost: α + n·δ + c·δ  (c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk; a pool buffer at the root: α + n·δ)
     """
     from .. import shm as _shm
 
+    p, rank, root = call.p, call.rank, call.root
+    if p == 1:
+        return
     a = _shm.arena(call.state)
-    root = call.root
-    if call.rank == root:
-        a.publish(_shm.place(a, buf, a.scratch(buf.nbytes), 0))
-    else:
-        a.scratch(buf.nbytes)  # collective when it grows: every rank asks for the same size
-    yield from a.fence()
-    if call.rank != root and buf.size:
-        buf[...] = a.view(root, a.word(root, 0), a.word(root, 1), a.word(root, 2), buf.size, call.dtype)
-    yield from a.fence()
+    n = buf.size
+    item = call.dtype.itemsize
+    chunk = _shm.chunking(n, item)
+    nchunks = -(-n // chunk) if n else 0
+    flat = buf.reshape(-1)
+    with a.running(call, max(nchunks, 1)) as base:
+        scratch = a.scratch(buf.nbytes)  # collective when it grows: every rank asks for the same size
+        if rank == root:
+            found = a.locate(buf)
+            if found is not None:
+                a.publish([_shm.POOL, found[0], found[1]])
+                a.signal(_shm.IN, base + nchunks)
+            else:
+                a.publish([_shm.SCRATCH, 0, 0])
+                copied = scratch[: buf.nbytes].view(call.dtype)
+                for c in range(nchunks):
+                    copied[c * chunk : (c + 1) * chunk] = flat[c * chunk : (c + 1) * chunk]
+                    a.signal(_shm.IN, base + c + 1)
+            a.end(wait=found is not None)
+        else:
+            source = None
+            for c in range(nchunks):
+                a.wait(_shm.IN, base + c + 1, [root])
+                if source is None:
+                    source = a.published(root, buf.nbytes, call.dtype)
+                flat[c * chunk : (c + 1) * chunk] = source[c * chunk : (c + 1) * chunk]
+            a.end()
+    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
 
 
 @register("bcast", "hierarchical", blocking_only=True)
@@ -202,8 +228,10 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
 
 @cost("bcast", "shm")
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ  (α of the intra-node link)"""
-    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy
+    """α + n·δ + c·δ, c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk (α of the intra-node link)"""
+    from ..shm import CHUNK_BYTES
+
+    return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy
 
 @cost("bcast", "hierarchical")
 def _bcast_hierarchical(m: Machine, n: float, p: int) -> float:

@@ -173,12 +173,13 @@ def shm(call: Call, send: Any, recv: Any) -> Steps:
     """Shared memory: each rank reduces its slice straight from the peers' memory into the root's result.
 
     Steps: (see :func:`mpicomm.shm.reduce_steps`) publish inputs (pool arrays in
-    place, others copied once into scratch) and the root's output; barrier;
-    rank r reduces slice r of all p inputs in rank order, into the root's
-    output when it is a pool array; barrier; otherwise the root copies the p
-    reduced slices.
+    place, others copied into scratch but for the own slice) and the root's
+    output; rank r reduces slice r of all p inputs in rank order, into the
+    root's output when it is a pool array, else into its scratch, which the
+    root copies out. Pipelined in chunks of :data:`mpicomm.shm.CHUNK_BYTES`;
+    counters in shared memory, no MPI barrier.
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
-    Cost: 2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ
+    Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ
     """
     from ..shm import reduce_steps
 
@@ -215,5 +216,5 @@ def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
 
 @cost("reduce", "shm")
 def _reduce_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + 2n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * ceil_lg(p) * m.intra.alpha + 2 * n * m.copy + n * (p - 1) / p * m.gamma
+    """2α + n(2p−1)/p·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return 2 * m.intra.alpha + n * (2 * p - 1) / p * m.copy + n * (p - 1) / p * m.gamma

@@ -185,30 +185,38 @@ def shm(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
     """Shared memory: each rank reduces its own block straight from the peers' inputs.
 
     Steps: publish the input (a :class:`mpicomm.shm.Pool` array where it is,
-    another copied once into scratch); barrier; rank r reduces block r of all
-    p inputs in rank order into *recv*; barrier (inputs stay valid until
-    everyone has read them).
+    another copied into scratch - all but the own block, which only this
+    rank reads) and raise this rank's counter; once every peer's counter is
+    up, rank r reduces block r of all p inputs in rank order into *recv*. No
+    barrier at the end: the next shared-memory call waits until every rank
+    has read this one's inputs (a pool input waits at the end).
     Restrictions: every rank on one node; host buffers; any op (rank order
     kept); not in place (the dispatcher copies).
-    Cost: 2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (a pool input skips the copy in)
+    Cost: α + n(p−1)/p·δ + n(p−1)/p·γ  (a pool input skips the copy in)
     """
     from .. import shm as _shm
 
-    a = _shm.arena(call.state)
     at = _displs(counts)
     item = call.dtype.itemsize
-    a.publish(_shm.place(a, send, a.scratch(at[-1] * item), 0))
-    yield from a.fence()
-    rank, count = call.rank, counts[call.rank]
-    inputs = [a.view(r, a.word(r, 0), a.word(r, 1), a.word(r, 2) + at[rank] * item, count, call.dtype)
-              for r in range(call.p)]
-    if call.p == 1:
-        call.copy(recv, inputs[0])
+    rank, p, count = call.rank, call.p, counts[call.rank]
+    mine = send.reshape(-1)[at[rank] : at[rank] + count]
+    if p == 1:
+        call.copy(recv, mine)
     else:
-        call.combine(inputs[0], inputs[1], recv)
-        for r in range(2, call.p):
-            call.combine(recv, inputs[r], recv)
-    yield from a.fence()
+        a = _shm.arena(call.state)
+        with a.running(call, 1) as base:
+            own = _shm.place(a, send, a.scratch(at[-1] * item), 0, skip=(at[rank], at[rank + 1]))
+            a.publish(own)
+            a.signal(_shm.IN, base + 1)
+            a.wait(_shm.IN, base + 1, a.others)
+            total = at[-1] * item
+            inputs = [mine if r == rank else a.published(r, total, call.dtype)[at[rank] : at[rank] + count]
+                      for r in range(p)]
+            call.combine(inputs[0], inputs[1], recv)
+            for r in range(2, p):
+                call.combine(recv, inputs[r], recv)
+            a.end(wait=own[0] == _shm.POOL)
+    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)
@@ -232,5 +240,5 @@ def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
 
 @cost("reduce_scatter", "shm")
 def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
-    """2⌈lg p⌉·α + n·δ + n(p−1)/p·γ  (α of the intra-node link)"""
-    return 2 * ceil_lg(p) * m.intra.alpha + n * m.copy + n * (p - 1) / p * m.gamma
+    """α + n(p−1)/p·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    return m.intra.alpha + n * (p - 1) / p * (m.copy + m.gamma)

@@ -64,7 +64,7 @@ class VLayout:
 
 
 def test_registered_names():
-    assert ALGORITHMS == ["bruck", "linear", "pairwise"]
+    assert ALGORITHMS == ["bruck", "linear", "pairwise", "shm"]
     assert mpicomm.algorithms("alltoallv") == ALGORITHMS
     for name in ALGORITHMS:
         assert registry.lookup("alltoallv", name).steps is registry.lookup("alltoall", name).steps
