@@ -175,6 +175,21 @@ class Request:
             progressed = True
         return progressed
 
+    def _complete_step(self) -> None:
+        """Sleep in MPI until every request of the current step has completed (keeping their statuses).
+
+        For a wait on the only outstanding mpicomm request: one ``MPI_Waitall``
+        per step, as a blocking call runs, instead of waking at each request's
+        completion; the next :func:`progress` resumes the generator.
+        """
+        live = [i for i, r in enumerate(self._reqs) if r]
+        if not live:
+            return
+        statuses = [MPI.Status() for _ in live]
+        _Waitall([self._reqs[i] for i in live], statuses)
+        for i, status in zip(live, statuses):
+            self._statuses[i] = status
+
     def _deliver(self, status: MPI.Status | None) -> Any:
         self._delivered = True
         if self._error is not None:
@@ -421,7 +436,10 @@ def _wait_for(requests: Sequence[Request]) -> None:
         if all(r._done for r in requests):
             return
         if watchdog is None:
-            _block()
+            if len(_active) == 1 and not _active[0]._busy:
+                _active[0]._complete_step()  # the only one outstanding: wait for its whole step at once
+            else:
+                _block()
         else:
             watchdog.pause([r for r in requests if not r._done] + [r for r in _active if r not in requests])
 

@@ -126,6 +126,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             p.add_argument("--pool", action="store_true",
                            help="also measure the shm algorithm on buffers from the shared-memory pool "
                                 "(row shm+pool)")
+            p.add_argument("--persistent", action="store_true",
+                           help="also measure a persistent request (comm.<Method>_init once, then Start and Wait "
+                                "per call; row persistent)")
     return parser, subs
 
 

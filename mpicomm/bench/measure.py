@@ -114,6 +114,18 @@ def _bound(spec: Collective, target: Any, send: np.ndarray, recv: np.ndarray, al
     return lambda: method(*positional, **keywords)
 
 
+def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray) -> tuple[Callable, Any]:
+    """(one Start and Wait of ``comm.<Method>_init(...)``, the request): the call ``--persistent`` times."""
+    positional, keywords = _arguments(spec, send, recv)
+    request = getattr(comm, spec.method + "_init")(*positional, **keywords)
+
+    def run() -> None:
+        request.Start()
+        request.Wait()
+
+    return run, request
+
+
 def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray, unit: int) -> tuple[str, str]:
     """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for this call.
 
@@ -242,6 +254,11 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             psend, precv = pool.empty(nsend, np.float64), pool.empty(nrecv, np.float64)
             psend[...], precv[...] = send, recv
             variants.append(_Variant("shm+pool", "shm", psend, precv, _bound(spec, comm, psend, precv, "shm")))
+        persistent = None
+        if getattr(args, "persistent", False):
+            run, persistent = _persistent(spec, comm, send, recv)
+            plan = persistent.plan
+            variants.append(_Variant("persistent", None if plan.library else plan.algorithm.name, send, recv, run))
         chosen = _auto_choice(comm, spec, send, recv, unit) if "auto" in names else None
         mine = _measure(variants, iters, rounds, world.Barrier)
         every = world.gather(mine, root=0)
@@ -260,8 +277,9 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine)
             if loud:
                 _progress(spec, rows[-len(variants):], index, len(sizes))
+        if persistent is not None:
+            persistent.Free()
         if pool is not None:
-            variants.pop()
             del psend, precv
             pool.free()
         if failed:
