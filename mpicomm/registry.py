@@ -111,30 +111,37 @@ def cost_of(fn: Callable) -> str:
 
 _TABLE: dict[str, dict[str, Algorithm]] = {}
 
-#: Static selection when nothing else names an algorithm and no fitted model applies: collective → rules,
-#: first match wins. Sizes follow MPICH's defaults (see ``algorithms.md`` in the shared references).
+#: Static selection when nothing else names an algorithm and no measured decision or fitted model applies:
+#: collective → rules, first match wins (a rule whose algorithm cannot run the call - shm for a nonblocking
+#: call or across nodes - is skipped). Sizes start from MPICH's defaults and were moved where measurements on
+#: one node at p = 2 and p = 4 (BENCHMARKS.md) showed another algorithm faster.
 SELECTION: dict[str, list[dict]] = {
     "barrier": [{"algorithm": "dissemination"}],
-    "bcast": [{"max_bytes": 12288, "algorithm": "binomial"}, {"max_p": 7, "algorithm": "binomial"},
+    "bcast": [{"max_bytes": 12288, "algorithm": "binomial"},
+              {"min_bytes": 65536, "max_p": 8, "algorithm": "linear"},
+              {"max_p": 7, "algorithm": "binomial"},
               {"algorithm": "scatter_allgather"}],
     "reduce": [{"min_bytes": 65536, "min_count": 1, "algorithm": "rabenseifner"}, {"algorithm": "binomial"}],
     "allreduce": [{"max_bytes": 2048, "algorithm": "recursive_doubling"},
-                  {"min_bytes": 1 << 20, "min_count": 1, "algorithm": "ring"},
-                  {"min_count": 1, "algorithm": "rabenseifner"},
+                  {"min_bytes": 131072, "algorithm": "shm"},
+                  {"min_bytes": 2 << 20, "min_count": 1, "algorithm": "rabenseifner"},
                   {"algorithm": "recursive_doubling"}],
     "gather": [{"algorithm": "binomial"}],
     "gatherv": [{"algorithm": "linear"}],
     "scatter": [{"algorithm": "binomial"}],
     "scatterv": [{"algorithm": "linear"}],
-    "allgather": [{"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
+    "allgather": [{"max_p": 2, "min_bytes": 16384, "algorithm": "linear"},
+                  {"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
                   {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
-    "allgatherv": [{"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
+    "allgatherv": [{"max_p": 2, "min_bytes": 16384, "algorithm": "linear"},
+                   {"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
                    {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
-    "alltoall": [{"max_bytes": 256, "algorithm": "bruck"}, {"max_bytes": 32768, "algorithm": "linear"},
-                 {"algorithm": "pairwise"}],
+    "alltoall": [{"max_bytes": 256, "algorithm": "bruck"}, {"algorithm": "linear"}],
     "alltoallv": [{"algorithm": "linear"}],
-    "reduce_scatter": [{"max_bytes": 524288, "algorithm": "recursive_halving"}, {"algorithm": "pairwise"}],
-    "reduce_scatter_block": [{"max_bytes": 524288, "algorithm": "recursive_halving"}, {"algorithm": "pairwise"}],
+    "reduce_scatter": [{"max_bytes": 524288, "algorithm": "recursive_halving"},
+                       {"max_p": 2, "min_bytes": 1 << 20, "algorithm": "ring"}, {"algorithm": "pairwise"}],
+    "reduce_scatter_block": [{"max_bytes": 524288, "algorithm": "recursive_halving"},
+                             {"max_p": 2, "min_bytes": 1 << 20, "algorithm": "ring"}, {"algorithm": "pairwise"}],
     "scan": [{"algorithm": "recursive_doubling"}],
     "exscan": [{"algorithm": "recursive_doubling"}],
 }

@@ -176,7 +176,9 @@ def test_auto_respects_restrictions_when_the_model_prefers_a_restricted_algorith
 def test_without_a_machine_or_a_size_the_table_decides():
     facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "nodes": 1}
     table = registry.auto("allreduce", facts)
-    assert table.name == "ring"
+    assert table.name == "shm"  # one node, a blocking call on the host
+    assert registry.auto("allreduce", {**facts, "blocking": False}).name == "recursive_doubling"
+    assert registry.auto("allreduce", {**facts, "nodes": 2, "bytes": 4 << 20}).name == "rabenseifner"
     assert registry.choose("allreduce", None, None, facts) == (table, "table")
     assert registry.choose("allreduce", None, None, {**facts, "machine": None}) == (table, "table")
     assert registry.choose("gatherv", None, None, {"p": 4, "bytes": None, "machine": MACHINE})[1] == "table"
