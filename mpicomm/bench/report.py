@@ -67,8 +67,9 @@ def _command(argv: list[str]) -> str:
 
 
 def _settings() -> str:
-    """The ``MPICOMM_*`` variables in effect (they change what is measured), or ""."""
-    found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MPICOMM_"))
+    """The ``MPICOMM_*`` variables in effect (they change what is measured), or "" (the cache folder is not named:
+    it is a path of this machine)."""
+    found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MPICOMM_") and k != "MPICOMM_CACHE_DIR")
     return " ".join(found)
 
 

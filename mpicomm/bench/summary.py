@@ -1,0 +1,159 @@
+"""``python -m mpicomm.bench.summary RESULTS.json ...``: the speed targets, judged from benchmark JSON files.
+
+Reads the files ``python -m mpicomm.bench <collective> --json`` wrote (any
+number of collectives and rank counts; no MPI needed) and prints, per rank
+count, one Markdown section:
+
+* the per-call cost of an 8-byte allreduce: ``auto`` (the default blocking
+  path) and ``persistent`` (a ``comm.Allreduce_init`` request, when the run
+  had ``--persistent``) against the MPI library's own call;
+* allreduce from 1 MiB to 16 MiB: ``auto`` and the best registered algorithm
+  on ordinary arrays, against native (target ≤ 0.7×);
+* bcast, allgather, reduce_scatter, alltoall from 1 MiB: the same (≤ 1.0×);
+* how often ``auto`` is within 10 % of the best registered algorithm on
+  ordinary arrays (every collective, every size; target ≥ 95 %), with the
+  worst points;
+* how often the model is within 1.5× of the measurement, per (algorithm,
+  size ≥ 64 KiB) point (target ≥ 90 %).
+
+Ordinary arrays means every row but ``native``, ``shm+pool`` (arrays from a
+shared-memory pool) and ``persistent``. ``--out FILE`` writes the same text
+(refusing to replace an existing file unless ``--force``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any, Iterable
+
+__all__ = ["summarize", "main"]
+
+_SPECIAL = ("native", "shm+pool", "persistent")
+_MiB = 1 << 20
+
+
+def _load(paths: Iterable[str]) -> dict[int, list[dict]]:
+    """Every row of every file, by rank count."""
+    by_p: dict[int, list[dict]] = defaultdict(list)
+    for path in paths:
+        try:
+            with open(path) as f:
+                document = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{path}: not a benchmark JSON file ({exc}); write one with "
+                             f"mpiexec -n N python -m mpicomm.bench COLLECTIVE --json {path}")
+        if "rows" not in document or "p" not in document:
+            raise SystemExit(f"{path}: has no rows or p; is it from python -m mpicomm.bench --json?")
+        for row in document["rows"]:
+            by_p[int(document["p"])].append(row)
+    return by_p
+
+
+def _by_point(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict]]:
+    points: dict[tuple[str, int], dict[str, dict]] = defaultdict(dict)
+    for row in rows:
+        if row.get("avg_us") is not None:
+            points[(row["collective"], int(row["size"]))][row["name"]] = row
+    return points
+
+
+def _best(variants: dict[str, dict]) -> tuple[str, float] | None:
+    ordinary = [(name, r["avg_us"]) for name, r in variants.items() if name not in _SPECIAL and name != "auto"]
+    return min(ordinary, key=lambda item: item[1]) if ordinary else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def _section(p: int, rows: list[dict]) -> list[str]:
+    points = _by_point(rows)
+    out = [f"### p = {p}", ""]
+    small = points.get(("allreduce", 8))
+    if small and "native" in small:
+        native = small["native"]["avg_us"]
+        line = f"8-byte allreduce: native {native:.1f} us"
+        for name in ("auto", "persistent"):
+            if name in small:
+                mine = small[name]["avg_us"]
+                line += f"; {name} {mine:.1f} us ({mine / native:.1f}x, +{mine - native:.1f} us per call)"
+        out += [line, ""]
+    out += ["| collective | size (B) | native (us) | auto | auto vs native | best ordinary-array | best vs native "
+            "| target |", "|---|---:|---:|---|---:|---|---:|---|"]
+    for (collective, size), variants in sorted(points.items()):
+        if size < _MiB or "native" not in variants:
+            continue
+        if collective not in ("allreduce", "bcast", "allgather", "reduce_scatter", "alltoall"):
+            continue
+        native = variants["native"]["avg_us"]
+        auto = variants.get("auto")
+        best = _best(variants)
+        target = 0.7 if collective == "allreduce" else 1.0
+        judged = auto["avg_us"] / native if auto else None
+        verdict = "-" if judged is None else ("met" if judged <= target else "missed")
+        out.append(f"| {collective} | {size} | {native:.1f} | {auto.get('chose') or 'auto' if auto else '-'} | "
+                   f"{_ratio(auto['avg_us'] if auto else None, native)} | {best[0] if best else '-'} | "
+                   f"{_ratio(best[1] if best else None, native)} | ≤ {target} {verdict} |")
+    within, total, worst = 0, 0, []
+    for (collective, size), variants in points.items():
+        best = _best(variants)
+        auto = variants.get("auto")
+        if best is None or auto is None:
+            continue
+        total += 1
+        ratio = auto["avg_us"] / best[1]
+        within += ratio <= 1.10
+        worst.append((ratio, collective, size, auto.get("chose"), best[0]))
+    worst.sort(reverse=True)
+    if total:
+        out += ["", f"auto within 10 % of the best registered algorithm (ordinary arrays): {within} of {total} points "
+                f"({100 * within / total:.0f} %; target ≥ 95 %). Worst: "
+                + "; ".join(f"{c} {s} B auto ({chose}) {r:.2f}x of {b}" for r, c, s, chose, b in worst[:5])]
+    good, counted = 0, 0
+    spread: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        ratio = row.get("meas_over_model")
+        if ratio is None or row["name"] in _SPECIAL or row["name"] == "auto" or int(row["size"]) < 65536:
+            continue
+        counted += 1
+        good += 1 / 1.5 <= ratio <= 1.5
+        spread[f"{row['collective']} {row['name']}"].append(ratio)
+    if counted:
+        out += ["", f"model within 1.5x of the measurement at ≥ 64 KiB: {good} of {counted} (algorithm, size) points "
+                f"({100 * good / counted:.0f} %; target ≥ 90 %)", "",
+                "| collective algorithm | meas/model min – max |", "|---|---|"]
+        out += [f"| {name} | {min(v):.2f} – {max(v):.2f} |" for name, v in sorted(spread.items())]
+    return out + [""]
+
+
+def summarize(paths: Iterable[str]) -> str:
+    """The Markdown summary of the benchmark JSON files *paths* (see the module docstring)."""
+    by_p = _load(paths)
+    lines: list[str] = []
+    for p in sorted(by_p):
+        lines += _section(p, by_p[p])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", metavar="RESULTS.json", help="files from python -m mpicomm.bench --json")
+    parser.add_argument("--out", metavar="FILE", help="also write the summary to FILE")
+    parser.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    args = parser.parse_args(argv)
+    text = summarize(args.files)
+    print(text)
+    if args.out:
+        if os.path.exists(args.out) and not args.force:
+            parser.error(f"--out {args.out} exists; pass --force to replace it")
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The targets summary of benchmark JSON files (python -m mpicomm.bench.summary): numbers worked by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpicomm.bench import summary
+
+MiB = 1 << 20
+
+
+def _row(collective: str, size: int, name: str, us: float, chose: str | None = None, model: float | None = None):
+    return {"collective": collective, "size": size, "name": name, "avg_us": us, "chose": chose,
+            "meas_over_model": model}
+
+
+def _write(tmp_path, name: str, p: int, rows: list[dict]) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps({"benchmark": rows[0]["collective"], "p": p, "rows": rows}))
+    return str(path)
+
+
+def test_targets_are_judged_from_the_rows(tmp_path):
+    rows = [
+        _row("allreduce", 8, "native", 4.0), _row("allreduce", 8, "ring", 30.0, model=1.0),
+        _row("allreduce", 8, "auto", 20.0, "ring"), _row("allreduce", 8, "persistent", 6.0),
+        _row("allreduce", MiB, "native", 100.0), _row("allreduce", MiB, "ring", 90.0, model=2.0),
+        _row("allreduce", MiB, "shm", 60.0, model=1.2), _row("allreduce", MiB, "auto", 70.0, "shm"),
+        _row("allreduce", MiB, "shm+pool", 10.0),
+    ]
+    text = summary.summarize([_write(tmp_path, "a.json", 2, rows)])
+    assert "### p = 2" in text
+    assert "native 4.0 us; auto 20.0 us (5.0x, +16.0 us per call); persistent 6.0 us (1.5x, +2.0 us per call)" in text
+    assert "| allreduce | 1048576 | 100.0 | shm | 0.70 | shm | 0.60 | ≤ 0.7 met |" in text  # shm+pool is not ordinary
+    assert "1 of 2 points (50 %" in text  # 8 B: auto 20 against ring 30 is within; 1 MiB: 70 against 60 is not
+    assert "allreduce 1048576 B auto (shm) 1.17x of shm" in text
+    assert "model within 1.5x of the measurement at ≥ 64 KiB: 1 of 2" in text  # 8 B rows are below 64 KiB
+
+
+def test_several_rank_counts_make_several_sections_and_bad_files_are_named(tmp_path):
+    a = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "linear"),
+                                       _row("bcast", MiB, "linear", 9.0)])
+    b = _write(tmp_path, "b.json", 4, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 12.0, "linear"),
+                                       _row("bcast", MiB, "linear", 12.0)])
+    text = summary.summarize([a, b])
+    assert text.index("### p = 2") < text.index("### p = 4")
+    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in text
+    assert "| bcast | 1048576 | 10.0 | linear | 1.20 | linear | 1.20 | ≤ 1.0 missed |" in text
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match="bad.json: not a benchmark JSON file"):
+        summary.summarize([str(tmp_path / "bad.json")])
+
+
+def test_the_command_refuses_to_replace_a_file_without_force(tmp_path, capsys):
+    a = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "x")])
+    out = tmp_path / "targets.md"
+    out.write_text("keep me")
+    with pytest.raises(SystemExit):
+        summary.main([a, "--out", str(out)])
+    assert out.read_text() == "keep me"
+    assert summary.main([a, "--out", str(out), "--force"]) == 0
+    assert "### p = 2" in out.read_text()
