@@ -165,7 +165,8 @@ class Comm(MPI.Intracomm):
         """
         x = adopt(x, "x")
         p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
-        run(p2p.send_steps(self._state.channel, x, dest, tag))
+        if not p2p.send_now(self._state.channel, x, dest, tag):
+            run(p2p.send_steps(self._state.channel, x, dest, tag))
 
     def irecv_array(
         self, buf: Any = None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *, xp: ModuleType = np
@@ -195,6 +196,9 @@ class Comm(MPI.Intracomm):
         """
         buf = None if buf is None else adopt(buf, "buf")
         p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
+        done, received = p2p.recv_now(self._state.channel, buf, source, tag, xp, status)
+        if done:
+            return received
         return run(p2p.recv_steps(self._state.channel, buf, source, tag, xp), status)
 
     def sendrecv_array(

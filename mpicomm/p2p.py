@@ -25,6 +25,7 @@ sender is never left waiting.
 from __future__ import annotations
 
 import math
+import struct
 from collections import defaultdict
 from types import ModuleType
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import trace
+from . import config, trace
 from .buffers import (
     array_module,
     check_array,
@@ -44,7 +45,7 @@ from .buffers import (
     send_buffer,
 )
 from .device import cupy_module
-from .requests import Envelope, Steps
+from .requests import Envelope, Steps, _active, run
 from .validate import check_peer, check_tag
 
 __all__ = [
@@ -104,44 +105,53 @@ def make_header(kind: int, dtype: Any, shape: tuple[int, ...], seq: int, flags: 
     return np.array([MAGIC, kind, dtype_code(dtype), seq, len(shape), flags, *shape], np.int64)
 
 
-_HEADERS: dict[tuple, np.ndarray] = {}  # (kind, dtype, shape, flags) → header bytes with sequence number 0
-_SEQ = slice(3 * 8, 4 * 8)  # where the sequence number lies in the header bytes
+_HEADERS: dict[tuple, tuple[bytes, bytes]] = {}  # (kind, dtype, shape, flags) → header bytes around the sequence number
+_SEQ = struct.Struct("=q")  # the sequence number: word 3 of the header
 
 
-def _header_bytes(kind: int, dtype: np.dtype, shape: tuple[int, ...], flags: int) -> np.ndarray:
-    """The header of a message as bytes, sequence number 0 (cached: a loop sends the same kind of array)."""
+def _header_parts(kind: int, dtype: np.dtype, shape: tuple[int, ...], flags: int) -> tuple[bytes, bytes]:
+    """The header of a message as the bytes before and after its sequence number (cached: a loop sends the same
+    kind of array)."""
     key = (kind, dtype, shape, flags)
     found = _HEADERS.get(key)
     if found is None:
         if len(_HEADERS) >= 256:
             _HEADERS.clear()
-        found = _HEADERS[key] = make_header(kind, dtype, shape, 0, flags).view(np.uint8)
+        whole = make_header(kind, dtype, shape, 0, flags).tobytes()
+        found = _HEADERS[key] = (whole[:24], whole[32:])
     return found
 
 
-def _inline_message(kind: int, x: Any, seq: int) -> np.ndarray:
-    """Header and payload of a small message in one host buffer."""
-    header = _header_bytes(kind, x.dtype, x.shape, INLINE)
-    at = header.nbytes
-    message = np.empty(at + x.nbytes, np.uint8)
-    message[:at] = header
-    message[_SEQ].view(np.int64)[0] = seq
+def _inline_message(kind: int, x: Any, seq: int) -> bytearray:
+    """Header and payload of a small message in one host buffer (a bytearray: cheaper than NumPy at this size)."""
+    before, after = _header_parts(kind, x.dtype, x.shape, INLINE)
+    message = bytearray(before)
+    message += _SEQ.pack(seq)
+    message += after
     if x.nbytes:
         if type(x) is np.ndarray:
-            message[at:] = x.reshape(-1).view(np.uint8)  # contiguous (checked by check_send)
+            message += x.data.cast("B")  # contiguous (checked by check_send)
         else:
+            at = len(message)
+            message += bytes(x.nbytes)
             ops = ops_for(array_module(x))
-            ops.to_host(ops.bytes_of(x), message[at:])
+            ops.to_host(ops.bytes_of(x), np.frombuffer(message, np.uint8)[at:])
     return message
 
 
-def parse_header(message: np.ndarray, nbytes: int, source: int) -> tuple[int, np.dtype, tuple[int, ...], int, int, int]:
+_FIXED = struct.Struct(f"={FIXED_WORDS}q")
+
+
+def parse_header(message: Any, nbytes: int, source: int) -> tuple[int, np.dtype, tuple[int, ...], int, int, int]:
     """(kind, dtype, shape, seq, flags, header bytes) of a received message of *nbytes*."""
-    words = message[: min(nbytes, RECEIVE_BYTES - INLINE_BYTES) // 8 * 8].view(np.int64).tolist()
-    if len(words) < FIXED_WORDS or words[0] != MAGIC or len(words) < FIXED_WORDS + words[4]:
+    if nbytes < _FIXED.size:
         raise ValueError(f"a message from rank {source} is not an mpicomm header; was it sent with send_array?")
-    _, kind, code, seq, ndim, flags = words[:FIXED_WORDS]
-    return kind, dtype_from_code(code), tuple(words[FIXED_WORDS : FIXED_WORDS + ndim]), seq, flags, (FIXED_WORDS + ndim) * 8
+    magic, kind, code, seq, ndim, flags = _FIXED.unpack_from(message)
+    at = (FIXED_WORDS + ndim) * 8 if 0 <= ndim <= MAX_NDIM else -1
+    if magic != MAGIC or at < 0 or nbytes < at:
+        raise ValueError(f"a message from rank {source} is not an mpicomm header; was it sent with send_array?")
+    shape = struct.unpack_from(f"={ndim}q", message, _FIXED.size) if ndim else ()
+    return kind, dtype_from_code(code), shape, seq, flags, at
 
 
 def send_steps(
@@ -227,15 +237,20 @@ def recv_steps(
 
 
 def _recv_steps(
-    channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType, what: str, note: dict | None
+    channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType, what: str, note: dict | None,
+    header: tuple[np.ndarray, MPI.Status] | None = None,
 ) -> Steps:
+    """The receive's steps; *header*: the header message and its status, already received (blocking)."""
     if source == MPI.PROC_NULL:
         if note is not None:
             note.update(peer=source, bytes=0)
         return Envelope(buf, MPI.PROC_NULL, MPI.ANY_TAG, 0, MPI.BYTE)
     spare = channel.spare
-    message = spare.pop() if spare else np.empty(RECEIVE_BYTES, np.uint8)
-    (status,) = yield [channel.header.Irecv(message, source, tag)]
+    if header is None:
+        message = spare.pop() if spare else np.empty(RECEIVE_BYTES, np.uint8)
+        (status,) = yield [channel.header.Irecv(message, source, tag)]
+    else:
+        message, status = header
     src, utag, received = status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
     kind, dtype, shape, seq, flags, at = parse_header(message, received, src)
     count = math.prod(shape)
@@ -280,6 +295,36 @@ def _recv_steps(
         )
     transfer.finish()
     return Envelope(out, src, utag, count, mpi_datatype(dtype))
+
+
+def send_now(channel: Channel, x: Any, dest: int, tag: int) -> bool:
+    """Send *x* with one blocking ``MPI_Send`` when that is all a blocking send needs; False when it is not.
+
+    A small message (inline) to a real rank, with no trace and no watchdog to
+    serve and no mpicomm request waiting for progress: the same message as
+    :func:`send_steps` sends, without the step machinery.
+    """
+    if x.nbytes > INLINE_BYTES or dest == MPI.PROC_NULL or trace.ON or _active or config.timeout() is not None:
+        return False
+    channel.header.Send(_inline_message(ARRAY, x, channel.next_seq(dest)), dest, tag)
+    return True
+
+
+def recv_now(channel: Channel, buf: Any, source: int, tag: int, xp: ModuleType,
+             status: MPI.Status | None) -> tuple[bool, Any]:
+    """``(True, array)`` after a blocking receive of the header (``MPI_Recv``), where nothing else needs serving.
+
+    As :func:`send_now`: no trace, no watchdog, no mpicomm request waiting; a
+    two-part message's payload then follows as in :func:`recv_steps`.
+    ``(False, None)`` when the step machinery must run the receive.
+    """
+    if source == MPI.PROC_NULL or trace.ON or _active or config.timeout() is not None:
+        return False, None
+    spare = channel.spare
+    message = spare.pop() if spare else np.empty(RECEIVE_BYTES, np.uint8)
+    received = MPI.Status()
+    channel.header.Recv(message, source, tag, received)
+    return True, run(_recv_steps(channel, buf, source, tag, xp, "recv_array", None, (message, received)), status)
 
 
 def check_send(x: Any, dest: int, tag: int, size: int, tag_ub: int) -> None:
