@@ -72,7 +72,10 @@ class Algorithm:
     ``host_only``: host-memory buffers only; ``blocking_only``: not for the
     nonblocking forms (``Iallreduce``...): the algorithm's calls on one
     communicator share state (the shared-memory scratch, the hierarchy's
-    levels) and must not overlap.
+    levels) and must not overlap; ``composite``: runs other collectives on
+    sub-communicators (hierarchical), so it is never chosen for one of those
+    inner calls (facts ``nested``): on a one-node communicator the node level
+    is the communicator itself, and it would call itself for ever.
     """
 
     collective: str
@@ -84,6 +87,7 @@ class Algorithm:
     single_node: bool = False
     host_only: bool = False
     blocking_only: bool = False
+    composite: bool = False
 
     @property
     def cost(self) -> str:
@@ -182,6 +186,8 @@ def allowed(algorithm: Algorithm, facts: dict) -> str | None:
     device = facts.get("device")
     if algorithm.host_only and device is not None and device is not False:
         return "works on host memory only, but the buffers are device (GPU) arrays"
+    if algorithm.composite and facts.get("nested"):
+        return "runs collectives on sub-communicators, and this call is already a step of such a composition"
     if algorithm.blocking_only and facts.get("blocking") is False:
         return "runs blocking calls only (its calls share the communicator's scratch), but this call is nonblocking"
     p = facts.get("p") or 1
@@ -220,7 +226,8 @@ def _by_model(collective: str, facts: dict, machine: Any) -> tuple[Algorithm, st
     nbytes, p = facts["bytes"], facts.get("p") or 1
     device = facts.get("device")
     key = (collective, nbytes, p, bool(facts.get("commutative", True)), facts.get("nodes") or 1,
-           device is not None and device is not False, facts.get("blocking") is not False, id(machine))
+           device is not None and device is not False, facts.get("blocking") is not False, bool(facts.get("nested")),
+           id(machine))
     hit = _choices.get(key)
     if hit is not None and hit[2] is machine:  # the same machine object, not one that took a freed one's id
         return hit[0], hit[1]
@@ -319,7 +326,12 @@ def choose(collective: str, requested: str | None, comm_default: str | None = No
     ):
         if name is not None and name != "auto":
             algorithm = lookup(collective, name)
-            reason = allowed(algorithm, facts)
+            if algorithm.composite and facts.get("nested"):
+                if source != "call":
+                    continue  # a composition's inner call: the setting is for the outer calls; choose as auto
+                reason = allowed(algorithm, {**facts, "nested": False})  # named by the composition itself
+            else:
+                reason = allowed(algorithm, facts)
             if reason is not None:
                 can = [n for n in algorithms(collective) if allowed(_TABLE[collective][n], facts) is None]
                 fix = ("keeps rank order" if algorithm.commutative_only and not facts.get("commutative", True)

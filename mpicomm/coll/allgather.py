@@ -220,8 +220,8 @@ def shm(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequenc
     yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
 
 
-@register("allgather", "hierarchical", blocking_only=True)
-@register("allgatherv", "hierarchical", blocking_only=True)
+@register("allgather", "hierarchical", blocking_only=True, composite=True)
+@register("allgatherv", "hierarchical", blocking_only=True, composite=True)
 def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
     """Hierarchical: gather on each node, allgather the nodes' blocks among the leaders, broadcast on each node.
 

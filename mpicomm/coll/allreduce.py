@@ -303,7 +303,7 @@ def shm(call: Call, send: Any, recv: Any) -> Steps:
     yield from reduce_steps(call, send, recv, None)
 
 
-@register("allreduce", "hierarchical", commutative_only=True, blocking_only=True)
+@register("allreduce", "hierarchical", commutative_only=True, blocking_only=True, composite=True)
 def hierarchical(call: Call, send: Any, recv: Any) -> Steps:
     """Hierarchical: reduce on each node, allreduce among the node leaders, broadcast on each node.
 

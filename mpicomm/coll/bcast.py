@@ -170,7 +170,7 @@ def shm(call: Call, buf: Any) -> Steps:
     yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
 
 
-@register("bcast", "hierarchical", blocking_only=True)
+@register("bcast", "hierarchical", blocking_only=True, composite=True)
 def hierarchical(call: Call, buf: Any) -> Steps:
     """Hierarchical: broadcast on the root's node, among the node leaders, then on every other node.
 

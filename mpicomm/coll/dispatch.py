@@ -74,7 +74,7 @@ _UINT8 = np.dtype(np.uint8)
 _CHOICES_KEPT = 512  # per communicator; the cache is emptied when it is full
 
 
-def _facts(state: State, args: Args, nbytes: int | None, blocking: bool = True) -> dict:
+def _facts(state: State, args: Args, nbytes: int | None, blocking: bool = True, nested: bool = False) -> dict:
     """What the selection may look at: facts every rank of the communicator knows alike."""
     return {
         "p": state.size,
@@ -88,10 +88,12 @@ def _facts(state: State, args: Args, nbytes: int | None, blocking: bool = True) 
         "machine": state.machine,
         "decisions": state.decisions,
         "blocking": blocking,
+        "nested": nested,
     }
 
 
-def _choose(state: Any, args: Args, algorithm: str | None, blocking: bool = True) -> tuple[registry.Algorithm, str]:
+def _choose(state: Any, args: Args, algorithm: str | None, blocking: bool = True,
+            nested: bool = False) -> tuple[registry.Algorithm, str]:
     """The algorithm for this call and where the choice came from (call, communicator, environment, model, table).
 
     The choice depends only on the names given, the environment setting and
@@ -107,14 +109,14 @@ def _choose(state: Any, args: Args, algorithm: str | None, blocking: bool = True
     cacheable = algorithm is None or type(algorithm) is str
     if cacheable:
         key = (collective, algorithm, default, setting, nbytes, args.count, op is None or op.commutative,
-               None if op is None else op.name, args.xp is not None and args.xp is not np, blocking,
+               None if op is None else op.name, args.xp is not None and args.xp is not np, blocking, nested,
                id(registry.SELECTION.get(collective)))
         known = state.choices.get(key)
         if known is not None:
             if log.isEnabledFor(logging.DEBUG):  # as the registry logs the choices it makes
                 log.debug("%s: algorithm %s (from the %s)", collective, known[0].name, known[1])
             return known
-    chosen = registry.choose(collective, algorithm, default, _facts(state, args, nbytes, blocking))
+    chosen = registry.choose(collective, algorithm, default, _facts(state, args, nbytes, blocking, nested))
     if cacheable:
         if len(state.choices) >= _CHOICES_KEPT:
             state.choices.clear()
@@ -284,7 +286,7 @@ def nested(comm: Any, collective: str, *, send: Any = None, recv: Any = None, op
     began = _trace.now() if _trace.ON else 0.0
     state = as_state(comm)
     args = _nested_args(state, collective, send, recv, op, root, sendcounts, senddispls, recvcounts, recvdispls, count)
-    chosen, source = _choose(state, args, algorithm, blocking)
+    chosen, source = _choose(state, args, algorithm, blocking, nested=True)
     call = _call(state, args, chosen, source)
     call.blocking = blocking
     steps = _bind(call, args, chosen)

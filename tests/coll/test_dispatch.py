@@ -392,3 +392,23 @@ def test_nested_calls_are_events_of_their_own(halves, events):
     inner = events[0][4]
     assert inner["p"] == plain.Get_size() and inner["seq"] == seq and inner["source"] in ("table", "model")
     assert all(0 <= r < plain.Get_size() and r != plain.Get_rank() for r in inner["peers"])
+
+
+def test_a_composition_never_chooses_itself_for_its_inner_calls(comm, monkeypatch):
+    """Hierarchical bcast/allreduce on one node: the node level is the whole communicator. Even when the
+    environment names hierarchical for every call, its inner calls choose another algorithm (no recursion)."""
+    from mpicomm import registry
+
+    monkeypatch.setenv("MPICOMM_BCAST_ALGORITHM", "hierarchical")
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "hierarchical")
+    x = R.data(comm.rank, 9, np.int64)
+    out, expected = np.zeros_like(x), np.zeros_like(x)
+    comm.Allreduce(x, out)
+    WORLD.Allreduce(x, expected)
+    R.assert_matches(out, expected, "hierarchical allreduce with hierarchical named for every bcast")
+    buf = R.data(comm.rank, 5, np.int64)
+    comm.Bcast(buf, root=0)
+    R.assert_matches(buf, R.data(0, 5, np.int64), "hierarchical bcast named by the environment")
+    facts = {"p": comm.size, "nodes": 1, "nested": True, "bytes": 8}
+    assert registry.allowed(registry.lookup("bcast", "hierarchical"), facts) is not None
+    assert registry.choose("bcast", None, None, facts)[0].name != "hierarchical"
