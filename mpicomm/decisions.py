@@ -38,11 +38,9 @@ communicator's layout exists and covers the size), fitted model, static table.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -277,19 +275,7 @@ def path_for(host: str, layout: str) -> str:
 
 def save(decisions: Decisions, path: str | None = None) -> str:
     """Write *decisions* to *path* (default :func:`path_for` its host and layout), atomically; returns the path."""
-    path = path or path_for(decisions.host, decisions.layout)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".decisions-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(decisions.to_json())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return model.write_atomic(path or path_for(decisions.host, decisions.layout), decisions.to_json(), ".decisions-")
 
 
 def load(path: str, known: Callable[[str], Sequence[str]] | None = None) -> Decisions:

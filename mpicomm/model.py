@@ -62,7 +62,7 @@ from .catalogue import row
 __all__ = [
     "Link", "Machine", "NOMINAL", "FORMAT_VERSION", "CostFunction", "cache_dir", "layout_key", "path_for", "save",
     "load", "for_comm", "fit_line", "fit_memory_slope", "working_set", "now", "ceil_lg", "pof2", "folded",
-    "segments", "node_layout",
+    "segments", "node_layout", "write_atomic",
 ]
 
 log = logging.getLogger("mpicomm")
@@ -323,12 +323,18 @@ def save(machine: Machine, path: str | None = None) -> str:
     """
     if path is None:
         path = path_for(machine.host, layout_key(machine.nodes * machine.ppn, machine.nodes, machine.ppn))
+    return write_atomic(path, machine.to_json(), ".model-")
+
+
+def write_atomic(path: str, text: str, prefix: str) -> str:
+    """Write *text* to *path* through a temporary file (named *prefix*...) in its folder and ``os.replace``,
+    so a reader never sees half a file; returns *path*."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(machine.to_json())
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

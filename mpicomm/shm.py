@@ -661,4 +661,4 @@ def alltoall_steps(call: Any, send: Any, sendcounts: Sequence[int], senddispls: 
         a.end(wait=own[0] == POOL)
     if mismatched:
         raise ValueError(f"{call.label} on rank {rank}: " + "; ".join(mismatched) + " - sendcounts and recvcounts "
-                         f"must match pairwise")
+                         "must match pairwise")

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import mpicomm
 from mpicomm.buffers import adopt
 
 from .coll.reference import assert_matches, data

@@ -29,7 +29,6 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-import numpy as np
 from mpi4py import MPI
 
 import mpicomm

@@ -29,7 +29,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-import mpicomm
 from apps import checkpoint as ck
 from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
@@ -369,7 +368,6 @@ class _Timeline:
         reducer = getattr(strategy, "reducer", None)
         if reducer is None:
             return lambda: None
-        hook = reducer.hook
         model = strategy.model
         backward = model.backward
         timeline = self

@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Iterable
 
 __all__ = ["summarize", "main"]
 

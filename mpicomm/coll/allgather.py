@@ -269,6 +269,7 @@ def _allgather_linear(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * a + n * (p - 1) / p * b
 
+
 @cost("allgather", "recursive_doubling")
 def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
     """lg p'·α + n(p'−1)/p'·β; p ≠ p': + 2α + n·β for the fold"""
@@ -279,16 +280,19 @@ def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
         t += 2 * a + n * b
     return t
 
+
 @cost("allgather", "bruck")
 def _allgather_bruck(m: Machine, n: float, p: int) -> float:
     """⌈lg p⌉·α + n(p−1)/p·β, plus two local copies of n (2n·δ)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * a + n * (p - 1) / p * b + 2 * n * m.copy
 
+
 @cost("allgather", "shm")
 def _allgather_shm(m: Machine, n: float, p: int) -> float:
     """α + n(p+1)/p·δ  (α of the intra-node link)"""
     return m.intra.alpha + n * (p + 1) / p * m.copy
+
 
 @cost("allgather", "hierarchical")
 def _allgather_hierarchical(m: Machine, n: float, p: int) -> float:

@@ -338,11 +338,13 @@ def _allreduce_recursive_doubling(m: Machine, n: float, p: int) -> float:
         t += 2 * a + 2 * n * b + n * m.gamma
     return t
 
+
 @cost("allreduce", "naive")
 def _allreduce_naive(m: Machine, n: float, p: int) -> float:
     """2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ"""
     a, b = m.link(p).alpha, m.link(p).beta
     return 2 * (p - 1) * a + 2 * (p - 1) * n * b + (p - 1) * n * m.gamma
+
 
 @cost("allreduce", "tree")
 def _allreduce_tree(m: Machine, n: float, p: int) -> float:
@@ -350,6 +352,7 @@ def _allreduce_tree(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     lg = ceil_lg(p)
     return 2 * lg * a + 2 * n * lg * b + n * lg * m.gamma
+
 
 @cost("allreduce", "ring")
 def _allreduce_ring(m: Machine, n: float, p: int) -> float:
@@ -359,6 +362,7 @@ def _allreduce_ring(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     messages = segments(n / p, SEGMENT_BYTES)
     return 2 * (p - 1) * messages * a + 2 * n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
+
 
 @cost("allreduce", "rabenseifner")
 def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
@@ -370,10 +374,12 @@ def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
         t += 2 * a + 2 * n * b + n * m.gamma
     return t
 
+
 @cost("allreduce", "shm")
 def _allreduce_shm(m: Machine, n: float, p: int) -> float:
     """2α + n(2p−1)/p·δ + n(p−1)/p·γ: copy in all but the own slice, copy out everything (α of the intra-node link)"""
     return 2 * m.intra.alpha + n * (2 * p - 1) / p * m.copy + n * (p - 1) / p * m.gamma
+
 
 @cost("allreduce", "hierarchical")
 def _allreduce_hierarchical(m: Machine, n: float, p: int) -> float:

@@ -193,7 +193,7 @@ def _bruck_sized(call: Call, send: Any, sendcounts: Sequence[int], senddispls: S
                 place(i)
     if mismatched:
         raise ValueError(f"{call.label} on rank {rank}: " + "; ".join(mismatched) + " - sendcounts and recvcounts "
-                         f"must match pairwise")
+                         "must match pairwise")
 
 
 @register("alltoall", "shm", single_node=True, host_only=True, blocking_only=True, in_place=False)
@@ -230,12 +230,14 @@ def _alltoall_linear(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * a + n * (p - 1) / p * b
 
+
 @cost("alltoall", "bruck")
 def _alltoall_bruck(m: Machine, n: float, p: int) -> float:
     """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β"""
     a, b = m.link(p).alpha, m.link(p).beta
     lg = ceil_lg(p)
     return lg * a + n / 2 * lg * b
+
 
 @cost("alltoallv", "bruck")
 def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:

@@ -206,17 +206,20 @@ def _bcast_linear(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * a + (p - 1) * n * b
 
+
 @cost("bcast", "binomial")
 def _bcast_binomial(m: Machine, n: float, p: int) -> float:
     """lg p·α + n·lg p·β"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * (a + n * b)
 
+
 @cost("bcast", "scatter_allgather")
 def _bcast_scatter_allgather(m: Machine, n: float, p: int) -> float:
     """(lg p + p − 1)α + 2n(p−1)/p·β"""
     a, b = m.link(p).alpha, m.link(p).beta
     return (ceil_lg(p) + p - 1) * a + 2 * n * (p - 1) / p * b
+
 
 @cost("bcast", "pipeline")
 def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
@@ -226,12 +229,14 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
     s = segments(n, SEGMENT_BYTES)
     return (p - 2 + s) * (a + n / s * b)
 
+
 @cost("bcast", "shm")
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
     """α + n·δ + c·δ, c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk (α of the intra-node link)"""
     from ..shm import CHUNK_BYTES
 
     return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy
+
 
 @cost("bcast", "hierarchical")
 def _bcast_hierarchical(m: Machine, n: float, p: int) -> float:

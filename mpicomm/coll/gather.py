@@ -150,6 +150,7 @@ def _rooted_linear(m: Machine, n: float, p: int) -> float:
     total = n * p
     return (p - 1) * a + total * (p - 1) / p * b
 
+
 @cost("gather", "binomial")
 @cost("scatter", "binomial")
 def _rooted_binomial(m: Machine, n: float, p: int) -> float:
@@ -157,6 +158,7 @@ def _rooted_binomial(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     total = n * p
     return ceil_lg(p) * a + total * (p - 1) / p * b
+
 
 @cost("gatherv", "binomial")
 @cost("scatterv", "binomial")

@@ -197,12 +197,14 @@ def _reduce_linear(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * (a + n * b + n * m.gamma)
 
+
 @cost("reduce", "binomial")
 @cost("scan", "recursive_doubling")
 def _reduce_binomial(m: Machine, n: float, p: int) -> float:
     """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root; scan: the same rounds)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * (a + n * b + n * m.gamma)
+
 
 @cost("reduce", "rabenseifner")
 def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
@@ -213,6 +215,7 @@ def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
     if folded(p):
         t += (a + n * b + n * m.gamma) + (a + n * b)
     return t
+
 
 @cost("reduce", "shm")
 def _reduce_shm(m: Machine, n: float, p: int) -> float:

@@ -15,7 +15,7 @@ import math
 from itertools import accumulate
 from typing import Any
 
-from ..model import Machine, ceil_lg, folded, pof2
+from ..model import Machine, folded, pof2
 from ..registry import cost, register
 from ..requests import Steps
 from .call import Call
@@ -228,6 +228,7 @@ def _reduce_scatter_ring(m: Machine, n: float, p: int) -> float:
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * a + n * (p - 1) / p * b + n * (p - 1) / p * m.gamma
 
+
 @cost("reduce_scatter", "recursive_halving")
 def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
     """lg p'·α + n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + n·β + n·γ for the fold"""
@@ -237,6 +238,7 @@ def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
     if folded(p):
         t += 2 * a + n * b + n * m.gamma
     return t
+
 
 @cost("reduce_scatter", "shm")
 def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
