@@ -113,6 +113,8 @@ class Machine:
     inter_mem: Link | None = None
     gamma_mem: float | None = None
     copy_mem: float | None = None
+    #: (collective, algorithm, factor): measured / predicted communication time, from ``tune --collectives``
+    corrections: tuple[tuple[str, str, float], ...] = ()
 
     def __post_init__(self) -> None:
         """Fill the memory-regime values left out with the cache-regime ones."""
@@ -127,6 +129,16 @@ class Machine:
         if working_set <= self.cache_bytes:
             return self
         return replace(self, intra=self.intra_mem, inter=self.inter_mem, gamma=self.gamma_mem, copy=self.copy_mem)
+
+    def correction(self, collective: str, algorithm: str) -> float:
+        """The factor measurements put on the formula of *collective*'s *algorithm* (1 when none was measured)."""
+        if not self.corrections:
+            return 1.0
+        table = self.__dict__.get("_corrections")
+        if table is None:
+            table = {(c, a): f for c, a, f in self.corrections}
+            self.__dict__["_corrections"] = table  # (frozen: a cache, not a field)
+        return table.get((collective, algorithm), 1.0)
 
     def link(self, p: int) -> Link:
         """The link a flat algorithm over *p* ranks pays: intra when they fit on one node (p ≤ ppn), else inter."""
@@ -171,6 +183,13 @@ class Machine:
             return number(body[key], key) if body.get(key) is not None else None
 
         extra: dict[str, Any] = {}
+        if body.get("corrections"):
+            rows = body["corrections"]
+            if not isinstance(rows, list) or not all(
+                    isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], str)
+                    for r in rows):
+                raise ValueError(f"corrections = {rows!r} is not a list of [collective, algorithm, factor]")
+            extra["corrections"] = tuple((c, a, number(f, f"corrections factor of {c}/{a}")) for c, a, f in rows)
         if body.get("cache_bytes") is not None:
             extra["cache_bytes"] = count(body["cache_bytes"], "cache_bytes")
         text_fields = {}

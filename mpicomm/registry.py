@@ -412,7 +412,11 @@ def cost_function(collective: str, algorithm: str) -> CostFunction | None:
 
 
 def communication(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine) -> float:
-    """Seconds the algorithm's formula predicts, without the per-call overhead (0 when p ≤ 1)."""
+    """Seconds the algorithm's formula predicts, without the per-call overhead (0 when p ≤ 1).
+
+    Times the machine's measured correction for the algorithm when it has one
+    (:meth:`mpicomm.model.Machine.correction`, written by ``tune --collectives``).
+    """
     fn = cost_function(collective, algorithm)
     if fn is None:
         known = sorted(a for c, a in _COSTS if c in (collective, family(collective) if collective in CATALOGUE
@@ -425,7 +429,13 @@ def communication(collective: str, algorithm: str, nbytes: float, p: int, machin
         raise ValueError(f"nbytes = {nbytes!r} is negative; give the message size in bytes")
     if p == 1:
         return 0.0
-    return fn(machine.at(working_set(collective, nbytes, p)), nbytes, p)
+    seconds = fn(machine.at(working_set(collective, nbytes, p)), nbytes, p)
+    if machine.corrections:  # measured / predicted, from python -m mpicomm.tune --collectives
+        factor = machine.correction(collective, algorithm)
+        if factor == 1.0 and collective in CATALOGUE:
+            factor = machine.correction(family(collective), algorithm)
+        seconds *= factor
+    return seconds
 
 
 def predict(collective: str, algorithm: str, nbytes: float, p: int, machine: Machine | None = None) -> float:

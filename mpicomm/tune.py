@@ -50,6 +50,7 @@ loads it, and ``auto`` follows it before the model for the sizes it covers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -59,7 +60,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import decisions, model
+from . import config, decisions, model
 
 __all__ = ["main", "measure", "Fit", "fit_regimes", "fit_knee", "last_level_cache", "cache_threshold",
            "measure_collectives", "collective_iterations", "auto_closeness"]
@@ -535,6 +536,40 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
     return result, lines
 
 
+def model_corrections(measured: dict[str, list[dict]], machine: model.Machine, p: int,
+                      validation: bool) -> tuple[tuple[str, str, float], ...]:
+    """Per (collective, algorithm): the median over measured sizes ≥ 64 KiB of measured / predicted communication.
+
+    *measured*: ``{collective: [{"bytes": n, "us": {algorithm: µs per call}}, ...]}`` (what
+    :func:`measure_collectives` keeps). The measured communication time is a call's time less the
+    machine's per-call overhead (and validation's, when it was on); the prediction is the formula
+    without any earlier correction. The median keeps one noisy size from deciding; factors are kept
+    within 0.2-20 (beyond that the formula, not its constants, is wrong). Sizes below 64 KiB are left
+    out: there the per-call overhead, not the formula, decides.
+    """
+    from . import registry
+
+    plain = dataclasses.replace(machine, corrections=())
+    fixed = machine.overhead + (machine.validation if validation else 0.0)
+    out = []
+    for collective, points in measured.items():
+        by_algorithm: dict[str, list[float]] = {}
+        for point in points:
+            nbytes = point.get("bytes")
+            if nbytes is None or nbytes < 65536:
+                continue
+            for name, us in point["us"].items():
+                try:
+                    predicted = registry.communication(collective, name, nbytes, p, plain)
+                except ValueError:  # no cost function for it
+                    continue
+                if predicted > 0:
+                    by_algorithm.setdefault(name, []).append(max(us * 1e-6 - fixed, 0.0) / predicted)
+        for name, ratios in sorted(by_algorithm.items()):
+            out.append((collective, name, round(min(20.0, max(0.2, statistics.median(ratios))), 4)))
+    return tuple(out)
+
+
 def _collective_lines(collective: str, names: list[str], rows: list[dict], ranges: Sequence[decisions.Range],
                       notes: list[str]) -> list[str]:
     """One collective's measurements (median µs per call, mean over ranks) and the ranges decided from them."""
@@ -598,7 +633,33 @@ def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
             print(f"\nsaved: {path}")
             if args.out and os.path.abspath(args.out) != decisions.path_for(result.host, layout):
                 print(f"(communicators load {decisions.path_for(result.host, layout)}; copy it there to use it)")
+        status = max(status, _save_corrections(comm, result, layout, args.out))
     return plain.bcast(status, root=0)
+
+
+def _save_corrections(comm: Any, result: "decisions.Decisions", layout: str, out: str | None) -> int:
+    """On rank 0: correct the fitted model from the measurements and save it (not with ``--out``); exit status."""
+    machine = comm.machine
+    if out is not None:
+        return 0
+    if machine is None:
+        print(f"model: no fit saved for this layout, so none corrected; fit it first: mpiexec -n {comm.Get_size()} "
+              f"python -m mpicomm.tune, then run --collectives again")
+        return 0
+    factors = model_corrections(result.measurements, machine, comm.Get_size(), config.validate())
+    if not factors:
+        print("model: no size of 64 KiB or more was measured, so it is not corrected")
+        return 0
+    try:
+        path = model.save(dataclasses.replace(machine, corrections=factors),
+                          model.path_for(machine.host, layout))
+    except OSError as exc:
+        print(f"could not save the corrected model: {exc}", file=sys.stderr)
+        return 1
+    values = [f for _, _, f in factors]
+    print(f"model: corrected {len(factors)} (collective, algorithm) formulas from these measurements (measured / "
+          f"predicted {min(values):.2f}-{max(values):.2f}, median of the sizes >= 64 KiB): {path}")
+    return 0
 
 
 def _collective_names(text: str) -> list[str]:

@@ -334,3 +334,15 @@ def test_time_algorithms_gives_every_rank_the_medians(comm):
     barrier = bench.time_algorithms(comm, COLLECTIVES["barrier"], ["native", "dissemination"], [8, 64],
                                     iters=lambda n: 2, rounds=2)
     assert len(barrier) == 1 and barrier[0]["bytes"] is None
+
+
+def test_out_never_replaces_an_existing_report_silently(tmp_path, capsys):
+    from mpicomm.bench import cli
+
+    report = tmp_path / "report.md"
+    report.write_text("earlier results\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["allreduce", "--sizes", "8", "--out", str(report)])
+    assert exit_info.value.code == 2
+    assert "exists; add --append" in capsys.readouterr().err
+    assert report.read_text() == "earlier results\n"

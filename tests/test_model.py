@@ -391,3 +391,19 @@ def test_fit_memory_slope():
     assert model.fit_memory_slope([1e6], [1e-7], 1e-6) == 0.0  # clamped
     with pytest.raises(ValueError, match="at least one"):
         model.fit_memory_slope([], [], 0.0)
+
+
+def test_measured_corrections_scale_the_formula_and_survive_the_file():
+    corrected = replace(M, corrections=(("allreduce", "ring", 2.5), ("bcast", "binomial", 0.5)))
+    n, p = 1 << 20, 4
+    assert registry.communication("allreduce", "ring", n, p, corrected) == pytest.approx(
+        2.5 * registry.communication("allreduce", "ring", n, p, M), rel=1e-12)
+    assert registry.communication("allreduce", "rabenseifner", n, p, corrected) == pytest.approx(
+        registry.communication("allreduce", "rabenseifner", n, p, M), rel=1e-12)  # not measured: as fitted
+    again = model.Machine.from_json(corrected.to_json())
+    assert again == corrected and again.correction("bcast", "binomial") == 0.5
+    assert model.Machine.from_json(M.to_json()).corrections == ()  # files without corrections still load
+    body = json.loads(corrected.to_json())
+    body["corrections"] = [["allreduce", "ring"]]
+    with pytest.raises(ValueError, match="corrections = .* is not a list of \\[collective, algorithm, factor\\]"):
+        model.Machine.from_json(json.dumps(body))

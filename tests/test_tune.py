@@ -239,3 +239,21 @@ def test_tune_collectives_needs_two_ranks(tmp_path):
     assert result.returncode == 2 and "needs at least 2 ranks" in result.stderr
     result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--show"], timeout=60, env=env)
     assert result.returncode == 1 and "no decisions saved" in result.stderr and "p1-1x1" in result.stderr
+
+
+def test_model_corrections_are_the_median_measured_over_predicted_above_64_kib():
+    from dataclasses import replace as _replace
+
+    from mpicomm import model as _model
+    from mpicomm import registry as _registry
+    from mpicomm.tune import model_corrections
+
+    machine = _replace(_model.NOMINAL, overhead=10e-6, validation=5e-6, ppn=4)
+    p = 2
+    points = []
+    for nbytes, factor in ((8, 100.0), (65536, 2.0), (1 << 20, 3.0), (4 << 20, 50.0)):
+        predicted = _registry.communication("allreduce", "ring", nbytes, p, machine)
+        points.append({"bytes": nbytes, "us": {"ring": (factor * predicted + 15e-6) * 1e6}})
+    factors = model_corrections({"allreduce": points}, machine, p, validation=True)
+    assert factors == (("allreduce", "ring", 3.0),)  # median of 2, 3, 50 (20 at most); 8 B is left out
+    assert model_corrections({"allreduce": points[:1]}, machine, p, validation=True) == ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -110,6 +111,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         p.add_argument("--out", metavar="FILE.md",
                        help="also write the table, the command and the machine to this Markdown file")
         p.add_argument("--append", action="store_true", help="with --out: append to the file instead of replacing it")
+        p.add_argument("--force", action="store_true",
+                       help="with --out: replace the file if it exists (without --append or --force an existing "
+                            "report is never overwritten)")
         p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
         p.add_argument("--progress", action="store_true",
                        help="progress lines on stderr (the default for collectives)")
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds {args.rounds}: must be >= 1")
     if args.append and not args.out:
         parser.error("--append needs --out FILE.md")
+    if args.out and os.path.exists(args.out) and not (args.append or args.force):
+        parser.error(f"--out {args.out} exists; add --append to add this report to it, or --force to replace it")
     bench = BENCHMARKS[args.benchmark]
     if bench.collective:
         try:
