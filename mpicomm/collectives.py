@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import array_module, check_array
+from .buffers import adopt, array_module, check_array
 from .coll.dispatch import Args, start
 from .coll.schedules import block_partition
 from .comm import Comm
@@ -72,6 +72,7 @@ def _output(args: Args, x: Any, out: Any, shape: tuple, name: str = "out") -> An
     """*out* checked against the result's shape, dtype and module, or a new array."""
     if out is None:
         return _new(x, shape)
+    out = adopt(out, name)
     check_array(out, name, writable=True)
     if array_module(out) is not array_module(x):
         raise TypeError(f"{name} is a {array_module(out).__name__} array but the input is {array_module(x).__name__}")
@@ -81,6 +82,8 @@ def _output(args: Args, x: Any, out: Any, shape: tuple, name: str = "out") -> An
 
 
 def _input(args: Args, x: Any, name: str = "x") -> Any:
+    """*x* as an array (any buffer kind, see :func:`mpicomm.buffers.adopt`), checked; its module and dtype go to *args*."""
+    x = adopt(x, name)
     xp = check_array(x, name)
     args.xp, args.dtype = xp, x.dtype
     if xp is not np:
@@ -112,8 +115,9 @@ def _bcast_args(x: Any, root: int, comm: Comm, out: Any) -> Args:
     args = Args("bcast")
 
     def read() -> None:
+        nonlocal x
         args.root = check_peer(root, "root", comm.Get_size())
-        _input(args, x)
+        x = _input(args, x)
         is_root = comm.Get_rank() == args.root
         if out is None:
             result = x.copy() if is_root else _new(x, x.shape)
@@ -144,8 +148,9 @@ def _reduction_args(collective: str, x: Any, op: Any, comm: Comm, out: Any, root
     args = Args(collective)
 
     def read() -> None:
+        nonlocal x
         args.op = resolve(op)
-        _input(args, x)
+        x = _input(args, x)
         if root is not None:
             args.root = check_peer(root, "root", comm.Get_size())
         args.count = x.size
@@ -203,8 +208,9 @@ def gather(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any =
     args = Args("gather")
 
     def read() -> None:
+        nonlocal x
         args.root = check_peer(root, "root", p)
-        _input(args, x)
+        x = _input(args, x)
         args.send, args.count = _flat(x), x.size
         args.recvcounts, args.recvdispls = (x.size,) * p, tuple(i * x.size for i in range(p))
         if rank == args.root:
@@ -229,8 +235,9 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
     args = Args("gatherv")
 
     def read() -> None:
+        nonlocal x
         args.root = check_peer(root, "root", p)
-        _input(args, x)
+        x = _input(args, x)
         args.send = _flat(x)
         if rank == args.root:
             cs = tuple(int(n) for n in (sizes if counts is None else counts))
@@ -278,9 +285,10 @@ def scatter(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any 
     mine = _received_part(c, root, x, out, lambda a: [a.shape[1:]] * p)
 
     def read() -> None:
+        nonlocal x
         args.root = check_peer(root, "root", p)
         if rank == args.root:
-            _input(args, x)
+            x = _input(args, x)
             if not x.shape or x.shape[0] != p:
                 raise ValueError(f"x has shape {x.shape}; scatter splits the first axis, which must be p = {p}")
             block = x.size // p
@@ -307,9 +315,10 @@ def scatterv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algo
     mine = _received_part(c, root, x, out, lambda a: [(int(n),) for n in counts or [0] * p])
 
     def read() -> None:
+        nonlocal x
         args.root = check_peer(root, "root", p)
         if rank == args.root:
-            _input(args, x)
+            x = _input(args, x)
             if counts is None:
                 raise ValueError("scatterv needs counts on the root (elements for each rank)")
             cs = tuple(int(n) for n in counts)
@@ -335,7 +344,8 @@ def _allgather_args(x: Any, comm: Comm, out: Any) -> Args:
     args = Args("allgather")
 
     def read() -> None:
-        _input(args, x)
+        nonlocal x
+        x = _input(args, x)
         result = _output(args, x, out, (p, *x.shape))
         args.send, args.recv, args.count = _flat(x), _flat(result), x.size
         args.recvcounts, args.recvdispls = (x.size,) * p, tuple(i * x.size for i in range(p))
@@ -366,7 +376,8 @@ def allgatherv(x: Any, counts: Sequence[int] | None = None, *, algorithm: str | 
     args = Args("allgatherv")
 
     def read() -> None:
-        _input(args, x)
+        nonlocal x
+        x = _input(args, x)
         cs = tuple(int(n) for n in counts)  # type: ignore[union-attr]
         if len(cs) != p:
             raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
@@ -383,7 +394,8 @@ def _alltoall_args(x: Any, comm: Comm, out: Any) -> Args:
     args = Args("alltoall")
 
     def read() -> None:
-        _input(args, x)
+        nonlocal x
+        x = _input(args, x)
         if not x.shape or x.shape[0] != p:
             raise ValueError(f"x has shape {x.shape}; alltoall splits the first axis, which must be p = {p}")
         result = _output(args, x, out, x.shape)
@@ -423,7 +435,8 @@ def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | Non
     args = Args("alltoallv")
 
     def read() -> None:
-        _input(args, x)
+        nonlocal x
+        x = _input(args, x)
         sc, rc = tuple(int(n) for n in sendcounts), tuple(int(n) for n in recvcounts)  # type: ignore[union-attr]
         if len(sc) != p or len(rc) != p or sum(sc) > x.size:
             raise ValueError(f"sendcounts {list(sc)} / recvcounts {list(rc)}: need {p} entries each, "
@@ -442,8 +455,9 @@ def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any) -> 
     args = Args("reduce_scatter")
 
     def read() -> None:
+        nonlocal x
         args.op = resolve(op)
-        _input(args, x)
+        x = _input(args, x)
         cs = tuple(block_partition(x.size, p)[0]) if counts is None else tuple(int(n) for n in counts)
         if len(cs) != p or sum(cs) != x.size:
             raise ValueError(f"counts {list(cs)}: need {p} entries summing to x.size = {x.size}")
@@ -476,8 +490,9 @@ def reduce_scatter_block(x: Any, op: Any = "sum", *, algorithm: str | None = "au
     args = Args("reduce_scatter_block")
 
     def read() -> None:
+        nonlocal x
         args.op = resolve(op)
-        _input(args, x)
+        x = _input(args, x)
         if not x.shape or x.shape[0] != p:
             raise ValueError(f"x has shape {x.shape}; reduce_scatter_block splits the first axis, which must be p = {p}")
         result = _output(args, x, out, x.shape[1:])

@@ -195,3 +195,23 @@ def test_a_torch_tensor_that_requires_grad_is_refused_with_the_fix():
     t = torch.zeros(3, requires_grad=True)
     with pytest.raises(TypeError, match="detach"):
         adopt(t, "sendbuf")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_array_functions_take_every_kind(comm, kind):
+    import mpicomm
+
+    if kind == "bytearray":
+        pytest.skip("bytes carry no element type; the array functions reduce elements")
+    wrap, read = KINDS[kind]
+    rank, p = comm.Get_rank(), comm.Get_size()
+    x = data(rank, 6, np.float64)
+    expected = np.empty_like(x)
+    WORLD.Allreduce(x, expected)
+    assert_matches(mpicomm.allreduce(wrap(x.copy()), comm=comm), expected, f"mpicomm.allreduce of {kind}")
+    out = wrap(np.zeros(6))
+    mpicomm.allreduce(wrap(x.copy()), comm=comm, out=out)
+    assert_matches(read(out), expected, f"mpicomm.allreduce into out= of {kind}")
+    gathered = mpicomm.allgather(wrap(x.copy()), comm=comm)
+    assert_matches(gathered.reshape(-1), np.concatenate([data(r, 6, np.float64) for r in range(p)]),
+                   f"mpicomm.allgather of {kind}")
