@@ -165,7 +165,7 @@ def bruck(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Seque
     the last round all p blocks are there; undo the rotation into *recv* at
     *displs* (two copies when *displs* are packed, else one per block).
     Restrictions: none (any p, any counts and displacements; works in place).
-    Cost: ⌈lg p⌉·α + n(p−1)/p·β  (plus two local copies of n)
+    Cost: ⌈lg p⌉·α + n(p−1)/p·β + 2n·δ  (two local copies of n: the rotation in and out)
     """
     p, rank = call.p, call.rank
     order = [(rank + i) % p for i in range(p)]

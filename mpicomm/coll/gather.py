@@ -56,7 +56,7 @@ def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displ
     each straight into the sender's block of *recv* at its displacement;
     every other rank sends its block to the root.
     Restrictions: none (any p, any counts and displacements); works in place.
-    Cost: (p−1)α + n(p−1)/p·β  (at the root)
+    Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
     if call.rank != call.root:
         yield call.send(call.root, send)
@@ -84,7 +84,7 @@ def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, dis
     else into scratch, then copies each block to its displacement.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
-    Cost: lg p·α + n(p−1)/p·β  (gatherv: + lg p·α for the size headers)
+    Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; gatherv: + lg p·α for the size headers)
     """
     p = call.p
     vrank = (call.rank - call.root) % p

@@ -41,7 +41,7 @@ def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displ
     each straight from the receiver's block of *send*; every other rank
     receives its block into *recv*.
     Restrictions: none (any p, any counts and displacements); works in place.
-    Cost: (p−1)α + n(p−1)/p·β  (at the root)
+    Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
     if call.rank != call.root:
         yield call.recv(call.root, recv)
@@ -67,7 +67,7 @@ def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, dis
     ranks (an int64 header) to size its receive and split what it forwards.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
-    Cost: lg p·α + n(p−1)/p·β  (scatterv: + lg p·α for the count headers)
+    Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; scatterv: + lg p·α for the count headers)
     """
     p = call.p
     vrank = (call.rank - call.root) % p
