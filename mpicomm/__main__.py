@@ -194,8 +194,15 @@ def explain(collective: str, size: int, ranks: int | None = None) -> int:
 COMMANDS = {"info": info, "algorithms": algorithms}
 
 
+def _version() -> str:
+    import mpicomm
+
+    return mpicomm.__version__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpicomm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"mpicomm {_version()}")
     parser.add_argument("command", choices=sorted(COMMANDS),
                         help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")

@@ -346,3 +346,15 @@ def test_out_never_replaces_an_existing_report_silently(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "exists; add --append" in capsys.readouterr().err
     assert report.read_text() == "earlier results\n"
+
+
+def test_wrong_elements_counts_what_differs_from_native():
+    from mpicomm.bench.metrics import wrong_elements
+
+    want = np.arange(6.0)
+    got = want.copy()
+    assert wrong_elements(got, want) == 0
+    got[[1, 4]] = -1
+    got[5] = np.nan
+    assert wrong_elements(got, want) == 3
+    assert wrong_elements(got[:3], want) == 6  # a wrong shape: every element is wrong

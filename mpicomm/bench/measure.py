@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .metrics import Collective, _iterations, bandwidths, layout, mismatch, model_bytes, rank_values
+from .metrics import Collective, _iterations, bandwidths, layout, mismatch, model_bytes, rank_values, wrong_elements
 
 __all__ = ["pingpong_rows", "CollectiveRun", "collective_run", "time_algorithms", "requested_algorithms",
            "usable_algorithms"]
@@ -186,8 +186,12 @@ def _measure(variants: list[_Variant], iters: int, rounds: int, barrier: Callabl
     return {name: sum(times) / len(times) for name, times in _rounds(variants, iters, rounds, barrier).items()}
 
 
-def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int) -> dict[str, str | None]:
-    """Run every variant once on fresh data; each one's mismatch with the native result on this rank (or None)."""
+def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int,
+              wrong: dict[str, int] | None = None) -> dict[str, str | None]:
+    """Run every variant once on fresh data; each one's mismatch with the native result on this rank (or None).
+
+    *wrong*, when given, gets each variant's count of elements that differ from native on this rank.
+    """
     results: dict[str, np.ndarray] = {}
     for v in variants:
         v.send[...] = rank_values(v.send.size, rank, p, salt)
@@ -199,6 +203,8 @@ def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, sal
     if spec.name == "barrier" or (spec.root_only and rank != 0):
         return dict.fromkeys(results)
     native = results[variants[0].name]
+    if wrong is not None:
+        wrong.update({name: wrong_elements(got, native) for name, got in results.items()})
     return {name: (None if got is native else mismatch(got, native)) for name, got in results.items()}
 
 
@@ -263,8 +269,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         mine = _measure(variants, iters, rounds, world.Barrier)
         every = world.gather(mine, root=0)
         verdicts: dict[str, str | None] = {}
+        wrongs: dict[str, int] = {}
         if args.validate:
-            problems = _validate(spec, variants, rank, p, salt=1 + index)
+            counts: dict[str, int] = {}
+            problems = _validate(spec, variants, rank, p, salt=1 + index, wrong=counts)
             for name, problem in problems.items():
                 if problem is not None:
                     print(f"validation failed: {spec.name} algorithm {name} size {nbytes} B rank {rank}: {problem}",
@@ -272,9 +280,14 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             flags = np.array([problems[v.name] is not None for v in variants], np.int32)
             world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
             verdicts = {v.name: "Fail" if flag else "Pass" for v, flag in zip(variants, flags)}
+            totals = np.array([counts.get(v.name, 0) for v in variants], np.int64)
+            world.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)  # elements that differ from native, every rank
+            wrongs = {v.name: int(t) for v, t in zip(variants, totals)}
             failed = failed or bool(flags.any())
         if rank == 0:
             rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine)
+            for row in rows[-len(variants):]:
+                row["wrong"] = wrongs.get(row["name"]) if args.validate else None
             if loud:
                 _progress(spec, rows[-len(variants):], index, len(sizes))
         if persistent is not None:

@@ -175,6 +175,13 @@ def rank_values(count: int, rank: int, p: int, salt: int = 0) -> np.ndarray:
     return (np.arange(count, dtype=np.int64) * p + (rank + salt)).astype(np.float64)
 
 
+def wrong_elements(got: np.ndarray, want: np.ndarray) -> int:
+    """How many elements of *got* differ from *want* (NaN never equals; a wrong shape: all of *want*)."""
+    if got.shape != want.shape:
+        return int(want.size)
+    return int(np.count_nonzero(~(got == want)))
+
+
 def mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
     """None if *got* equals *want* element for element (NaN never does); else what differs."""
     if got.shape != want.shape:

@@ -95,15 +95,19 @@ _HEADER = ["Size", "Algorithm", "Avg Latency(us)", "Min Latency(us)", "Max Laten
 def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes: int, rows: list[dict],
                        notes: list[str], overhead: dict | None, model_label: str, machine: Any,
                        failed: bool) -> Report:
-    header = [model_label if h == "{model}" else h for h in _HEADER] + (["Validation"] if args.validate else [])
+    header = [model_label if h == "{model}" else h for h in _HEADER] + (["#wrong", "Validation"] if args.validate
+                                                                         else [])
     cells = []
     for r in rows:
         name = r["name"] + (f" -> {r['chose']}" if r["chose"] else "")
         cells.append([str(r["size"]), name, _format(r["avg_us"]), _format(r["min_us"]), _format(r["max_us"]),
                       str(r["iterations"]), _format(r["algbw_GBps"], 3), _format(r["busbw_GBps"], 3),
                       _format(r["model_us"]), _format(r["meas_over_model"]), _format(r["vs_native"])]
-                     + ([r["validation"] or ""] if args.validate else []))
+                     + ([str(r.get("wrong", "")), r["validation"] or ""] if args.validate else []))
     after = list(notes)
+    bus = [r["busbw_GBps"] for r in rows if r["name"] == "auto" and r.get("busbw_GBps") is not None]
+    if bus:  # as nccl-tests ends its table
+        after.append(f"Avg bus bandwidth (auto): {sum(bus) / len(bus):.3f} GB/s over {len(bus)} size(s)")
     if overhead is not None:
         what = "barrier" if spec.name == "barrier" else "8-byte call"
         after.insert(0, f"Python overhead of one {what} ({spec.name}, mpicomm auto minus native MPI): "
