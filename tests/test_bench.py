@@ -358,3 +358,35 @@ def test_wrong_elements_counts_what_differs_from_native():
     got[5] = np.nan
     assert wrong_elements(got, want) == 3
     assert wrong_elements(got[:3], want) == 6  # a wrong shape: every element is wrong
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int64", "int32"])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
+def test_rank_values_reduce_exactly_in_every_type_and_op(dtype, op):
+    p = 7
+    parts = [rank_values(50, r, p, 3, dtype, op) for r in range(p)]
+    assert all(part.dtype == np.dtype(dtype) for part in parts)
+    assert len({part.tobytes() for part in parts}) == p, "every rank's data differs"
+    exact = [part.astype(np.int64) for part in parts]
+    reduce = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
+    forward, backward = parts[0].copy(), parts[-1].copy()
+    want = exact[0].copy()
+    for k in range(1, p):
+        forward = reduce(forward, parts[k]).astype(dtype)
+        backward = reduce(backward, parts[p - 1 - k]).astype(dtype)
+        want = reduce(want, exact[k])
+    assert np.array_equal(forward.astype(np.int64), want) and np.array_equal(backward, forward)
+
+
+@pytest.mark.launches
+def test_dtype_and_op_are_measured_and_validated(tmp_path):
+    out = tmp_path / "r.json"
+    result = _bench(2, "allreduce", "--sizes", "8,4096", "--iters", "4", "--dtype", "float16", "--op", "max",
+                    "--algorithms", "ring,recursive_doubling,auto", "--validate", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["count"] for r in rows} == {4, 2048}  # float16: 2 bytes an element
+    assert all(r["wrong"] == 0 and r["validation"] == "Pass" for r in rows)
+    assert "float16 data, op max" in json.loads(out.read_text())["method"]
+    bad = _bench(2, "allgather", "--op", "max")
+    assert bad.returncode == 2 and "unrecognized arguments: --op" in bad.stderr

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .measure import _requested, collective_run, pingpong_rows
-from .metrics import COLLECTIVES, Collective, parse_sizes
+from .metrics import COLLECTIVES, DTYPES, OPS, Collective, parse_sizes
 from .report import Report, _bandwidth_text, collective_report, finish, pingpong_report
 
 __all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main"]
@@ -121,6 +121,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             p.add_argument("--algorithms", default="all", metavar="all|NAME,...",
                            help="algorithms to measure: all (default: every registered one and auto) or a "
                                 "comma-separated list (auto included)")
+            p.add_argument("--dtype", default="float64", choices=DTYPES,
+                           help="element type of the data (default: float64)")
+            if COLLECTIVES[name].op:
+                p.add_argument("--op", default="sum", choices=OPS, help="reduction op (default: sum)")
             p.add_argument("--validate", action="store_true",
                            help="after each size, check every algorithm's result against native MPI (exit 1 if any "
                                 "differs)")

@@ -96,27 +96,30 @@ def _label(algorithm: str) -> str:
     return "native (mpicomm)" if algorithm == "native" else algorithm
 
 
-def _arguments(spec: Collective, send: np.ndarray, recv: np.ndarray) -> tuple[tuple, dict]:
-    """The positional and keyword arguments of one call (mpi4py's signature; op SUM, root 0)."""
+def _arguments(spec: Collective, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> tuple[tuple, dict]:
+    """The positional and keyword arguments of one call (mpi4py's signature; op *op*, root 0)."""
     from mpi4py import MPI
 
-    keywords: dict[str, Any] = ({"op": MPI.SUM} if spec.op else {}) | ({"root": 0} if spec.root else {})
+    mpi_op = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
+    keywords: dict[str, Any] = ({"op": mpi_op} if spec.op else {}) | ({"root": 0} if spec.root else {})
     positional = () if spec.name == "barrier" else (recv,) if spec.name == "bcast" else (send, recv)
     return positional, keywords
 
 
-def _bound(spec: Collective, target: Any, send: np.ndarray, recv: np.ndarray, algorithm: str | None) -> Callable:
+def _bound(spec: Collective, target: Any, send: np.ndarray, recv: np.ndarray, algorithm: str | None,
+           op: str = "sum") -> Callable:
     """``target.<Method>(...)`` with this collective's arguments bound (and ``algorithm=`` for mpicomm)."""
     method = getattr(target, spec.method)
-    positional, keywords = _arguments(spec, send, recv)
+    positional, keywords = _arguments(spec, send, recv, op)
     if algorithm is not None:
         keywords["algorithm"] = algorithm
     return lambda: method(*positional, **keywords)
 
 
-def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray) -> tuple[Callable, Any]:
+def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray,
+                op: str = "sum") -> tuple[Callable, Any]:
     """(one Start and Wait of ``comm.<Method>_init(...)``, the request): the call ``--persistent`` times."""
-    positional, keywords = _arguments(spec, send, recv)
+    positional, keywords = _arguments(spec, send, recv, op)
     request = getattr(comm, spec.method + "_init")(*positional, **keywords)
 
     def run() -> None:
@@ -126,7 +129,8 @@ def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray)
     return run, request
 
 
-def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray, unit: int) -> tuple[str, str]:
+def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray, unit: int,
+                 op: str = "sum") -> tuple[str, str]:
     """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for this call.
 
     Asks the dispatcher, from the call's arguments read as it reads them, so
@@ -137,7 +141,7 @@ def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray
     if spec.name == "barrier":
         args = dispatch.Args("barrier")
     else:
-        positional, keywords = _arguments(spec, send, recv)
+        positional, keywords = _arguments(spec, send, recv, op)
         args = arguments.read(spec.registry, comm, *positional, **keywords)
     algorithm, source = dispatch._choose(comm, args, "auto")
     return algorithm.name, str(source)
@@ -187,17 +191,17 @@ def _measure(variants: list[_Variant], iters: int, rounds: int, barrier: Callabl
 
 
 def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int,
-              wrong: dict[str, int] | None = None) -> dict[str, str | None]:
+              wrong: dict[str, int] | None = None, op: str = "sum") -> dict[str, str | None]:
     """Run every variant once on fresh data; each one's mismatch with the native result on this rank (or None).
 
     *wrong*, when given, gets each variant's count of elements that differ from native on this rank.
     """
     results: dict[str, np.ndarray] = {}
     for v in variants:
-        v.send[...] = rank_values(v.send.size, rank, p, salt)
-        v.recv[...] = np.nan
+        v.send[...] = rank_values(v.send.size, rank, p, salt, v.send.dtype, op)
+        v.recv[...] = np.nan if v.recv.dtype.kind == "f" else -1
         if spec.name == "bcast" and rank == 0:
-            v.recv[...] = rank_values(v.recv.size, rank, p, salt)
+            v.recv[...] = rank_values(v.recv.size, rank, p, salt, v.recv.dtype, op)
         v.call()
         results[v.name] = v.recv.copy()
     if spec.name == "barrier" or (spec.root_only and rank != 0):
@@ -238,7 +242,11 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         notes.append(f"--pool: {spec.name} has no usable 'shm' algorithm here; no shm+pool row")
     use_pool = bool(args.pool and "shm" in names)
     machine = comm.machine
-    sizes = [0] if spec.name == "barrier" else list(dict.fromkeys(layout(spec.name, s, p)[3] for s in args.sizes))
+    dtype = np.dtype(getattr(args, "dtype", "float64"))
+    op = getattr(args, "op", "sum")
+    item = dtype.itemsize
+    sizes = [0] if spec.name == "barrier" else list(dict.fromkeys(layout(spec.name, s, p, item)[3]
+                                                                   for s in args.sizes))
     if loud:
         shown = ["native", *map(_label, names)] + (["shm+pool"] if use_pool else [])
         _say(f"{spec.name}: {p} ranks on {comm.nodes} node(s), {len(sizes)} size(s), variants: {', '.join(shown)}"
@@ -246,33 +254,33 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     rows: list[dict] = []
     failed = False
     for index, size in enumerate(sizes):
-        unit, nsend, nrecv, nbytes = layout(spec.name, size, p)
+        unit, nsend, nrecv, nbytes = layout(spec.name, size, p, item)
         iters = _iterations(nbytes, args.iters)
         rounds = max(1, min(args.rounds, iters))
-        send, recv = rank_values(nsend, rank, p), np.zeros(nrecv)
+        send, recv = rank_values(nsend, rank, p, 0, dtype, op), np.zeros(nrecv, dtype)
         if spec.name == "bcast":
             recv[...] = send
-        variants = [_Variant("native", None, send, recv, _bound(spec, world, send, recv, None))]
-        variants += [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n)) for n in names]
+        variants = [_Variant("native", None, send, recv, _bound(spec, world, send, recv, None, op))]
+        variants += [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n, op)) for n in names]
         pool = None
         if use_pool:
-            pool = shm.Pool(comm, (nsend + nrecv) * 8 + 2 * 4096)
-            psend, precv = pool.empty(nsend, np.float64), pool.empty(nrecv, np.float64)
+            pool = shm.Pool(comm, (nsend + nrecv) * item + 2 * 4096)
+            psend, precv = pool.empty(nsend, dtype), pool.empty(nrecv, dtype)
             psend[...], precv[...] = send, recv
-            variants.append(_Variant("shm+pool", "shm", psend, precv, _bound(spec, comm, psend, precv, "shm")))
+            variants.append(_Variant("shm+pool", "shm", psend, precv, _bound(spec, comm, psend, precv, "shm", op)))
         persistent = None
         if getattr(args, "persistent", False):
-            run, persistent = _persistent(spec, comm, send, recv)
+            run, persistent = _persistent(spec, comm, send, recv, op)
             plan = persistent.plan
             variants.append(_Variant("persistent", None if plan.library else plan.algorithm.name, send, recv, run))
-        chosen = _auto_choice(comm, spec, send, recv, unit) if "auto" in names else None
+        chosen = _auto_choice(comm, spec, send, recv, unit, op) if "auto" in names else None
         mine = _measure(variants, iters, rounds, world.Barrier)
         every = world.gather(mine, root=0)
         verdicts: dict[str, str | None] = {}
         wrongs: dict[str, int] = {}
         if args.validate:
             counts: dict[str, int] = {}
-            problems = _validate(spec, variants, rank, p, salt=1 + index, wrong=counts)
+            problems = _validate(spec, variants, rank, p, salt=1 + index, wrong=counts, op=op)
             for name, problem in problems.items():
                 if problem is not None:
                     print(f"validation failed: {spec.name} algorithm {name} size {nbytes} B rank {rank}: {problem}",
@@ -285,7 +293,7 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             wrongs = {v.name: int(t) for v, t in zip(variants, totals)}
             failed = failed or bool(flags.any())
         if rank == 0:
-            rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine)
+            rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine, item)
             for row in rows[-len(variants):]:
                 row["wrong"] = wrongs.get(row["name"]) if args.validate else None
             if loud:
@@ -336,7 +344,7 @@ def _requested(spec: Collective, requested: str) -> list[str]:
 
 def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
                rounds: int, iters: int, chosen: tuple[str, str] | None, verdicts: dict,
-               machine: Any) -> list[dict]:
+               machine: Any, item: int = 8) -> list[dict]:
     """The rows of one size on rank 0, from every rank's mean µs per variant."""
     per = max(1, iters // rounds)
     native = sum(r["native"] for r in every) / len(every)
@@ -344,9 +352,9 @@ def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], un
     for v in variants:
         lat = [r[v.name] for r in every]
         avg = sum(lat) / len(lat)
-        bw = bandwidths(spec.name, unit, 8, p, avg * 1e-6)
+        bw = bandwidths(spec.name, unit, item, p, avg * 1e-6)
         algorithm = chosen[0] if v.name == "auto" and chosen else v.algorithm
-        predicted = _predict(spec, algorithm, model_bytes(spec.name, unit, 8, p), p, machine) \
+        predicted = _predict(spec, algorithm, model_bytes(spec.name, unit, item, p), p, machine) \
             if algorithm is not None else None
         out.append({
             "collective": spec.name, "size": nbytes, "count": unit, "name": v.name, "algorithm": v.algorithm,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
 
 __all__ = [
@@ -170,9 +172,26 @@ def layout(collective: str, size: int, p: int, itemsize: int = 8) -> tuple[int, 
     return unit, send, recv, unit * itemsize * (p if spec.size_is_all else 1)
 
 
-def rank_values(count: int, rank: int, p: int, salt: int = 0) -> np.ndarray:
-    """Float64 data that depends on rank and index: ``index·p + rank + salt`` (distinct, and sums stay exact)."""
-    return (np.arange(count, dtype=np.int64) * p + (rank + salt)).astype(np.float64)
+def rank_values(count: int, rank: int, p: int, salt: int = 0, dtype: Any = np.float64, op: str = "sum") -> np.ndarray:
+    """Data that depends on rank and index, exact under any reduction order.
+
+    float64 sums: ``index·p + rank + salt`` (distinct). Other types, or other
+    ops: small integers (``(3·index + 5·rank + salt) mod 16``; for prod 1, or
+    2 where ``3·index + 5·rank + salt`` is a multiple of 7), so that p of them
+    reduce exactly even in float16.
+    """
+    dtype = np.dtype(dtype)
+    index = np.arange(count, dtype=np.int64)
+    if dtype == np.float64 and op == "sum":
+        return (index * p + (rank + salt)).astype(np.float64)
+    if op == "prod":  # 1, and a 2 at every 7th place, shifted by rank: a product of p stays a small power of two
+        return (1 + ((3 * index + 5 * rank + salt) % 7 == 0)).astype(dtype)
+    return ((3 * index + 5 * rank + salt) % 16).astype(dtype)
+
+
+#: ``--dtype`` choices and ``--op`` choices (the reducing collectives).
+DTYPES = ("float64", "float32", "float16", "int64", "int32")
+OPS = ("sum", "prod", "max", "min")
 
 
 def wrong_elements(got: np.ndarray, want: np.ndarray) -> int:

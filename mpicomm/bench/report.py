@@ -117,7 +117,8 @@ def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes
         after.append(f"validation FAILED: an algorithm's {spec.name} result differs from native MPI's "
                      f"(see the messages above); stopped after that size")
     data = ("" if spec.name == "barrier" else
-            f"Size: {spec.describe_size()} (float64 data; sizes rounded down to whole elements). ")
+            f"Size: {spec.describe_size()} ({getattr(args, 'dtype', 'float64')} data"
+            + (f", op {getattr(args, 'op', 'sum')}" if spec.op else "") + "; sizes rounded down to whole elements). ")
     bandwidth = f"{_bandwidth_text(spec)} (nccl-tests, GB/s). " if spec.name != "barrier" else ""
     method = (
         f"{data}Each iteration times one call, then an untimed barrier; a rank's latency is its mean per call; Avg "
