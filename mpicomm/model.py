@@ -62,7 +62,7 @@ from .catalogue import row
 __all__ = [
     "Link", "Machine", "NOMINAL", "FORMAT_VERSION", "CostFunction", "cache_dir", "layout_key", "path_for", "save",
     "load", "for_comm", "fit_line", "fit_memory_slope", "working_set", "now", "ceil_lg", "pof2", "folded",
-    "segments", "node_layout", "write_atomic",
+    "segments", "node_layout", "write_atomic", "direct_exchange", "halving_doubling",
 ]
 
 log = logging.getLogger("mpicomm")
@@ -243,6 +243,19 @@ def folded(p: int) -> bool:
 def segments(nbytes: float, segment: int) -> int:
     """Messages needed for *nbytes* in pieces of at most *segment* bytes (at least one)."""
     return max(1, math.ceil(nbytes / segment))
+
+
+def direct_exchange(m: Machine, n: float, p: int) -> float:
+    """(p−1)α + n(p−1)/p·β: p − 1 messages that together move all of n but the own 1/p (linear, ring, pairwise)."""
+    link = m.link(p)
+    return (p - 1) * link.alpha + n * (p - 1) / p * link.beta
+
+
+def halving_doubling(m: Machine, n: float, p: int) -> float:
+    """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ: recursive halving then doubling over the p' ranks left after a
+    fold (Rabenseifner's reduce-scatter + allgather or gather); the fold's terms are the caller's."""
+    link, q = m.link(p), pof2(p)
+    return 2 * math.log2(q) * link.alpha + (q - 1) / q * n * (2 * link.beta + m.gamma)
 
 
 def node_layout(m: Machine, p: int) -> tuple[int, int]:

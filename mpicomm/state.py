@@ -53,7 +53,7 @@ class State:
     collectives: int  #: sequence number of the next collective call (its tag: this modulo tag_modulus)
     defaults: dict[str, str]  #: ``comm.set_algorithm`` choices
     choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
-    plans: dict[tuple, Any]  #: plans of repeated blocking calls, by their signature
+    plans: dict[tuple, list]  #: scratch arrays of repeated blocking calls, by their signature
     machine: Any  #: the fitted cost model (:class:`mpicomm.model.Machine`) or None
     decisions: Any  #: measured decisions for this layout (:class:`mpicomm.decisions.Decisions`) or None
     arena: Any  #: the shared-memory arena (:class:`mpicomm.shm.Arena`), made by the first shm call
@@ -113,10 +113,6 @@ class State:
         if self.freed:
             return
         self.freed = True
-        for plan in list(self.plans.values()):
-            release = getattr(plan, "release", None)
-            if release is not None:
-                release()
         self.plans.clear()
         self.choices.clear()
         if self.arena is not None:

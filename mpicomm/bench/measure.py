@@ -154,7 +154,7 @@ def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any
     for name in dict.fromkeys((spec.registry, spec.name)):
         try:
             seconds = registry.predict(name, algorithm, nbytes, p, machine=machine)
-        except (LookupError, ValueError, NotImplementedError):  # no cost function for this pair
+        except ValueError:  # no cost function for this pair
             continue
         if seconds is not None and math.isfinite(seconds):
             return float(seconds) * 1e6

@@ -20,7 +20,7 @@ import math
 
 from typing import Any, Sequence
 
-from ..model import Machine, ceil_lg, folded, node_layout, pof2
+from ..model import Machine, ceil_lg, direct_exchange, folded, node_layout, pof2
 from ..registry import cheapest, cost, register
 from ..requests import Steps
 from .call import Call, block
@@ -266,8 +266,7 @@ def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs
 @cost("allgather", "linear", "ring")
 def _allgather_linear(m: Machine, n: float, p: int) -> float:
     """(p−1)α + n(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + n * (p - 1) / p * b
+    return direct_exchange(m, n, p)
 
 
 @cost("allgather", "recursive_doubling")

@@ -11,7 +11,7 @@ import math
 
 from typing import Any, Iterator, NamedTuple
 
-from ..model import Machine, ceil_lg, folded, node_layout, pof2, segments
+from ..model import Machine, ceil_lg, folded, halving_doubling, node_layout, pof2, segments
 from ..registry import cheapest, cost, register
 from ..requests import Step, Steps
 from .call import Call
@@ -367,10 +367,9 @@ def _allreduce_ring(m: Machine, n: float, p: int) -> float:
 @cost("allreduce", "rabenseifner")
 def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
     """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + 2α + 2n·β + n·γ for the fold"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = pof2(p)
-    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    t = halving_doubling(m, n, p)
     if folded(p):
+        a, b = m.link(p).alpha, m.link(p).beta
         t += 2 * a + 2 * n * b + n * m.gamma
     return t
 

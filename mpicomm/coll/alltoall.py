@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..model import Machine, ceil_lg
+from ..model import Machine, ceil_lg, direct_exchange
 from ..registry import cost, register
 from ..requests import Steps
 from .call import Call, block
@@ -227,8 +227,7 @@ def shm(call: Call, send: Any, sendcounts: Sequence[int], senddispls: Sequence[i
 @cost("alltoall", "linear", "pairwise")
 def _alltoall_linear(m: Machine, n: float, p: int) -> float:
     """(p−1)α + n(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    return (p - 1) * a + n * (p - 1) / p * b
+    return direct_exchange(m, n, p)
 
 
 @cost("alltoall", "bruck")

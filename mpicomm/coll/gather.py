@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..model import Machine, ceil_lg
+from ..model import Machine, ceil_lg, direct_exchange
 from ..registry import cost, register
 from ..requests import Steps
 from .call import Call, block
@@ -146,9 +146,7 @@ def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, dis
 @cost("scatter", "linear")
 def _rooted_linear(m: Machine, n: float, p: int) -> float:
     """(p−1)α + N(p−1)/p·β"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    total = n * p
-    return (p - 1) * a + total * (p - 1) / p * b
+    return direct_exchange(m, n * p, p)
 
 
 @cost("gather", "binomial")

@@ -30,7 +30,7 @@ progress engine tests requests together).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from mpi4py import MPI
 
@@ -42,7 +42,7 @@ from .agreement import agreement
 from .args import Args
 from .dispatch import _bind, _call, _choose, _traced
 
-__all__ = ["Plan", "Prequest", "create", "startall"]
+__all__ = ["Plan", "Prequest", "create"]
 
 
 class Plan:
@@ -181,9 +181,4 @@ def _inactive() -> Steps:
 def create(state: State, args: Args, algorithm: str | None) -> Prequest:
     """A :class:`Prequest` for the collective *args* describes on *state*'s communicator (collective)."""
     return Prequest(Plan(state, args, algorithm))
-
-
-def startall(requests: Iterable[Prequest]) -> None:
-    """Start every persistent request of *requests* in order (``MPI_Startall``)."""
-    Prequest.Startall(list(requests))
 

@@ -6,11 +6,9 @@ the root *send* may be *recv* (in place). n = bytes of the vector, p = ranks.
 
 from __future__ import annotations
 
-import math
-
 from typing import Any
 
-from ..model import Machine, ceil_lg, folded, pof2
+from ..model import Machine, ceil_lg, folded, halving_doubling
 from ..registry import cost, register
 from ..requests import Steps
 from .call import Call
@@ -209,10 +207,9 @@ def _reduce_binomial(m: Machine, n: float, p: int) -> float:
 @cost("reduce", "rabenseifner")
 def _reduce_rabenseifner(m: Machine, n: float, p: int) -> float:
     """2lg p'·α + 2n(p'−1)/p'·β + n(p'−1)/p'·γ; p ≠ p': + α + nβ + nγ to fold, + α + nβ for the folded root 0"""
-    a, b = m.link(p).alpha, m.link(p).beta
-    q = pof2(p)
-    t = 2 * math.log2(q) * a + 2 * n * (q - 1) / q * b + n * (q - 1) / q * m.gamma
+    t = halving_doubling(m, n, p)
     if folded(p):
+        a, b = m.link(p).alpha, m.link(p).beta
         t += (a + n * b + n * m.gamma) + (a + n * b)
     return t
 
