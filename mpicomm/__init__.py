@@ -20,7 +20,10 @@ Main names:
 * :func:`algorithms` - registered algorithm names per collective, and
   :func:`predict` - the cost model's time for one of them
   (:func:`mpicomm.state.predict`; ``comm.machine`` is a communicator's fit);
-* :func:`launch_info` - rank layout from the launcher's environment, without MPI.
+* :func:`launch_info` - rank layout from the launcher's environment, without MPI;
+* :mod:`mpicomm.cli` - the command-line conventions every mpicomm and
+  application command follows (sizes, ``--json``, ``--out``, progress lines),
+  public for programs built on mpicomm.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ _LAZY = {
     "bind_device": ("mpicomm.device", "bind"),
     "ArgumentError": ("mpicomm.coll.dispatch", "ArgumentError"),
     "ops": ("mpicomm.ops", None),
+    "cli": ("mpicomm.cli", None),
 }
 _ARRAY_FUNCTIONS = (
     "world", "barrier", "bcast", "ibcast", "reduce", "allreduce", "iallreduce", "gather", "gatherv", "scatter",
