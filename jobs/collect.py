@@ -5,7 +5,10 @@
 
 The scaling job array (jobs/scaling.sbatch) leaves one JSON file per rank count
 (``pN.json``, written by ``python -m mpicomm.bench BENCHMARK --json``), each a
-table of its own. A scaling study is read across them: for each message size,
+table of its own: its rows either at the top (``"rows"``) or, in the
+``mpicomm-results`` document every command's ``--json`` writes
+(:func:`mpicomm.cli.document`: ``schema``, ``schema_version``, ``versions``...),
+under ``"results"`` (see :func:`bench_fields`). A scaling study is read across them: for each message size,
 how the latency changes with the number of ranks. This script puts the runs side
 by side — one table per row kind (the MPI library's own call, ``auto`` with the
 algorithm it chose, the fastest mpicomm algorithm, or any named algorithm),
@@ -23,10 +26,12 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from mpicomm.bench import markdown_table
+from mpicomm.cli import SCHEMA, SCHEMA_VERSION
 
-__all__ = ["Run", "load", "cell", "tables", "plot", "main"]
+__all__ = ["Run", "bench_fields", "load", "cell", "tables", "plot", "main"]
 
 #: Row kinds that are not algorithm names (see :func:`cell`).
 KINDS = ("native", "auto", "best")
@@ -58,6 +63,39 @@ def _paths(inputs: list[str]) -> list[str]:
     return found
 
 
+def bench_fields(doc: Any, path: str = "<document>") -> dict[str, Any] | None:
+    """The fields of a ``python -m mpicomm.bench --json`` document that :func:`load` reads, or None for other JSON.
+
+    Two shapes are read alike: the rows at the top (``"rows": [...]``, beside
+    ``benchmark``, ``p``, ``nodes``, ``command``, ``machine``), and a
+    :func:`mpicomm.cli.document` (``schema`` ``mpicomm-results``, ``schema_version``,
+    ``versions``...) whose ``results`` is the list of rows, or an object
+    holding ``rows`` (and any of the other fields). A field at the top wins over
+    the same field inside ``results``. A document of another schema is not a
+    benchmark result (None); one of a later ``schema_version`` than this
+    collect.py knows raises ValueError.
+    """
+    if not isinstance(doc, dict):
+        return None
+    if "schema" in doc:
+        if doc["schema"] != SCHEMA:
+            return None
+        version = doc.get("schema_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
+            raise ValueError(f"{path}: schema_version {version!r} of {SCHEMA}; this collect.py reads versions up "
+                             f"to {SCHEMA_VERSION}: update mpicomm, or collect with the mpicomm that wrote it")
+    fields = dict(doc)
+    results = doc.get("results")
+    if "rows" not in fields:
+        if isinstance(results, list):
+            fields["rows"] = results
+        elif isinstance(results, dict):
+            fields = {**results, **{k: v for k, v in doc.items() if k != "results"}}
+    if not {"benchmark", "p", "rows"} <= fields.keys() or not isinstance(fields["rows"], list):
+        return None
+    return fields
+
+
 def load(inputs: list[str]) -> list[Run]:
     """The benchmark runs in *inputs* (directories: their ``*.json``; or files), sorted by rank count.
 
@@ -72,14 +110,15 @@ def load(inputs: list[str]) -> list[Run]:
                 doc = json.load(f)
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: cannot read it as JSON ({exc}); remove it or pass the other files") from None
-        if not isinstance(doc, dict) or not {"benchmark", "p", "rows"} <= doc.keys():
+        fields = bench_fields(doc, path)
+        if fields is None:
             print(f"collect.py: skipped {path}: not a result of python -m mpicomm.bench --json", file=sys.stderr)
             continue
         rows: dict[int, dict[str, dict]] = {}
-        for row in doc["rows"]:
+        for row in fields["rows"]:
             rows.setdefault(int(row["size"]), {})[str(row["name"])] = row
-        runs.append(Run(path, str(doc["benchmark"]), int(doc["p"]), int(doc.get("nodes") or 1),
-                        str(doc.get("command", "")), str(doc.get("machine", "")), rows))
+        runs.append(Run(path, str(fields["benchmark"]), int(fields["p"]), int(fields.get("nodes") or 1),
+                        str(fields.get("command", "")), str(fields.get("machine", "")), rows))
     if not runs:
         raise ValueError(f"no benchmark results (*.json from python -m mpicomm.bench --json) in {' '.join(inputs)}; "
                          f"did the array's tasks run? Their logs are mpicomm-scaling-<jobid>_<N>.out")

@@ -13,6 +13,14 @@ it picks for one call, without starting MPI: each algorithm, whether it may
 run (and why not), the model's prediction, the measured time where a
 decisions file (``python -m mpicomm.tune --collectives``) has one, and the
 choice with its source (decisions, model or table).
+
+``--json FILE`` (every command): the rows printed, as a JSON document
+(:func:`mpicomm.cli.document`: ``schema`` ``mpicomm-results``,
+``schema_version``, the command, machine, versions and date, then
+``results``). ``info``: one row per rank, the installation's facts in
+``installation``; ``algorithms``: one row per (collective, algorithm), the
+selection table's rules in ``selection``; ``--explain``: one row per
+algorithm, the call and the choice in ``call`` and ``choice``.
 """
 
 from __future__ import annotations
@@ -22,9 +30,16 @@ import re
 import socket
 import sys
 from dataclasses import replace
+from typing import Any
+
+from mpicomm import cli
+
+#: The program name the usage, messages and JSON documents give.
+PROG = "python -m mpicomm"
 
 
-def info() -> int:
+def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
+    """Print the installation's facts and every rank's placement (rank 0); *json_path*: also as JSON."""
     import mpi4py
 
     import mpicomm
@@ -57,10 +72,28 @@ def info() -> int:
     ]
     lines += [f"{r:>5} {lr:>3}/{ls:<3} {node:>5}  {host:<20} {dev}" for r, lr, ls, node, host, dev in rows]
     print("\n".join(lines))
+    if json_path:
+        installation = {
+            "mpicomm": mpicomm.__version__, "mpi4py": mpi4py.__version__,
+            "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi_standard": ".".join(map(str, MPI.Get_version())), "thread_level": levels.get(MPI.Query_thread(), "?"),
+            "cuda_aware": buffers.library_cuda_support(), "cuda_aware_forced": forced,
+            "cupy": cupy.__version__ if cupy else None, "gpus_visible": device.visible_devices() if cupy else 0,
+            "launcher": launch.launcher, "ranks": comm.size, "nodes": comm.nodes,
+        }
+        ranks = [{"rank": r, "local_rank": lr, "local_size": ls, "node": node, "host": host, "gpu": dev}
+                 for r, lr, ls, node, host, dev in rows]
+        cli.write_json(json_path, _command(argv, comm.size), ranks, installation=installation)
     return 0
 
 
-def algorithms(markdown: bool = False) -> int:
+def _command(argv: list[str] | None, ranks: int = 1) -> str:
+    """This command line for a JSON document (with ``mpiexec -n N`` when it ran on N > 1 ranks)."""
+    return ("" if ranks == 1 else f"mpiexec -n {ranks} ") + cli.command_line(PROG, argv)
+
+
+def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[str] | None = None) -> int:
+    """Print every registered algorithm with its restrictions and cost, and the selection table's rules."""
     from mpicomm import registry
     from mpicomm.catalogue import COLLECTIVES
 
@@ -99,6 +132,11 @@ def algorithms(markdown: bool = False) -> int:
         )
         lines.append(f"  {collective}: {text}")
     print("\n".join(lines))
+    if json_path:
+        results = [{"collective": c, "algorithm": n, "restrictions": [] if r == "-" else r.split(", "), "cost": cost}
+                   for c, n, r, cost in rows]
+        selection = {c: registry.SELECTION.get(c, []) for c in COLLECTIVES}
+        cli.write_json(json_path, _command(argv), results, selection=selection)
     return 0
 
 
@@ -116,7 +154,19 @@ def _explain_layout(host: str, ranks: int | None) -> tuple[int, int, int]:
     return 2, 1, 2
 
 
-def explain(collective: str, size: int, ranks: int | None = None) -> int:
+def _tune_advice(p: int, nodes: int) -> str:
+    """What writes the decisions of a layout of *p* ranks on *nodes* node(s): a command ``tune`` accepts."""
+    from mpicomm.tune import MIN_RANKS, tune_command
+
+    if p < MIN_RANKS:
+        return (f"none can exist: python -m mpicomm.tune --collectives needs at least {MIN_RANKS} ranks (a collective "
+                f"of one rank moves nothing); explain a layout of {MIN_RANKS} or more with --ranks N")
+    where = "" if nodes == 1 else f" (on {nodes} nodes, the ranks spread as in this layout)"
+    return f"write them with {tune_command(p, '--collectives')}{where}"
+
+
+def explain(collective: str, size: int, ranks: int | None = None, json_path: str | None = None,
+            argv: list[str] | None = None) -> int:
     """Print why ``auto`` picks its algorithm for *collective* at *size* bytes (see the module docstring)."""
     from mpicomm import decisions, model, registry
     from mpicomm.bench.metrics import COLLECTIVES, layout
@@ -151,8 +201,7 @@ def explain(collective: str, size: int, ranks: int | None = None) -> int:
         lines.append(f"decisions: ignored: {exc}")
     else:
         lines.append(f"decisions: {path} (measured {measured.measured or '?'})" if measured is not None
-                     else f"decisions: none for this layout ({path}; write them with "
-                          f"mpiexec -n {p} python -m mpicomm.tune --collectives)")
+                     else f"decisions: none for this layout ({path}; {_tune_advice(p, nodes)})")
     fitted = model.load(host, key, quiet=True)
     machine = fitted if fitted is not None else replace(model.NOMINAL, ppn=ppn, nodes=nodes, host=host)
     lines.append(f"model: fitted {model.path_for(host, key)}" if fitted is not None
@@ -161,23 +210,32 @@ def explain(collective: str, size: int, ranks: int | None = None) -> int:
              "device": False, "machine": fitted, "decisions": measured, "blocking": True}
     point = measured.measured_at(collective, nbytes) if measured is not None else None
     at = "" if point is None else f" at {point.get('bytes')} B" if point.get("bytes") != nbytes else ""
-    rows = [("algorithm", "allowed", "model (us)", f"measured (us){at}")]
+    rows = [("algorithm", "allowed", f"model ({cli.US})", f"measured ({cli.US}){at}")]
+    table: list[dict[str, Any]] = []
     for name, algorithm in sorted(known[collective].items()):
         why = registry.allowed(algorithm, facts)
         try:
-            predicted = f"{registry.predict(collective, name, nbytes or 0, p, machine) * 1e6:.1f}"
+            model_us: float | None = registry.predict(collective, name, nbytes or 0, p, machine) * 1e6
         except (LookupError, ValueError):
-            predicted = "-"
+            model_us = None
         seconds = (point or {}).get("us", {}).get(name)
-        rows.append((name, "yes" if why is None else f"no: {why}", predicted,
-                     f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-"))
+        measured_us = float(seconds) if isinstance(seconds, (int, float)) else None
+        rows.append((name, "yes" if why is None else f"no: {why}", "-" if model_us is None else f"{model_us:.1f}",
+                     "-" if measured_us is None else f"{measured_us:.1f}"))
+        table.append({"algorithm": name, "allowed": why is None, "why_not": why, "model_us": model_us,
+                      "measured_us": measured_us})
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines.append("")
+    call = {"collective": collective, "size": size, "selection_bytes": nbytes, "p": p, "nodes": nodes, "ppn": ppn,
+            "layout": key, "host": host, "decisions": path if measured is not None else None,
+            "model": model.path_for(host, key) if fitted is not None else "nominal"}
     try:
         table_pick = registry.auto(collective, facts).name
         chosen, source = registry.choose(collective, None, None, facts)
     except ValueError as exc:
         print("\n".join(lines + [f"no algorithm can run: {exc}"]))
+        if json_path:
+            cli.write_json(json_path, _command(argv), table, call=call, choice={"error": str(exc)})
         return 1
     lines += [f"{'*' if r[0] == chosen.name else ' '} {r[0]:<{widths[0]}}  {r[2]:>{widths[2]}}  "
               f"{r[3]:>{widths[3]}}  {r[1]}" for r in rows]
@@ -188,6 +246,11 @@ def explain(collective: str, size: int, ranks: int | None = None) -> int:
            "environment": f"MPICOMM_{collective.upper()}_ALGORITHM is set"}.get(source, source)
     lines.append(f"auto (*): {chosen.name} (from the {source}: {why})")
     print("\n".join(lines))
+    if json_path:
+        for row in table:
+            row["chosen"] = row["algorithm"] == chosen.name
+        cli.write_json(json_path, _command(argv), table, call=call,
+                       choice={"algorithm": chosen.name, "source": source, "why": why, "table": table_pick})
     return 0
 
 
@@ -201,7 +264,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpicomm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"mpicomm {_version()}")
     parser.add_argument("command", choices=sorted(COMMANDS),
                         help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
@@ -213,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="with --explain: N ranks on one node (default: the layout of this host's newest "
                              "decisions file, else 2)")
+    cli.add_json(parser, "the rows printed")
     args = parser.parse_args(argv)
     if args.ranks is not None and args.ranks < 1:
         parser.error(f"--ranks {args.ranks}: must be >= 1")
@@ -222,18 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks is not None and not args.explain:
         parser.error("--ranks needs --explain COLLECTIVE SIZE")
     if args.command == "algorithms" and args.explain:
-        from mpicomm.bench.metrics import parse_sizes
-
+        collective, text = args.explain
+        if "," in text or ":" in text:
+            parser.error(f"--explain takes one size, not {text!r} (e.g. 1M)")
         try:
-            size = parse_sizes(args.explain[1])
-        except argparse.ArgumentTypeError as exc:
-            parser.error(f"--explain {args.explain[0]} {args.explain[1]}: {exc}")
-        if len(size) != 1:
-            parser.error(f"--explain takes one size, not {args.explain[1]!r} (e.g. 1M)")
-        return explain(args.explain[0], size[0], args.ranks)
+            size = cli.parse_size(text, f"--explain {collective} SIZE")
+        except ValueError as exc:
+            reason = str(exc) if "not a size" not in str(exc) else (
+                f"--explain {collective} {text}: {text!r} is not a size; write bytes as 4096, 64K, 64KiB, 1M, "
+                f"1.5G or 1e6")
+            parser.error(reason)
+        return explain(collective, size, args.ranks, args.json, argv)
     if args.command == "algorithms":
-        return algorithms(args.markdown)
-    return COMMANDS[args.command]()
+        return algorithms(args.markdown, args.json, argv)
+    return info(args.json, argv)
 
 
 if __name__ == "__main__":

@@ -74,9 +74,14 @@ def parse_size(text: str | int, what: str = "size", minimum: int = 1) -> int:
             raise ValueError(f"{what} {text!r}: not a size; write a number with an optional unit K, M, G or T "
                              f"(powers of 1024, KiB etc. also accepted) or in exponent form, e.g. 4096, 64K, "
                              f"64KiB, 1M, 1.5G, 1e6")
-        exact = float(m.group(1)) * 10 ** int(m.group(2) or 0) * _UNITS[m.group(3).upper()]
-        value = int(exact)
-        if value != exact or not math.isfinite(exact):
+        try:
+            exact = float(m.group(1)) * 10.0 ** int(m.group(2) or 0) * _UNITS[m.group(3).upper()]
+            if not math.isfinite(exact):
+                raise OverflowError
+            value = int(exact)
+        except OverflowError:
+            raise ValueError(f"{what} {text!r}: too large to be a size") from None
+        if value != exact:
             raise ValueError(f"{what} {text!r} is {exact:g}, not a whole number")
     if value < minimum:
         raise ValueError(f"{what} {text!r}: must be >= {minimum}")
@@ -92,7 +97,7 @@ def size_arg(text: str) -> int:
 
 
 def parse_sizes(text: str, what: str = "sizes", minimum: int = 1) -> list[int]:
-    """``"8:1M"`` → every power of two from 8 to 1 MiB; ``"8,100,4K"`` → those sizes, in that order."""
+    """``"8:1M"`` → 8, 16, 32 … 1 MiB (doubling from the first size); ``"8,100,4K"`` → those sizes, in order."""
     if ":" in text:
         low, high = (parse_size(t, what, minimum) for t in text.split(":", 1))
         if low > high:
@@ -125,12 +130,11 @@ def format_time(seconds: float) -> str:
     """``1.23e-5`` → ``"12.3 µs"``; ``0.0041`` → ``"4.10 ms"``; ``2`` → ``"2.00 s"`` (three significant digits)."""
     if not math.isfinite(seconds):
         return "-"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, US)):
-        if abs(seconds) >= scale:
-            value = seconds / scale
+    rounded = float(f"{seconds:.3g}")  # round first, so 0.9996 ms is 1.00 ms, not 1000 µs
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, US), (1e-9, "ns")):
+        if abs(rounded) >= scale or unit == "ns":
+            value = rounded / scale
             break
-    else:
-        value, unit = seconds / 1e-9, "ns"
     digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
     return f"{value:.{digits}f} {unit}"
 
@@ -219,17 +223,26 @@ def versions() -> dict[str, str]:
         import mpi4py
 
         out["mpi4py"] = mpi4py.__version__
-        from mpi4py import MPI
-
-        if MPI.Is_initialized():
-            out["mpi_library"] = " ".join(MPI.Get_library_version().splitlines()[0].split())
     except ImportError:
-        pass
+        return out
+    mpi = sys.modules.get("mpi4py.MPI")  # only when the command has imported it: importing it starts MPI
+    if mpi is not None and mpi.Is_initialized():
+        out["mpi_library"] = " ".join(mpi.Get_library_version().splitlines()[0].split())
     return out
 
 
-def document(command: str, results: Any, **fields: Any) -> dict[str, Any]:
-    """The ``--json`` document: schema, schema_version, command, machine, host, versions, date, *fields*, results."""
+_FIXED = ("schema", "schema_version", "command", "machine", "host", "versions", "date", "results")
+
+
+def document(command: str, results: Any, /, **fields: Any) -> dict[str, Any]:
+    """The ``--json`` document: schema, schema_version, command, machine, host, versions, date, *fields*, results.
+
+    *fields* add command-specific keys (any name, ``path`` included); one
+    that would replace a fixed key raises ValueError.
+    """
+    clash = sorted(set(fields) & set(_FIXED))
+    if clash:
+        raise ValueError(f"--json document: field(s) {clash} would replace the document's own; rename them")
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "command": command,
         "machine": describe_cpu(), "host": platform.node(), "versions": versions(),
@@ -238,7 +251,7 @@ def document(command: str, results: Any, **fields: Any) -> dict[str, Any]:
     }
 
 
-def write_json(path: str, command: str, results: Any, **fields: Any) -> None:
+def write_json(path: str, command: str, results: Any, /, **fields: Any) -> None:
     """Write :func:`document` to *path* (replaced whole: written to a temporary file, then renamed)."""
     body = json.dumps(document(command, results, **fields), indent=1, default=_plain) + "\n"
     tmp = f"{path}.{os.getpid()}.partial"

@@ -7,8 +7,39 @@ becomes one complete event on its rank's lane, with its arguments: algorithm,
 bytes, peers, tag, dtype, sequence number. At exit - or at an explicit
 :func:`flush`, which every rank calls - the events of all ranks are gathered to
 rank 0, which writes one JSON file that Perfetto (https://ui.perfetto.dev) and
-``chrome://tracing`` open: one process per rank ("rank N (host)"), sorted by
-rank.
+``chrome://tracing`` open: one process per rank, named "rank N (host)" and
+sorted by rank. Its ``pid`` is rank + 1: Perfetto takes pid 0 for the idle
+process and would not show rank 0 as a process of its own.
+
+Your own annotations: :func:`span` records a ``with`` block as one event on
+the rank's lane, so the phases of a program frame the calls inside them::
+
+    from mpicomm import trace
+
+    for step in range(steps):
+        with trace.span("halo exchange", step=step) as note:   # category "user"
+            exchange(u)
+            note["cells"] = u.size                              # args learnt on the way
+        with trace.span("update", "compute", step=step):
+            update(u)
+
+With ``MPICOMM_TRACE`` unset a span records nothing (it costs the ``with`` alone).
+Its events nest on the rank's lane like any other (the calls made inside it
+appear below it), carry ``seq`` (the rank's count of spans of that category)
+and, if an exception leaves the block, ``error``.
+
+Messages: every typed message whose two ends are both in the file is drawn as
+an arrow from its send to its receive (Chrome flow events: ``ph`` "s" on the
+sending slice, "f" with ``bp`` "e" on the receiving one, sharing an ``id``;
+each has the ``pid``, ``tid``, ``cat`` and ``ts`` of its slice, so Perfetto and
+Chrome bind it to that slice). A message is known at both ends by its sender,
+its receiver, its tag and ``msg``: the sequence number the sender's channel
+gave it towards that receiver, recorded by both (rendezvous answers and their
+pulls travel on a channel of their own, and pair among themselves).
+``otherData`` counts ``messages_paired`` and ``message_ends_unpaired`` (a
+message whose other end was dropped, unfinished at flush, or sent on a
+communicator whose ranks are not COMM_WORLD's: ``peer`` is a rank of the
+communicator the call was made on, and arrows assume it is the world rank).
 
 Hooks elsewhere are written ``if trace.ON: ...``, so tracing off costs one
 module attribute read per call. When on, an event costs a few microseconds of
@@ -42,7 +73,8 @@ then; within a host it is zero.
 
 If MPI is already finalized (or was never initialized) when the trace is
 written, each rank writes its own file, ``path.rank<N>.json`` (``.json``
-replaced), with raw clock readings, and says so on stderr.
+replaced), with raw clock readings (arrows only for its messages to itself),
+and says so on stderr.
 """
 
 from __future__ import annotations
@@ -145,11 +177,17 @@ def steps(inner: Generator, name: str, cat: str, args: dict) -> Generator:
 
 
 @contextlib.contextmanager
-def span(name: str, cat: str, **args: Any) -> Iterator[dict]:
-    """Record the ``with`` block as one event; the block may add to the yielded args dict.
+def span(name: str, cat: str = "user", **args: Any) -> Iterator[dict]:
+    """Record the ``with`` block as one event *name* of category *cat* on this rank's lane (see the module docstring).
 
-    ``seq`` comes from :func:`next_seq`; an exception leaving the block adds ``error``.
+    The block may add to the yielded args dict (what it learns on the way);
+    ``seq`` comes from :func:`next_seq`; an exception leaving the block adds
+    ``error``. With tracing off (:data:`ON` false) nothing is recorded and the
+    block runs as it is (it still gets a dict).
     """
+    if not ON:
+        yield args
+        return
     args["seq"] = next_seq(cat)
     start = _clock()
     try:
@@ -194,28 +232,106 @@ def _rows(events: list[tuple]) -> tuple[list[int], list[str]]:
     return tids, names or ["calls"]
 
 
-def _chunks(rank: int, host: str, shift: float) -> Iterator[str]:
-    """This rank's events as JSON text, in pieces of at most ``_CHUNK`` events (*shift*: seconds added)."""
-    events = []  # times in integer nanoseconds: rows, ts and dur agree exactly on which events nest
+def _prepare(shift: float) -> tuple[list[tuple], list[int], list[str]]:
+    """This rank's events with integer-nanosecond times (*shift* seconds added), their rows and the rows' names.
+
+    Integer times make rows, ``ts`` and ``dur`` agree exactly on which events
+    nest, and give a flow event the very ``ts`` of the slice it binds to.
+    """
+    events = []
     for name, cat, start, end, thread, args in list(_events):
         begin = round((start + shift) * 1e9)
         events.append((name, cat, begin, max(round((end + shift) * 1e9), begin), thread, args))
     tids, names = _rows(events)
+    return events, tids, names
+
+
+def _chunks(rank: int, host: str, prepared: tuple[list[tuple], list[int], list[str]]) -> Iterator[str]:
+    """This rank's events (:func:`_prepare`'s) as JSON text, in pieces of at most ``_CHUNK`` events.
+
+    Process ``pid`` is rank + 1 (Perfetto treats pid 0 as the idle process),
+    named "rank N (host)" and sorted by rank.
+    """
+    events, tids, names = prepared
+    pid = rank + 1
     meta = [
-        {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({host})"}},
-        {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": f"rank {rank} ({host})"}},
+        {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": rank}},
     ]
     for tid, label in enumerate(names):
-        meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": label}})
-        meta.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid, "args": {"sort_index": tid}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+        meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     yield ",\n".join(json.dumps(m) for m in meta)
     for lo in range(0, len(events), _CHUNK):
         lines = []
         for (name, cat, start, end, _, args), tid in zip(events[lo : lo + _CHUNK], tids[lo : lo + _CHUNK]):
             event = {"name": name, "cat": cat, "ph": "X", "ts": start / 1000, "dur": (end - start) / 1000,
-                     "pid": rank, "tid": tid, "args": args}
+                     "pid": pid, "tid": tid, "args": args}
             lines.append(json.dumps(event, default=str))
         yield ",\n".join(lines)
+
+
+#: Point-to-point events that send a message, and the receiving event each pairs with (a pair's "family").
+_SENDS = {"send_array": "message", "answer": "rendezvous answer"}
+_RECEIVES = {"recv_array": "message", "pull": "rendezvous answer"}
+
+
+def _endpoints(rank: int, events: list[tuple], tids: list[int]) -> list[tuple]:
+    """The message ends among this rank's events: ``(family, sender, receiver, tag, msg, is_send, rank, tid, ts)``.
+
+    A message is named by its family (typed message, or rendezvous answer: each
+    travels on its own channel, with its own sequence numbers), its sender and
+    receiver, its tag and ``msg``, the sequence number the sender gave it on
+    the channel towards that receiver - recorded alike by both ends. Ends
+    without ``msg`` (``PROC_NULL``, a receive cancelled before a header came)
+    name no message.
+    """
+    found = []
+    for (name, cat, start, _, _, args), tid in zip(events, tids):
+        if cat != "p2p" or "msg" not in args:
+            continue
+        peer, tag, msg = args.get("peer"), args.get("tag"), args["msg"]
+        if not isinstance(peer, int) or peer < 0:
+            continue
+        if name in _SENDS:
+            found.append((_SENDS[name], rank, peer, tag, msg, True, rank, tid, start))
+        elif name in _RECEIVES:
+            found.append((_RECEIVES[name], peer, rank, tag, msg, False, rank, tid, start))
+    return found
+
+
+def _flows(ends: list[tuple]) -> tuple[list[dict], int]:
+    """Chrome flow events (``ph`` "s" on the send, "f" on its receive) for every message both of whose ends are
+    in *ends* (:func:`_endpoints` of every rank), and the number of ends left without a partner.
+
+    Each pair shares an ``id``; each flow event has the ``pid``, ``tid``,
+    ``cat`` and ``ts`` of the slice it belongs to, and binds to it as its
+    enclosing slice (``bp`` "e" on the end): Chrome's viewers bind a flow event
+    to the slice of equal ``ts``, Perfetto to the slice open at its ``ts``
+    (at equal ``ts`` it takes complete events first, then the file's order, and
+    the flows are written after every slice). Should two messages carry the
+    same name (two communicators over the same ranks), their ends pair in the
+    order they started.
+    """
+    sends: dict[tuple, list[tuple]] = {}
+    receives: dict[tuple, list[tuple]] = {}
+    for end in ends:
+        (sends if end[5] else receives).setdefault(end[:5], []).append(end)
+    flows: list[dict] = []
+    paired = 0
+    for key in sorted(set(sends) & set(receives), key=repr):
+        for out, into in zip(sorted(sends[key], key=lambda e: e[8]), sorted(receives[key], key=lambda e: e[8])):
+            paired += 1
+            family, sender, receiver, tag, msg = key
+            common = {"name": family, "cat": "p2p", "id": paired}
+            flows.append({**common, "ph": "s", "pid": out[6] + 1, "tid": out[7], "ts": out[8] / 1000})
+            flows.append({**common, "ph": "f", "bp": "e", "pid": into[6] + 1, "tid": into[7], "ts": into[8] / 1000})
+    return flows, len(ends) - 2 * paired
+
+
+def _flow_chunks(flows: list[dict]) -> Iterator[str]:
+    for lo in range(0, len(flows), _CHUNK):
+        yield ",\n".join(json.dumps(f) for f in flows[lo : lo + _CHUNK])
 
 
 class _Writer:
@@ -263,18 +379,22 @@ class _Writer:
                 os.remove(self.temp)
 
 
-def _other(ranks: int, hosts: list[str], counts: list[int], drops: list[int], clock: str) -> dict:
+def _other(ranks: int, hosts: list[str], counts: list[int], drops: list[int], clock: str, flows: int,
+           unpaired: int) -> dict:
     from . import __version__
 
     return {
         "generator": f"mpicomm {__version__}",
         "ranks": ranks,
+        "pid": "rank + 1",
         "hosts": hosts,
         "events_per_rank": counts,
         "dropped_events": sum(drops),
         "dropped_per_rank": drops,
         "max_events_per_rank": MAX_EVENTS,
         "clock": clock,
+        "messages_paired": flows,
+        "message_ends_unpaired": unpaired,
     }
 
 
@@ -323,20 +443,26 @@ def _gather_and_write(comm: Any, target: str, host: str) -> str | None:
         starts = [f[2] + off for f, off in zip(facts, offsets) if f[2] is not None]
         origin = min(starts) if starts else facts[0][1]
         shifts = [off - origin for off in offsets]
+    shift = comm.scatter(shifts, root=0)
+    prepared = _prepare(shift)
+    ends = comm.gather(_endpoints(rank, prepared[0], prepared[1]), root=0)
+    if rank == 0:
+        flows, unpaired = _flows([end for mine in ends for end in mine])
         writer = _Writer(target)
         clock = ("time.perf_counter; ts 0 = the first event; ranks on other hosts than rank 0's shifted by a "
                  "barrier at flush (residual skew: about one network latency, plus clock drift)")
-        writer.head(_other(size, [f[0] for f in facts], [f[3] for f in facts], [f[4] for f in facts], clock))
-    shift = comm.scatter(shifts, root=0)
-    if rank == 0:
-        for text in _chunks(rank, host, shift):
+        writer.head(_other(size, [f[0] for f in facts], [f[3] for f in facts], [f[4] for f in facts], clock,
+                           len(flows) // 2, unpaired))
+        for text in _chunks(rank, host, prepared):
             writer.events(text)
         for source in range(1, size):
             while (text := comm.recv(source=source, tag=1)) is not None:
                 writer.events(text)
+        for text in _flow_chunks(flows):  # after the slices they bind to
+            writer.events(text)
         writer.finish()
     else:
-        for text in _chunks(rank, host, shift):
+        for text in _chunks(rank, host, prepared):
             comm.send(text, dest=0, tag=1)
         comm.send(None, dest=0, tag=1)
     return comm.bcast(writer.error if writer is not None else None, root=0)
@@ -349,9 +475,14 @@ def _flush_alone(target: str, MPI: Any) -> None:
     path = f"{stem}.rank{rank}.json"
     host = _host
     writer = _Writer(path)
-    other = _other(1, [host], [len(_events)], [_dropped], "time.perf_counter, raw (no alignment across ranks)")
+    prepared = _prepare(0.0)
+    flows, unpaired = _flows(_endpoints(rank, prepared[0], prepared[1]))  # messages to itself only
+    other = _other(1, [host], [len(_events)], [_dropped], "time.perf_counter, raw (no alignment across ranks)",
+                   len(flows) // 2, unpaired)
     writer.head({**other, "rank": rank})
-    for text in _chunks(rank, host, 0.0):
+    for text in _chunks(rank, host, prepared):
+        writer.events(text)
+    for text in _flow_chunks(flows):
         writer.events(text)
     writer.finish()
     state = "finalized" if MPI.Is_finalized() else "not initialized"

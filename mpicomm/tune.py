@@ -3,16 +3,19 @@
     mpiexec -n 2 python -m mpicomm.tune                  # fit, print the fit, save it
     mpiexec -n 2 python -m mpicomm.tune --show           # print the saved fit for this layout
     mpiexec -n 2 python -m mpicomm.tune --collectives    # time every algorithm, save the measured decisions
+    mpiexec -n 2 python -m mpicomm.tune --json fit.json  # also the fit (and its samples) as a JSON document
 
 Measures, on the current machine and rank layout (N ≥ 2 ranks):
 
 * α and β per path, from a ping-pong over ``--sizes``: between two ranks of
   one node (intra-node) and, when the job spans nodes, between the leaders of
   nodes 0 and 1 (inter-node; on one node the inter-node link is taken to be
-  the intra-node one). Messages go through the machinery the algorithms use
-  (``Call.send``/``Call.recv`` steps run by :func:`mpicomm.requests.run`), so
-  α includes the per-message Python cost they pay. One-way time = half a
-  round trip, the median of 5 rounds;
+  the intra-node one, and with one rank per node the intra-node link the
+  inter-node one: the printed fit and ``--show`` mark such values
+  ``[not measured: ...]``, see :func:`unmeasured`). Messages go through the
+  machinery the algorithms use (``Call.send``/``Call.recv`` steps run by
+  :func:`mpicomm.requests.run`), so α includes the per-message Python cost
+  they pay. One-way time = half a round trip, the median of 5 rounds;
 * γ, seconds per byte reduced (``np.add(a, b, out=c)`` on float64), and δ,
   seconds per byte copied (``dst[...] = src``), on every rank at once;
 * the cache threshold (``Machine.cache_bytes``, the largest message still in
@@ -45,14 +48,25 @@ The fastest at each size becomes a decision, and the decisions are saved as a
 hand-editable JSON file of size ranges per collective next to the fit
 (:mod:`mpicomm.decisions`); every ``mpicomm.Comm`` of that host and layout
 loads it, and ``auto`` follows it before the model for the sizes it covers.
+
+Command-line conventions are :mod:`mpicomm.cli`'s: sizes as ``4096``, ``64K``,
+``64KiB``, ``1M`` or ``1e6``; progress lines ``[i/N] ... elapsed ... ETA ...``
+on stderr (``--quiet``: none); ``--json FILE`` writes an ``mpicomm-results``
+document whose ``results`` are the fit (:func:`fit_json`: the machine, what
+was not measured, the fitted lines and every sample), the decisions with
+``--collectives``, or the saved fit or decisions with ``--show``. Every
+command tune advises (:func:`tune_command`) runs on at least
+:data:`MIN_RANKS` ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -60,10 +74,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import config, decisions, model
+from . import cli, config, decisions, model
 
 __all__ = ["main", "measure", "Fit", "fit_regimes", "fit_knee", "last_level_cache", "cache_threshold",
-           "measure_collectives", "collective_iterations", "auto_closeness"]
+           "measure_collectives", "collective_iterations", "auto_closeness", "describe", "unmeasured",
+           "tune_command", "fit_json", "MIN_RANKS"]
+
+#: The fewest ranks tune measures with: a message needs a sender and a receiver.
+MIN_RANKS = 2
+
+#: The program name in usage lines, advice and JSON documents.
+PROG = "python -m mpicomm.tune"
 
 _ROUNDS = 5
 
@@ -90,9 +111,17 @@ class Fit:
         self.p = 0
 
 
-def _progress(show: bool, text: str) -> None:
-    if show:
-        print(f"mpicomm.tune: {text}", file=sys.stderr, flush=True)
+def tune_command(p: int, *options: str) -> str:
+    """The command line that runs tune on *p* ranks (at least :data:`MIN_RANKS`) with *options*, shell-quoted.
+
+    Every command tune advises is built here, so none asks for fewer ranks than
+    tune accepts; the tests parse each one with tune's own parser.
+    """
+    return " ".join(["mpiexec", "-n", str(max(MIN_RANKS, p)), PROG, *(shlex.quote(o) for o in options)])
+
+
+def _user_options(argv: Sequence[str] | None) -> list[str]:
+    return list(sys.argv[1:] if argv is None else argv)
 
 
 def _median_of_rounds(fn: Callable[[int], None], iters: int) -> float:
@@ -193,8 +222,10 @@ def fit_knee(sizes: Sequence[int], seconds: Sequence[float]) -> int:
     return best
 
 
-def _pingpong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], iters: int | None, label: str) -> list[float]:
-    """One-way seconds per size between the ranks of *pair* (collective over *comm*: everyone gets the result)."""
+def _pingpong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], iters: int | None, label: str,
+              show: bool = True) -> list[float]:
+    """One-way seconds per size between the ranks of *pair* (collective over *comm*: everyone gets the result);
+    a progress line per size on the pair's first rank when *show*."""
     from mpi4py import MPI
 
     from .coll.call import Call
@@ -207,7 +238,8 @@ def _pingpong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], iters: int
     times: list[float] = []
     if rank in pair:
         peer = second if rank == first else first
-        for size in [min(sizes)] + list(sizes):  # the first pass warms up (connections, buffers, caches)
+        progress = cli.Progress(len(sizes), f"mpicomm.tune {label} ping-pong", show=show and rank == first)
+        for index, size in enumerate([min(sizes)] + list(sizes)):  # the first pass warms up (connections, caches)
             x = np.zeros(size, np.uint8)
             y = np.empty(size, np.uint8)
 
@@ -222,7 +254,8 @@ def _pingpong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], iters: int
 
             times.append(_median_of_rounds(lambda k: run(bounce(k), label="tune ping-pong"),
                                            _pingpong_iters(size, iters)) / 2)
-            _progress(rank == first, f"{label} ping-pong {size} B: {times[-1] * 1e6:.2f} us")
+            if index:
+                progress.step(f"{size} B: {cli.format_time(times[-1])} one way")
         times = times[1:]
     result = np.array(times if rank == first else [0.0] * len(sizes), np.float64)
     _bcast_quietly(plain, result, first)
@@ -332,12 +365,16 @@ def _mean(comm: Any, value: float) -> float:
     return plain.allreduce(value, op=MPI.SUM) / plain.Get_size()
 
 
-def measure(comm: Any, sizes: Sequence[int], iters: int | None = None) -> Fit:
-    """Measure and fit the model on *comm* (an ``mpicomm.Comm`` of ≥ 2 ranks); COLLECTIVE. Every rank gets the Fit."""
+def measure(comm: Any, sizes: Sequence[int], iters: int | None = None, show: bool = True) -> Fit:
+    """Measure and fit the model on *comm* (an ``mpicomm.Comm`` of ≥ 2 ranks); COLLECTIVE. Every rank gets the Fit.
+
+    *show*: progress lines on stderr (:class:`mpicomm.cli.Progress`; rank 0, and the ping-pong's first rank).
+    """
     from mpi4py import MPI
 
     plain = MPI.Intracomm(comm)
     rank, p = plain.Get_rank(), plain.Get_size()
+    note = cli.Progress(0, "mpicomm.tune", show=show and rank == 0).note
     fit = Fit()
     fit.p = p
     fit.sizes = list(sizes)
@@ -346,17 +383,17 @@ def measure(comm: Any, sizes: Sequence[int], iters: int | None = None) -> Fit:
     fit.layout = model.layout_key(p, comm.nodes, ppn)
     intra_pair, inter_pair = _pairs(comm)
     if intra_pair is not None:
-        fit.intra = _pingpong(comm, intra_pair, sizes, iters, "intra-node")
+        fit.intra = _pingpong(comm, intra_pair, sizes, iters, "intra-node", show)
     if inter_pair is not None:
-        fit.inter = _pingpong(comm, inter_pair, sizes, iters, "inter-node")
+        fit.inter = _pingpong(comm, inter_pair, sizes, iters, "inter-node", show)
     if intra_pair is None:  # one rank per node: no pair shares a node
         fit.intra = list(fit.inter or [])
-    _progress(rank == 0, "local reduction and copy")
+    note("local reduction and copy")
     used, add, copy = _local_work(sizes, iters)
     fit.add_bytes = used
     fit.add = [_mean(comm, t) for t in add]
     fit.copy = [_mean(comm, t) for t in copy]
-    _progress(rank == 0, "call overhead and validation")
+    note("call overhead and validation")
     single, small_copy, on, off = _call_costs(comm, iters)
     fit.call_seconds, fit.small_copy = _mean(comm, single), _mean(comm, small_copy)
     fit.validated, fit.unvalidated = _mean(comm, on), _mean(comm, off)
@@ -392,12 +429,50 @@ def machine_from(fit: Fit, ppn: int, nodes: int, host: str) -> model.Machine:
     )
 
 
+#: The mark :func:`describe` puts after a value tune did not measure.
+NOT_MEASURED = "[not measured:"
+
+
+def unmeasured(machine: model.Machine) -> dict[str, str]:
+    """The values of *machine* that were not measured, and what they were taken from: ``{row: reason}``.
+
+    Rows are :func:`describe`'s names (``"inter-node"``, ``"intra mem"``...).
+    Read from the machine alone, so a saved fit says it too: on one node the
+    inter-node link is a copy of the intra-node link (nothing to measure it
+    on); with one rank per node the intra-node link is a copy of the inter-node
+    one; a memory-regime value equal to its cache-regime value was not fitted
+    separately (no measured size reached 2 × ``cache_bytes``, or too few sizes
+    lay below it).
+    """
+    found: dict[str, str] = {}
+    if machine.nodes == 1:
+        found["inter-node"] = "one node; the intra-node values"
+        found["inter mem"] = "one node; the intra mem values"
+    elif machine.ppn == 1:
+        found["intra-node"] = "one rank per node; the inter-node values"
+        found["intra mem"] = "one rank per node; the inter mem values"
+    same = "no size >= 2 x cache; the cache-regime value"
+    for row, mem, cached in (("intra mem", machine.intra_mem, machine.intra),
+                             ("inter mem", machine.inter_mem, machine.inter),
+                             ("gamma mem", machine.gamma_mem, machine.gamma),
+                             ("copy mem", machine.copy_mem, machine.copy)):
+        if row not in found and (mem is None or mem == cached):
+            found[row] = same
+    return found
+
+
 def describe(machine: model.Machine) -> list[str]:
-    """The fitted values of *machine* as lines of text."""
+    """The fitted values of *machine* as lines of text; a value tune did not measure ends with
+    ``[not measured: what it was taken from]`` (see :func:`unmeasured`)."""
+    missing = unmeasured(machine)
+
+    def mark(name: str) -> str:
+        return f"  {NOT_MEASURED} {missing[name]}]" if name in missing else ""
 
     def link(name: str, value: model.Link) -> str:
         bandwidth = f"{1 / value.beta / 1e9:8.2f} GB/s" if value.beta > 0 else "       - GB/s"
-        return f"  {name:<11} alpha {value.alpha * 1e6:8.2f} us   beta {value.beta * 1e9:8.4f} ns/B  ({bandwidth})"
+        return (f"  {name:<11} alpha {value.alpha * 1e6:8.2f} {cli.US}   beta {value.beta * 1e9:8.4f} ns/B  "
+                f"({bandwidth}){mark(name)}")
 
     def rate(value: float) -> str:
         return f"{1 / value / 1e9:.2f} GB/s" if value > 0 else "-"
@@ -412,10 +487,10 @@ def describe(machine: model.Machine) -> list[str]:
         f"  cache       {machine.cache_bytes} B: messages above it pay the memory regime:",
         link("intra mem", machine.intra_mem or machine.intra),
         link("inter mem", machine.inter_mem or machine.inter),
-        f"  gamma mem   {gamma_mem * 1e9:8.4f} ns/B reduced ({rate(gamma_mem)})",
-        f"  copy mem    {copy_mem * 1e9:8.4f} ns/B copied ({rate(copy_mem)})",
-        f"  overhead    {machine.overhead * 1e6:8.2f} us per collective call (validation off)",
-        f"  validation  {machine.validation * 1e6:8.2f} us more per call with validation on",
+        f"  gamma mem   {gamma_mem * 1e9:8.4f} ns/B reduced ({rate(gamma_mem)}){mark('gamma mem')}",
+        f"  copy mem    {copy_mem * 1e9:8.4f} ns/B copied ({rate(copy_mem)}){mark('copy mem')}",
+        f"  overhead    {machine.overhead * 1e6:8.2f} {cli.US} per collective call (validation off)",
+        f"  validation  {machine.validation * 1e6:8.2f} {cli.US} more per call with validation on",
         f"  layout      {machine.nodes} node(s), up to {machine.ppn} ranks per node; host {machine.host}; "
         f"fitted {machine.created or '-'}",
     ]
@@ -444,7 +519,7 @@ def report(fit: Fit) -> str:
         return f"{measured * 1e6:12.2f} {fitted * 1e6:12.2f} {100 * (fitted - measured) / measured:+7.1f}%"
 
     paths = [("intra", fit.intra)] + ([("inter", fit.inter)] if fit.inter is not None else [])
-    header = f"{'size (B)':>10}" + "".join(f" {name + ' meas (us)':>12} {'fit (us)':>12} {'error':>8}"
+    header = f"{'size (B)':>10}" + "".join(f" {name + f' meas ({cli.US})':>12} {f'fit ({cli.US})':>12} {'error':>8}"
                                            for name, _ in paths)
     lines += ["", "ping-pong, one way (fit: alpha + beta * size, beta of the size's regime):", header]
     for i, size in enumerate(fit.sizes):
@@ -454,15 +529,16 @@ def report(fit: Fit) -> str:
             row += " " + residual(times[i], alpha + beta * size)
         lines.append(row)
     lines += ["", "local work per call (fit: intercept + slope * bytes; the slopes are gamma and copy):",
-              f"{'bytes':>10} {'add meas (us)':>12} {'fit (us)':>12} {'error':>8} {'copy meas':>12} {'fit (us)':>12} "
-              f"{'error':>8}"]
+              f"{'bytes':>10} {f'add meas ({cli.US})':>12} {f'fit ({cli.US})':>12} {'error':>8} {'copy meas':>12} "
+              f"{f'fit ({cli.US})':>12} {'error':>8}"]
     for i, nbytes in enumerate(fit.add_bytes):
         ga, gb = line("gamma", nbytes)
         ca, cb = line("copy", nbytes)
         lines.append(f"{nbytes:>10} {residual(fit.add[i], ga + gb * nbytes)} {residual(fit.copy[i], ca + cb * nbytes)}")
-    lines += ["", f"call overhead: 8-byte Allreduce on COMM_SELF {fit.call_seconds * 1e6:.2f} us - 8-byte copy "
-                  f"{fit.small_copy * 1e6:.2f} us; on all ranks {fit.validated * 1e6:.2f} us validated, "
-                  f"{fit.unvalidated * 1e6:.2f} us not"]
+    us = cli.US
+    lines += ["", f"call overhead: 8-byte Allreduce on COMM_SELF {fit.call_seconds * 1e6:.2f} {us} - 8-byte copy "
+                  f"{fit.small_copy * 1e6:.2f} {us}; on all ranks {fit.validated * 1e6:.2f} {us} validated, "
+                  f"{fit.unvalidated * 1e6:.2f} {us} not"]
     return "\n".join(lines)
 
 
@@ -507,13 +583,14 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
     lines: list[str] = []
     close = total = kept = compared = 0
     loaded = getattr(getattr(comm, "_state", None), "decisions", None)  # what this communicator's auto followed
+    progress = cli.Progress(len(collectives), "mpicomm.tune --collectives", show=show and rank == 0)
     for name in collectives:
         spec = COLLECTIVES[name]
         names, notes = bench_measure.usable_algorithms(spec, comm)
-        _progress(show and rank == 0, f"{name}: {', '.join(names)}" + "".join(f"; {n}" for n in notes))
+        progress.note(f"{name}: {', '.join(names)}" + "".join(f"; {n}" for n in notes))
         rows = bench_measure.time_algorithms(
             comm, spec, names + ["auto"], sizes, iters=lambda n: collective_iterations(n, iters), rounds=rounds,
-            progress=(lambda text: _progress(True, text)) if show else None)
+            progress=progress.note if show else None)
         points = [{"bytes": r["bytes"], "us": {n: round(t, 3) for n, t in r["us"].items() if n != "auto"}}
                   for r in rows]
         ranges[spec.registry] = decisions.decide(points)
@@ -526,6 +603,7 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
             kept, compared = kept + near, compared + count
         if rank == 0:
             lines += _collective_lines(spec.registry, names, rows, ranges[spec.registry], notes)
+        progress.step(f"{name} decided")
     if rank == 0 and total:
         lines.append(f"auto as this run chose it (decisions, model or table; its own timed calls): within 10 % of "
                      f"the fastest algorithm at {close} of {total} points")
@@ -584,11 +662,22 @@ def _collective_lines(collective: str, names: list[str], rows: list[dict], range
                       f"{r['us']['auto']:.1f} ({auto.get('algorithm', '?')}, {auto.get('source', '?')})", best])
     decided = "; ".join(f"up to {rng.max_bytes} B: {rng.algorithm}" if rng.max_bytes is not None
                         else f"every size: {rng.algorithm}" for rng in ranges)
-    return ["", f"{collective} (median us per call over rounds, mean over ranks):",
+    return ["", f"{collective} (median {cli.US} per call over rounds, mean over ranks):",
             markdown_table(header, cells), *(f"note: {n}" for n in notes), f"decided: {decided}"]
 
 
-def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
+def _no_saved(what: str, host: str, layout: str, path: str, p: int, nodes: int, *options: str) -> str:
+    """The message for ``--show`` without a saved file: why, and a command that writes one (never on 1 rank)."""
+    head = f"no {what} saved for host {host} and layout {layout} ({path})"
+    if p < MIN_RANKS:
+        return (f"{head}; tune needs at least {MIN_RANKS} ranks, so a layout of one rank never has one (one rank "
+                f"sends no messages). Tune with the ranks your programs use, e.g. {MIN_RANKS}: "
+                f"{tune_command(MIN_RANKS, *options)}; then see it with {tune_command(MIN_RANKS, *options, '--show')}")
+    where = "" if nodes == 1 else f" (with the same {nodes} nodes and ranks per node)"
+    return f"{head}; run: {tune_command(p, *options)}{where}"
+
+
+def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] | None = None) -> int:
     """``--collectives``: measure, print, save the decisions (or, with ``--show``, print the saved ones)."""
     from mpi4py import MPI
 
@@ -600,21 +689,24 @@ def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
             return plain.bcast(None, root=0)
         path = decisions.path_for(comm.host, layout)
         try:
-            text = decisions.load(path).to_json()
+            saved = decisions.load(path)
+            text = saved.to_json()
             status = 0
         except FileNotFoundError:
-            print(f"no decisions saved for host {comm.host} and layout {layout} ({path}); "
-                  f"run: mpiexec -n {p} python -m mpicomm.tune --collectives", file=sys.stderr)
+            print(_no_saved("decisions", comm.host, layout, path, p, comm.nodes, "--collectives"), file=sys.stderr)
             status = 1
         except (OSError, decisions.DecisionsError) as exc:
             print(str(exc), file=sys.stderr)
             status = 1
         else:
             print(f"{path}:\n{text}", end="")
+            if args.json:
+                cli.write_json(args.json, _command(argv, p), {"decisions": json.loads(text)}, saved=path,
+                               layout=layout)
         return plain.bcast(status, root=0)
-    if p < 2:
-        print("mpicomm.tune --collectives needs at least 2 ranks: mpiexec -n 2 python -m mpicomm.tune --collectives",
-              file=sys.stderr)
+    if p < MIN_RANKS:
+        print(f"mpicomm.tune --collectives needs at least {MIN_RANKS} ranks: "
+              f"{tune_command(MIN_RANKS, *_user_options(argv))}", file=sys.stderr)
         return 2
     result, lines = measure_collectives(comm, args.collective, args.sizes, args.iters, args.rounds,
                                         show=not args.quiet)
@@ -623,6 +715,7 @@ def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
         print(f"mpicomm.tune --collectives: {p} ranks on {comm.nodes} node(s), up to {comm.ppn} per node "
               f"(layout {layout}), host {result.host}")
         print("\n".join(lines))
+        path = None
         try:
             path = decisions.save(result, args.out)
         except OSError as exc:
@@ -634,6 +727,9 @@ def _collectives_main(args: argparse.Namespace, comm: Any) -> int:
             if args.out and os.path.abspath(args.out) != decisions.path_for(result.host, layout):
                 print(f"(communicators load {decisions.path_for(result.host, layout)}; copy it there to use it)")
         status = max(status, _save_corrections(comm, result, layout, args.out))
+        if args.json:
+            cli.write_json(args.json, _command(argv, p), {"decisions": json.loads(result.to_json())}, saved=path,
+                           layout=layout)
     return plain.bcast(status, root=0)
 
 
@@ -643,8 +739,8 @@ def _save_corrections(comm: Any, result: "decisions.Decisions", layout: str, out
     if out is not None:
         return 0
     if machine is None:
-        print(f"model: no fit saved for this layout, so none corrected; fit it first: mpiexec -n {comm.Get_size()} "
-              f"python -m mpicomm.tune, then run --collectives again")
+        print(f"model: no fit saved for this layout, so none corrected; fit it first: {tune_command(comm.Get_size())}; "
+              f"then run {tune_command(comm.Get_size(), '--collectives')} again")
         return 0
     factors = model_corrections(result.measurements, machine, comm.Get_size(), config.validate())
     if not factors:
@@ -678,22 +774,20 @@ def _collective_names(text: str) -> list[str]:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    from .bench import parse_sizes
-
     parser = argparse.ArgumentParser(
-        prog="python -m mpicomm.tune",
+        prog=PROG,
         description="Fit the alpha-beta-gamma cost model on this machine and rank layout and save it "
-                    "(run under mpiexec with at least 2 ranks; the layout is part of the fit's name, so tune "
-                    "with the ranks and nodes your programs use).",
-        epilog="Example: mpiexec -n 2 python -m mpicomm.tune. Saved in $MPICOMM_CACHE_DIR, else "
+                    f"(run under mpiexec with at least {MIN_RANKS} ranks; the layout is part of the fit's name, so "
+                    "tune with the ranks and nodes your programs use).",
+        epilog=f"Example: {tune_command(2)}. Saved in $MPICOMM_CACHE_DIR, else "
                "$XDG_CACHE_HOME/mpicomm, else ~/.cache/mpicomm; every mpicomm.Comm with the same host and layout "
                "loads it, and algorithm='auto' then follows the model.",
     )
-    parser.add_argument("--sizes", type=parse_sizes, default=None,
-                        help="message sizes in bytes: LOW:HIGH (powers of two) or a list (default 8:64M, "
-                             "past the cache, so both regimes are fitted; with --collectives 8:16M, in the "
-                             "benchmark's Size: the vector, or one rank's block for allgather, alltoall, gather, "
-                             "scatter)")
+    parser.add_argument("--sizes", type=cli.sizes_arg, default=None,
+                        help="message sizes in bytes: LOW:HIGH (powers of two) or a list, each as 4096, 64K, "
+                             "64KiB, 1M or 1e6 (default 8:64M, past the cache, so both regimes are fitted; with "
+                             "--collectives 8:16M, in the benchmark's Size: the vector, or one rank's block for "
+                             "allgather, alltoall, gather, scatter)")
     parser.add_argument("--iters", type=int, default=None,
                         help="iterations per size and per measurement (default: 1000 round trips up to 8 KiB, "
                              "fewer above)")
@@ -702,7 +796,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "the cache directory's file)")
     parser.add_argument("--show", action="store_true",
                         help="print the fit (with --collectives: the decisions) saved for this host and layout, "
-                             "measure nothing")
+                             "measure nothing; values that were not measured are marked [not measured: ...]")
     parser.add_argument("--collectives", action="store_true",
                         help="instead of fitting the model, time every registered algorithm of each collective "
                              "and save the fastest per size range as measured decisions, which auto follows "
@@ -716,8 +810,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", metavar="FILE",
                         help="with --collectives: write the decisions to FILE instead of the cache directory "
                              "(communicators load only the cache directory's file)")
-    parser.add_argument("--quiet", action="store_true", help="with --collectives: no progress lines on stderr")
-    args = parser.parse_args(argv)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    cli.add_json(parser, "the fit (with --collectives: the decisions; with --show: what is saved)")
+    given = _user_options(argv)
+    args = parser.parse_args(given)
     if args.iters is not None and args.iters < 1:
         parser.error(f"--iters {args.iters}: must be >= 1")
     if args.rounds < 1:
@@ -726,15 +822,42 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         for option, value in (("--collective", args.collective), ("--out", args.out)):
             if value:
                 parser.error(f"{option} needs --collectives (it chooses what to decide); "
-                             f"e.g. python -m mpicomm.tune --collectives {option} ...")
+                             f"e.g. {tune_command(2, '--collectives', *given)}")
     if args.collectives:
-        args.sizes = args.sizes or parse_sizes("8:16M")
+        args.sizes = args.sizes or cli.parse_sizes("8:16M")
         args.collective = args.collective or _collective_names("all")
         return args
-    args.sizes = args.sizes or parse_sizes("8:64M")
+    args.sizes = args.sizes or cli.parse_sizes("8:64M")
     if len(set(args.sizes)) < 2:
         parser.error(f"--sizes: {args.sizes} has fewer than two sizes; a line needs at least two (e.g. 8:64K)")
     return args
+
+
+def _command(argv: Sequence[str] | None, p: int) -> str:
+    """This run's command line, for a JSON document."""
+    return f"mpiexec -n {p} " + cli.command_line(PROG, _user_options(argv))
+
+
+def _machine_json(machine: model.Machine) -> dict[str, Any]:
+    """*machine* as the model file holds it, and what was not measured (``not_measured``: row → reason)."""
+    body = json.loads(machine.to_json())
+    return {"machine": body, "not_measured": unmeasured(machine)}
+
+
+def fit_json(fit: Fit) -> dict[str, Any]:
+    """What a fit measured and fitted, as plain JSON: the ``results`` of ``--json`` (seconds and bytes)."""
+    if fit.machine is None:
+        raise ValueError("fit_json: this Fit has no machine yet; run measure() first")
+    return {
+        "layout": fit.layout, "p": fit.p, **_machine_json(fit.machine),
+        "lines": {name: {"alpha_s": a, "beta_s_per_byte": b} for name, (a, b) in fit.lines.items()},
+        "cache_bytes": fit.cache_bytes, "cache_source": fit.cache_source,
+        "pingpong": {"bytes": list(fit.sizes), "intra_s": list(fit.intra),
+                     "inter_s": None if fit.inter is None else list(fit.inter)},
+        "local": {"bytes": list(fit.add_bytes), "add_s": list(fit.add), "copy_s": list(fit.copy)},
+        "call": {"self_allreduce_s": fit.call_seconds, "copy_8_bytes_s": fit.small_copy,
+                 "validated_s": fit.validated, "unvalidated_s": fit.unvalidated},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -748,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = MPI.Intracomm(comm)
     rank, p = plain.Get_rank(), plain.Get_size()
     if args.collectives:
-        return _collectives_main(args, comm)
+        return _collectives_main(args, comm, argv)
     if args.show:
         ppn = getattr(comm, "ppn", None) or plain.allreduce(comm.local_size, op=MPI.MAX)
         if rank != 0:
@@ -757,19 +880,21 @@ def main(argv: list[str] | None = None) -> int:
         path = model.path_for(comm.host, layout)
         machine = model.load(comm.host, layout)
         if machine is None:
-            print(f"no fit saved for host {comm.host} and layout {layout} ({path}); "
-                  f"run: mpiexec -n {p} python -m mpicomm.tune", file=sys.stderr)
+            print(_no_saved("fit", comm.host, layout, path, p, comm.nodes), file=sys.stderr)
             return 1
         print("\n".join([f"{path}:"] + describe(machine)))
+        if args.json:
+            cli.write_json(args.json, _command(argv, p), {"layout": layout, **_machine_json(machine)}, saved=path)
         return 0
-    if p < 2:
-        print("mpicomm.tune needs at least 2 ranks to measure messages: mpiexec -n 2 python -m mpicomm.tune",
-              file=sys.stderr)
+    if p < MIN_RANKS:
+        print(f"mpicomm.tune needs at least {MIN_RANKS} ranks to measure messages: "
+              f"{tune_command(MIN_RANKS, *_user_options(argv))}", file=sys.stderr)
         return 2
-    fit = measure(comm, args.sizes, args.iters)
+    fit = measure(comm, args.sizes, args.iters, show=not args.quiet)
     status = 0
     if rank == 0 and fit.machine is not None:
         print(report(fit))
+        path = None
         try:
             path = model.save(fit.machine, args.output or model.path_for(fit.machine.host, fit.layout))
         except OSError as exc:
@@ -780,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nsaved: {path}")
             if args.output:
                 print(f"(communicators load {model.path_for(fit.machine.host, fit.layout)}; copy it there to use it)")
+        if args.json:
+            cli.write_json(args.json, _command(argv, p), fit_json(fit), saved=path)
     return plain.bcast(status, root=0)
 
 

@@ -194,7 +194,7 @@ def test_explain_shows_each_algorithm_and_the_source(tmp_path, monkeypatch, caps
     decisions.save(sample(host=socket.gethostname()))
     assert main(["algorithms", "--explain", "allreduce", "64K"]) == 0  # the layout of the saved file
     out = capsys.readouterr().out
-    assert "layout p2-1x2" in out and "measured (us)" in out
+    assert "layout p2-1x2" in out and "measured (µs)" in out
     assert "auto (*): ring (from the decisions" in out
     ring = [line for line in out.splitlines() if line.startswith("* ring")][0].split()
     assert ring[3] == "60.0" and ring[4] == "yes"  # measured at 65536 B, allowed

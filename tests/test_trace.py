@@ -1,4 +1,5 @@
-"""mpicomm.trace: off by default, one event per call, a Chrome trace file with a lane per rank.
+"""mpicomm.trace: off by default, one event per call, a Chrome trace file with a lane per rank (pid = rank + 1),
+an arrow (a pair of flow events) from every send to its receive, and user spans.
 
 The in-process tests run at every rank count (``flush`` is collective); the
 tests marked ``launches`` start their own 3-rank (or 2-rank) jobs with
@@ -29,7 +30,7 @@ def x_events(doc: dict) -> list[dict]:
 
 def lane(doc: dict, rank: int, cat: str, by_seq: bool = True) -> list[dict]:
     """Rank *rank*'s events of category *cat*, in call order (their sequence number), or by start time."""
-    events = [e for e in x_events(doc) if e["pid"] == rank and e["cat"] == cat]
+    events = [e for e in x_events(doc) if e["pid"] == rank + 1 and e["cat"] == cat]
     return sorted(events, key=(lambda e: e["args"]["seq"]) if by_seq else (lambda e: e["ts"]))
 
 
@@ -53,18 +54,60 @@ def check_chrome_trace(doc: dict, ranks: int) -> None:
     order = {e["pid"]: e["args"]["sort_index"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_sort_index"}
     hosts = doc["otherData"]["hosts"]
-    assert names == {r: f"rank {r} ({hosts[r]})" for r in range(ranks)}
-    assert order == {r: r for r in range(ranks)}
+    assert names == {r + 1: f"rank {r} ({hosts[r]})" for r in range(ranks)}  # pid = rank + 1: Perfetto's pid 0 is idle
+    assert order == {r + 1: r for r in range(ranks)}
     rows: dict[tuple[int, int], list[dict]] = {}
     for e in x_events(doc):
         assert set(e) == {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}, e
         assert type(e["ts"]) in (int, float) and type(e["dur"]) in (int, float) and e["dur"] >= 0, e
-        assert e["pid"] in range(ranks) and type(e["tid"]) is int, e
+        assert e["pid"] in range(1, ranks + 1) and type(e["tid"]) is int, e
         rows.setdefault((e["pid"], e["tid"]), []).append(e)
     threads = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert set(rows) <= threads
     for events in rows.values():
         assert_nested(events)
+    assert {e["ph"] for e in doc["traceEvents"]} <= {"M", "X", "s", "f"}
+    check_flows(doc)
+
+
+SENDS = {"send_array": "message", "answer": "rendezvous answer"}
+RECEIVES = {"recv_array": "message", "pull": "rendezvous answer"}
+
+
+def flow_pairs(doc: dict) -> list[tuple[dict, dict]]:
+    """(sending slice, receiving slice) of every arrow in *doc*, each flow event checked to bind to its slice."""
+    slices: dict[tuple, list[dict]] = {}
+    for e in x_events(doc):
+        slices.setdefault((e["pid"], e["tid"], e["cat"], e["ts"]), []).append(e)
+    starts, ends = {}, {}
+    for e in doc["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            assert set(e) == {"name", "cat", "ph", "id", "pid", "tid", "ts"} | ({"bp"} if e["ph"] == "f" else set()), e
+            assert e.get("bp", "e") == "e", e
+            table = starts if e["ph"] == "s" else ends
+            assert e["id"] not in table, f"flow id {e['id']} used twice: {e}"
+            table[e["id"]] = e
+    assert set(starts) == set(ends), "every flow start has its end and no end lacks its start"
+    pairs = []
+    for key, out in starts.items():
+        into = ends[key]
+        assert (out["name"], out["cat"]) == (into["name"], into["cat"]), (out, into)
+
+        def bound(flow: dict, names: dict) -> dict:
+            (found,) = [e for e in slices.get((flow["pid"], flow["tid"], flow["cat"], flow["ts"]), [])
+                        if names.get(e["name"]) == flow["name"]]
+            return found
+
+        pairs.append((bound(out, SENDS), bound(into, RECEIVES)))
+    return pairs
+
+
+def check_flows(doc: dict) -> None:
+    """Every arrow joins a send to the receive of that very message: peers, tag, msg, bytes and dtype agree."""
+    for send, receive in flow_pairs(doc):
+        a, b = send["args"], receive["args"]
+        assert a["peer"] == receive["pid"] - 1 and b["peer"] == send["pid"] - 1, (send, receive)
+        assert (a["tag"], a["msg"], a["bytes"], a["dtype"]) == (b["tag"], b["msg"], b["bytes"], b["dtype"]), (a, b)
 
 
 @pytest.fixture
@@ -150,7 +193,8 @@ def test_steps_record_one_event_when_the_operation_returns_raises_or_is_cancelle
     assert all(e[2] <= e[3] for e in events)
 
 
-def test_span_records_the_block_and_what_it_adds(fresh):
+def test_span_records_the_block_and_what_it_adds(fresh, monkeypatch):
+    monkeypatch.setattr(trace, "ON", True)
     with trace.span("get", "rma", peer=1) as note:
         note["bytes"] = 24
     with pytest.raises(KeyError):
@@ -160,6 +204,71 @@ def test_span_records_the_block_and_what_it_adds(fresh):
         {"peer": 1, "seq": 0, "bytes": 24},
         {"peer": 2, "seq": 1, "error": "KeyError: 'missing'"},
     ]
+
+
+def test_span_is_a_user_annotation_that_costs_nothing_when_off(fresh, monkeypatch):
+    monkeypatch.setattr(trace, "ON", False)
+    with trace.span("phase", step=3) as note:
+        note["cells"] = 10
+    with pytest.raises(ValueError):
+        with trace.span("failing"):
+            raise ValueError("passes through")
+    assert trace._events == [] and trace._seq == {}
+    monkeypatch.setattr(trace, "ON", True)
+    with trace.span("phase", step=4) as note:  # the documented example: category "user" by default
+        with trace.span("inner", "compute"):
+            pass
+        note["cells"] = 10
+    names = [(e[0], e[1], e[5]) for e in trace._events]
+    assert names == [("inner", "compute", {"seq": 0}), ("phase", "user", {"step": 4, "seq": 0, "cells": 10})]
+    (inner, outer) = trace._events
+    assert outer[2] <= inner[2] <= inner[3] <= outer[3]  # nested on the lane
+    assert "trace.span(" in trace.__doc__ and "span" in trace.__all__
+
+
+def test_endpoints_name_messages_and_flows_pair_them():
+    # (name, cat, start ns, end ns, thread, args) as _prepare makes them
+    events0 = [("send_array", "p2p", 100, 150, 1, {"peer": 1, "tag": 5, "msg": 0}),
+               ("send_array", "p2p", 200, 250, 1, {"peer": 1, "tag": 5, "msg": 1}),
+               ("recv_array", "p2p", 300, 400, 1, {"peer": 1, "tag": 6, "msg": 0}),
+               ("send_array", "p2p", 500, 510, 1, {"peer": -2, "tag": 5}),  # PROC_NULL: no message
+               ("recv_array", "p2p", 600, 700, 1, {"peer": 1, "tag": 9, "cancelled": True}),  # no header came
+               ("answer", "p2p", 800, 900, 1, {"peer": 1, "tag": 3, "msg": 0}),
+               ("allreduce", "collective", 50, 1000, 1, {"peers": [1]})]
+    events1 = [("recv_array", "p2p", 120, 160, 1, {"peer": 0, "tag": 5, "msg": 0}),
+               ("recv_array", "p2p", 210, 260, 1, {"peer": 0, "tag": 5, "msg": 1}),
+               ("send_array", "p2p", 290, 310, 1, {"peer": 0, "tag": 6, "msg": 0}),
+               ("pull", "p2p", 700, 950, 1, {"peer": 0, "tag": 3, "msg": 0}),
+               ("send_array", "p2p", 990, 995, 1, {"peer": 0, "tag": 6, "msg": 1})]  # its receive is not traced
+    ends0 = trace._endpoints(0, events0, [0, 0, 0, 0, 0, 1, 0])
+    ends1 = trace._endpoints(1, events1, [0, 2, 0, 0, 0])
+    assert len(ends0) == 4 and len(ends1) == 5
+    flows, unpaired = trace._flows(ends0 + ends1)
+    assert unpaired == 1
+    assert len(flows) == 8 and sorted(f["id"] for f in flows) == [1, 1, 2, 2, 3, 3, 4, 4]
+    by_id: dict[int, dict] = {}
+    for f in flows:
+        by_id.setdefault(f["id"], {})[f["ph"]] = f
+    got = sorted(((p["s"]["name"], p["s"]["pid"], p["s"]["tid"], p["s"]["ts"]),
+                  (p["f"]["name"], p["f"]["pid"], p["f"]["tid"], p["f"]["ts"], p["f"]["bp"])) for p in by_id.values())
+    assert got == sorted([
+        (("message", 1, 0, 0.1), ("message", 2, 0, 0.12, "e")),  # rank 0's msg 0 to rank 1
+        (("message", 1, 0, 0.2), ("message", 2, 2, 0.21, "e")),  # its msg 1, received on rank 1's row 2
+        (("message", 2, 0, 0.29), ("message", 1, 0, 0.3, "e")),  # rank 1 to rank 0, received before it was sent
+        (("rendezvous answer", 1, 1, 0.8), ("rendezvous answer", 2, 0, 0.7, "e")),
+    ])
+    assert all(f["cat"] == "p2p" for f in flows)
+
+
+def test_flows_of_messages_with_the_same_name_pair_in_start_order():
+    key = ("message", 0, 1, 5, 0)  # two communicators over the same ranks: the same name twice
+    ends = [(*key, True, 0, 0, 200), (*key, True, 0, 0, 100), (*key, False, 1, 0, 250), (*key, False, 1, 1, 150)]
+    flows, unpaired = trace._flows(ends)
+    assert unpaired == 0
+    pairs = {}
+    for f in flows:
+        pairs.setdefault(f["id"], {})[f["ph"]] = f["ts"]
+    assert sorted((p["s"], p["f"]) for p in pairs.values()) == [(0.1, 0.15), (0.2, 0.25)]
 
 
 def test_rows_keep_every_row_properly_nested():
@@ -209,6 +318,45 @@ def test_flush_gathers_every_rank_caps_and_aligns(comm, tmp_path, fresh, monkeyp
                     assert e["ts"] == pytest.approx(i * 1e6, abs=0.01)
 
 
+def test_flows_pair_every_send_with_its_receive(comm, tmp_path, fresh, monkeypatch):
+    """At the run's rank count (2 under ``mpiexec -n 2``): every rank sends to every rank (itself too) an inline
+    and a two-part message, receives them (the two-part ones from any source), and every send gets its arrow."""
+    import mpicomm
+
+    monkeypatch.setattr(trace, "ON", True)
+    path = shared_path(comm, tmp_path, "flows.json")
+    p, r = comm.size, comm.rank
+    sends = [comm.isend_array(rank_data(r, 10 + d), d, tag=7) for d in range(p)]
+    sends += [comm.isend_array(rank_data(r, 5000 + d), d, tag=8) for d in range(p)]  # 40 KB: two-part
+    for source in range(p):
+        assert np.array_equal(comm.recv_array(source=source, tag=7), rank_data(source, 10 + r))
+    for _ in range(p):
+        got = comm.recv_array(source=MPI.ANY_SOURCE, tag=8)
+        assert got.size >= 5000
+    mpicomm.Request.waitall(sends)
+    with trace.span("after", step=1):
+        pass
+    trace.flush(path)
+    if comm.rank == 0:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        check_chrome_trace(doc, p)
+        pairs = flow_pairs(doc)
+        assert len(pairs) == 2 * p * p  # every send of every rank
+        assert doc["otherData"]["messages_paired"] == 2 * p * p
+        assert doc["otherData"]["message_ends_unpaired"] == 0
+        assert doc["otherData"]["pid"] == "rank + 1"
+        assert sorted((s["pid"] - 1, s["args"]["peer"], s["args"]["tag"]) for s, _ in pairs) == sorted(
+            (a, b, tag) for a in range(p) for b in range(p) for tag in (7, 8))
+        for send, receive in pairs:
+            assert send["name"] == "send_array" and receive["name"] == "recv_array"
+            assert receive["args"]["bytes"] == (10 + receive["pid"] - 1 if send["args"]["tag"] == 7
+                                                else 5000 + receive["pid"] - 1) * 8
+        spans = [e for e in x_events(doc) if e["cat"] == "user"]
+        assert sorted(e["pid"] for e in spans) == list(range(1, p + 1))
+        assert all(e["name"] == "after" and e["args"] == {"step": 1, "seq": 0} for e in spans)
+
+
 def test_flush_error_is_raised_on_every_rank(comm, tmp_path, fresh):
     path = shared_path(comm, tmp_path, "no-such-directory/trace.json")
     trace.record("e", "test", 0.0, 1.0)
@@ -238,7 +386,7 @@ def traced_job(tmp_path_factory):
 def test_trace_file_is_a_chrome_trace_with_a_lane_per_rank(traced_job):
     check_chrome_trace(traced_job, RANKS)
     assert traced_job["otherData"]["dropped_events"] == 0
-    assert {e["pid"] for e in x_events(traced_job)} == set(range(RANKS))
+    assert {e["pid"] for e in x_events(traced_job)} == set(range(1, RANKS + 1))
     assert not [e for e in x_events(traced_job) if "error" in e["args"] or "cancelled" in e["args"]]
 
 
@@ -280,6 +428,28 @@ def test_one_event_per_point_to_point_call(traced_job):
         pulled = find(r, "pull")
         answer = find(right, "answer")
         assert pulled["ts"] < answer["ts"] < pulled["ts"] + pulled["dur"]
+
+
+@pytest.mark.launches
+def test_every_message_is_an_arrow_from_its_send_to_its_receive(traced_job):
+    """``traced``: each rank sends two typed messages to its right (tags 11, 12) and answers its left's pull."""
+    pairs = flow_pairs(traced_job)
+    assert traced_job["otherData"]["message_ends_unpaired"] == 0
+    assert traced_job["otherData"]["messages_paired"] == len(pairs) == 3 * RANKS
+    found = sorted((s["pid"] - 1, d["pid"] - 1, s["name"], d["name"], s["args"].get("tag"), d["args"].get("key"))
+                   for s, d in pairs)
+    expected = []
+    for r in range(RANKS):
+        right, left = (r + 1) % RANKS, (r - 1) % RANKS
+        expected += [(r, right, "send_array", "recv_array", 11, None), (r, right, "send_array", "recv_array", 12, None),
+                     (r, left, "answer", "pull", traced_job_answer_tag(pairs, r), f"part{r}")]
+    assert found == sorted(expected)
+
+
+def traced_job_answer_tag(pairs: list[tuple[dict, dict]], rank: int):
+    """The tag of rank *rank*'s answer (chosen by the rendezvous, not by the program)."""
+    (tag,) = [s["args"]["tag"] for s, d in pairs if s["name"] == "answer" and s["pid"] == rank + 1]
+    return tag
 
 
 @pytest.mark.launches
@@ -331,7 +501,10 @@ def test_after_finalize_each_rank_writes_its_own_file_at_the_relative_path(tmp_p
         assert doc["otherData"]["rank"] == r
         events = x_events(doc)
         assert [(e["pid"], e["name"]) for e in sorted(events, key=lambda e: e["args"]["seq"])] == [
-            (r, "send_array"), (r, "recv_array")]
+            (r + 1, "send_array"), (r + 1, "recv_array")]
+        ((send, receive),) = flow_pairs(doc)  # the message to itself
+        assert (send["name"], receive["name"]) == ("send_array", "recv_array")
+        assert doc["otherData"]["messages_paired"] == 1
         for e in events:
             assert {k: e["args"][k] for k in ("peer", "tag", "bytes", "dtype", "msg")} == {
                 "peer": r, "tag": 3, "bytes": (5 + r) * 8, "dtype": "int64", "msg": 0}

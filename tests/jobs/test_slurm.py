@@ -332,7 +332,7 @@ class TestOneNode:
             trace = json.load(f)
         assert trace["otherData"]["ranks"] == 4
         rings = [e for e in trace["traceEvents"] if e.get("name") == "allreduce" and e["args"]["algorithm"] == "ring"]
-        assert {e["pid"] for e in rings} == {0, 1, 2, 3}
+        assert {e["pid"] for e in rings} == {1, 2, 3, 4}  # pid = rank + 1
 
     def test_tune(self, cluster, tmp_path):
         cache = tmp_path / "cache"
@@ -435,7 +435,7 @@ class TestTwoNodes:
             events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "allreduce"]
         outer = {e["pid"] for e in events if e["args"]["algorithm"] == "hierarchical" and e["args"]["p"] == 4}
         between = {e["pid"] for e in events if e["args"]["algorithm"] != "hierarchical" and e["args"]["p"] == 2}
-        assert outer == {0, 1, 2, 3} and between == {0, 2}, events
+        assert outer == {1, 2, 3, 4} and between == {1, 3}, events  # pid = rank + 1
 
     def test_bench_job_on_two_nodes(self, cluster, tmp_path):
         args = ["allreduce", "--algorithms", "hierarchical,auto", "--sizes", "8,64K", "--iters", "5", "--rounds", "1",
