@@ -29,14 +29,18 @@ the fused residual unless ``--residual`` is given; u and v swap every iteration.
 On the GPU (``--paths cupy``) the last column compares the sweep with a
 device-to-device copy of the same run: both move 2 x itemsize bytes per cell
 (read, write; a GPU does not write-allocate), the target being 80 %.
+
+Every kernel a timed loop calls runs once before the first timed repeat (the
+sweep with the same residual flag, the triad, the copy): numba compiles on the
+first call and CuPy loads its modules, and neither belongs in a rate. The
+command-line conventions are :mod:`mpicomm.cli`'s: ``--out`` a Markdown report
+(an existing file is kept unless ``--append`` or ``--force``), ``--json`` one
+document with the command, machine, versions and date, ``[i/N]`` progress lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -44,10 +48,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mpicomm import cli
+
 from .paths import PATHS, Kernels, available, select
 from .stream import BYTES_PER_ELEMENT
 
-__all__ = ["DEFAULT_SIZES", "HEAT_BYTES_PER_CELL", "Row", "measure", "markdown_table", "main"]
+__all__ = ["DEFAULT_SIZES", "HEAT_BYTES_PER_CELL", "Row", "measure", "warm_up", "markdown_table", "main"]
 
 #: Points per side when --size is not given.
 DEFAULT_SIZES = {2: 4096, 3: 256}
@@ -74,11 +80,6 @@ class Row:
     copy_fraction: float | None = None  #: the sweep's read u + write v against that copy (GPU paths only)
 
 
-def _say(text: str, quiet: bool) -> None:
-    if not quiet:
-        print(text, file=sys.stderr, flush=True)
-
-
 def _timed(k: Kernels, fn: Callable[[], Any], iters: int) -> float:
     k.sync()
     start = time.perf_counter()
@@ -86,6 +87,18 @@ def _timed(k: Kernels, fn: Callable[[], Any], iters: int) -> float:
         fn()
     k.sync()
     return time.perf_counter() - start
+
+
+def warm_up(k: Kernels, tk: Kernels, sweep: Callable[[], None], triad: Callable[[], None],
+            copy: Callable[[], None] | None = None) -> None:
+    """One untimed call of each timed kernel: numba compiles (or loads its cache), CuPy loads its modules, the
+    arrays are touched and the caches warm."""
+    sweep()
+    triad()
+    if copy is not None:
+        copy()
+    k.sync()
+    tk.sync()
 
 
 def _triad_path(path: str) -> str:
@@ -96,8 +109,13 @@ def _triad_path(path: str) -> str:
 
 
 def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.dtype = np.dtype(np.float64),
-            residual: bool = False, quiet: bool = True) -> Row:
-    """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the best of *repeat*."""
+            residual: bool = False, quiet: bool = True, progress: cli.Progress | None = None) -> Row:
+    """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the best of *repeat*.
+
+    Each kernel runs once, untimed, before the first repeat. *progress* gets
+    one step per repeat (default: a progress of its own, silent when *quiet*).
+    """
+    progress = progress or cli.Progress(repeat, "kernels.bench", show=not quiet)
     k = select(path)
     tk = k if _triad_path(path) == path else select(_triad_path(path))
     xp = k.xp
@@ -116,22 +134,21 @@ def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.
         k.heat(fields[0], fields[1], 0.5 / dims, box, residual=residual)
         fields.reverse()
 
-    sweep()  # compiles on first use; fills the caches and the page tables
-    tk.triad(a, b, c, 3.0)
+    dst = xp.empty_like(b) if path == "cupy" else None
+    warm_up(k, tk, sweep, lambda: tk.triad(a, b, c, 3.0), (lambda: xp.copyto(dst, b)) if dst is not None else None)
     best_heat = best_triad = float("inf")
     for rep in range(repeat):
         best_triad = min(best_triad, _timed(tk, lambda: tk.triad(a, b, c, 3.0), iters))
         seconds = _timed(k, sweep, iters)
         best_heat = min(best_heat, seconds)
-        _say(f"  {path} {dims}-D {size}^{dims}: repeat {rep + 1}/{repeat}: {seconds / iters * 1e3:.2f} ms per sweep",
-             quiet)
+        progress.step(f"{path} {dims}-D {size}^{dims}: repeat {rep + 1}/{repeat}: "
+                      f"{cli.format_time(seconds / iters)} per sweep")
     itemsize = np.dtype(dtype).itemsize
     mlups = size ** dims * iters / best_heat / 1e6
     copy_gbs = copy_fraction = None
-    if path == "cupy":
+    if dst is not None:
         # The GPU reference: a device-to-device copy moves 2 x itemsize per element (read, write; no
         # write-allocate on a GPU), as does a sweep per cell (read u, write v; neighbours from cache).
-        dst = xp.empty_like(b)
         best_copy = min(_timed(k, lambda: xp.copyto(dst, b), iters) for _ in range(repeat))
         copy_gbs = elements * 2 * itemsize * iters / best_copy / 1e9
         copy_fraction = mlups * 2 * itemsize / 1e3 / copy_gbs
@@ -210,28 +227,31 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"paths to measure, comma-separated from {', '.join(PATHS)} (default: all available)")
     parser.add_argument("--dims", default="2,3", metavar="2,3", help="dimensions to measure (default: 2,3)")
     parser.add_argument("--size", type=_sizes, default=None, metavar="N[,M]",
-                        help="interior points per side: N in 2-D, M in 3-D; without M, 3-D takes the side with as "
-                             "many points as N² (N^(2/3): 4096 -> 256, 2048 -> 161). Default: 4096 (2-D) and 256 "
-                             "(3-D). Arrays add 2 ghost layers")
+                        help="interior points per side: N in 2-D, M in 3-D, each as 4096, 4K or 1e3; without M, 3-D "
+                             "takes the side with as many points as N² (N^(2/3): 4096 -> 256, 2048 -> 161). Default: "
+                             "4096 (2-D) and 256 (3-D). Arrays add 2 ghost layers")
     parser.add_argument("--iters", type=int, default=10, help="sweeps (and triads) per timed repeat (default: 10)")
     parser.add_argument("--repeat", type=int, default=3, help="timed repeats; the best counts (default: 3)")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="(default: float64)")
     parser.add_argument("--residual", action="store_true", help="sweep with the fused residual (max |v - u|)")
-    parser.add_argument("--out", metavar="FILE.md", help="also write the table, the command line and the machine here")
-    parser.add_argument("--append", action="store_true", help="with --out: append instead of replacing the file")
-    parser.add_argument("--json", metavar="FILE", help="write the rows, command line, machine and date as JSON")
+    cli.add_out(parser, "the table")
+    cli.add_json(parser, "the rows and the method")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
 
 def _sizes(text: str) -> dict[int, int]:
-    """``"2048"`` → {2: 2048, 3: 161} (3-D with as many points as 2-D); ``"2048,128"`` → {2: 2048, 3: 128}."""
+    """``"2048"`` → {2: 2048, 3: 161} (3-D with as many points as 2-D); ``"2048,128"`` → {2: 2048, 3: 128}.
+
+    Each side is read by :func:`mpicomm.cli.parse_size`: ``2K`` and ``2e3`` are sides too.
+    """
     try:
-        values = [int(v) for v in text.split(",")]
+        values = [cli.parse_size(v, "--size") for v in text.split(",")]
     except ValueError:
         values = []
-    if len(values) not in (1, 2) or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected N or N,M with positive integers, e.g. 2048 or 2048,128")
+    if len(values) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N or N,M with positive integers (such as 2048, 2K or "
+                                         f"1e3), e.g. 2048 or 2048,128")
     n = values[0]
     return {2: n, 3: values[1] if len(values) == 2 else max(1, round(n ** (2 / 3)))}
 
@@ -263,18 +283,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--dims {args.dims!r}: expected 2, 3 or 2,3")
     if args.iters < 1 or args.repeat < 1:
         parser.error(f"--iters {args.iters} / --repeat {args.repeat}: both must be >= 1")
-    if args.append and not args.out:
-        parser.error("--append needs --out FILE.md")
+    cli.check_out(parser, args)
 
     rows = []
+    progress = cli.Progress(len(paths) * len(dims) * args.repeat, "kernels.bench", show=not args.quiet)
     for path in paths:
         for d in dims:
             size = (args.size or DEFAULT_SIZES)[d]
-            _say(f"{path} {d}-D {size}^{d} ({(size + 2) ** d * np.dtype(args.dtype).itemsize / 1e6:.0f} MB per array): "
-                 f"{args.repeat} x {args.iters} sweeps", args.quiet)
+            progress.note(f"{path} {d}-D {size}^{d} ({(size + 2) ** d * np.dtype(args.dtype).itemsize / 1e6:.0f} MB "
+                          f"per array): {args.repeat} x {args.iters} sweeps")
             rows.append(measure(path, d, size, args.iters, args.repeat, np.dtype(args.dtype), args.residual,
-                                args.quiet))
-    command = "python -m kernels.bench " + shlex.join(argv)
+                                progress=progress))
+    command = cli.command_line("python -m kernels.bench", argv)
     machine = _machine(paths)
     method = _method(rows, args.residual)
     text = table(rows)
@@ -287,11 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "a" if args.append else "w") as f:
             f.write("\n".join(lines) + ("\n" if args.append else ""))
     if args.json:
-        document = {"command": command, "machine": machine, "method": method,
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "residual": args.residual, "rows": [asdict(r) for r in rows]}
-        with open(args.json, "w") as f:
-            json.dump(document, f, indent=1)
+        results = {"machine": machine, "method": method, "residual": args.residual, "rows": [asdict(r) for r in rows]}
+        cli.write_json(args.json, command, results)
     return 0
 
 

@@ -15,7 +15,9 @@ number of words, number of distinct words), or the benchmark fails.
 
 The Markdown table written to ``--out`` holds the median and best times, the
 speed-up, per-phase times (max over ranks) and MiB/s per rank, the command that
-made it and the machine.
+made it and the machine; an existing file is kept unless ``--append`` or
+``--force``. ``--json FILE`` writes every repetition's times and phases.
+Progress (one ``[i/N]`` line per repetition) goes to stderr from rank 0.
 """
 
 from __future__ import annotations
@@ -29,28 +31,27 @@ import sys
 import time
 from typing import Any
 
-from .inputs import format_size, parse_size
+from mpicomm import cli
+
+from .inputs import format_size
 
 __all__ = ["add_arguments", "run", "idle_barrier"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench sub-command's options."""
-
-    def size(text: str) -> int:
-        try:
-            return parse_size(text, "--size")
-        except (TypeError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    p.add_argument("--size", type=size, default="200M", help="corpus size (default: 200M)")
+    p.add_argument("--size", type=cli.size_arg, default="200M", metavar="SIZE",
+                   help="corpus size, e.g. 200M, 64KiB or 1e6 (default: 200M)")
     p.add_argument("--dir", default=None, help="corpus directory (default: <temp>/mapreduce-corpus-<size>)")
     p.add_argument("--files", type=int, default=8, help="corpus files (default: 8)")
     p.add_argument("--vocabulary", type=int, default=100_000, help="distinct words in the corpus (default: 100000)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each contender (default: 3)")
     p.add_argument("--top", type=int, default=20, help="top list compared between both (default: 20)")
-    p.add_argument("--memory-limit", default="512M", help="the engine's per-rank memory limit (default: 512M)")
-    p.add_argument("--out", default=None, help="Markdown file for the table (default: print only)")
+    p.add_argument("--memory-limit", type=cli.size_arg, default="512M", metavar="SIZE",
+                   help="the engine's per-rank memory limit (default: 512M)")
+    cli.add_out(p, "the table")
+    cli.add_json(p, "every repetition's times, phases and the medians")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def idle_barrier(comm: Any) -> None:
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 while f.read(1 << 24):
                     pass
         print(f"bench: corpus of {format_size(sum(map(os.path.getsize, paths)))} in {directory} "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
+              f"({cli.format_time(time.perf_counter() - start)})", flush=True)
     idle_barrier(comm)
     paths = comm.bcast(paths, root=0)
     total = sum(map(os.path.getsize, paths))
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     comm.Alltoall(warm, warm.copy())  # mpicomm's one-time set-up of its first collective, outside the timings
     base_times, engine_times, base_cpu, engine_cpu, phases = [], [], [], [], []
     reference = engine = None
+    progress = cli.Progress(args.repeat, "bench", show=rank == 0 and not args.quiet)
     for rep in range(args.repeat):
         if rank == 0:
             start, cpu = time.perf_counter(), time.process_time()
@@ -139,18 +141,32 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 print(f"bench: the engine's answer differs from Counter's: {engine[1:]} against {reference[1:]}; "
                       f"top {engine[0][:3]} against {reference[0][:3]}", file=sys.stderr)
                 return 1
-            print(f"bench: repetition {rep + 1}/{args.repeat}: Counter {base_times[-1]:.2f} s, "
-                  f"engine on {p} rank(s) {engine_times[-1]:.2f} s", flush=True)
+            progress.step(f"Counter {cli.format_time(base_times[-1])}, "
+                          f"engine on {p} rank(s) {cli.format_time(engine_times[-1])}")
     if rank != 0:
         return 0
     text = _table(args, argv, p, paths, total, (base_times, base_cpu), (engine_times, engine_cpu), phases, reference)
     print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
+        with open(args.out, "a" if args.append else "w") as f:
+            f.write(text + ("\n" if args.append else ""))
         print(f"bench: table written to {args.out}")
+    if args.json:
+        results = {"ranks": p, "files": len(paths), "bytes": total, "vocabulary": args.vocabulary,
+                   "memory_limit": args.memory_limit, "repeat": args.repeat,
+                   "words": reference[1], "distinct": reference[2],
+                   "counter": {"seconds": base_times, "cpu_seconds": base_cpu,
+                               "median_s": statistics.median(base_times)},
+                   "engine": {"seconds": engine_times, "cpu_seconds": engine_cpu,
+                              "median_s": statistics.median(engine_times), "phases": phases},
+                   "speedup": statistics.median(base_times) / statistics.median(engine_times)}
+        cli.write_json(args.json, _command(p, argv), results, ranks=p)
     return 0
+
+
+def _command(p: int, argv: list[str]) -> str:
+    return f"mpiexec -n {p} {cli.command_line('python -m apps.mapreduce', argv)}"
 
 
 def _table(args: argparse.Namespace, argv: list[str], p: int, paths: list[str], total: int,
@@ -160,7 +176,7 @@ def _table(args: argparse.Namespace, argv: list[str], p: int, paths: list[str], 
     (base, base_cpu), (eng, eng_cpu) = baseline, engine
     b_med, e_med = statistics.median(base), statistics.median(eng)
     b_cpu, e_cpu = statistics.median(base_cpu), statistics.median(eng_cpu)
-    command = f"mpiexec -n {p} python -m apps.mapreduce " + " ".join(argv)
+    command = _command(p, argv)
     names = ["map", "shuffle", "reduce", "output"]
     per_phase = {n: statistics.median(max(s["timings"].get(n, 0.0) for s in summary) for summary in phases)
                  for n in names}
@@ -176,7 +192,7 @@ def _table(args: argparse.Namespace, argv: list[str], p: int, paths: list[str], 
         "",
         f"{datetime.date.today().isoformat()}; {_machine()}.",
         f"Corpus: {len(paths)} files, {mib:.1f} MiB, Zipf s = 1.0 over {args.vocabulary} words "
-        f"({reference[1]} words, {reference[2]} distinct); memory limit {args.memory_limit} per rank; "
+        f"({reference[1]} words, {reference[2]} distinct); memory limit {format_size(args.memory_limit)} per rank; "
         f"{args.repeat} repetitions, each contender timed inside its process (start-up excluded).",
         "",
         "| contender | median s | best s | MiB/s | speed-up (median) | CPU s, all processes (median) |",

@@ -52,6 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from apps import checkpoint
+from mpicomm import cli
 
 from .combine import Combiner, resolve
 from .inputs import ERRORS, Block, InputError, check_inputs, decode, format_size, parse_size, plan_splits, read_blocks
@@ -61,6 +62,8 @@ from .spill import Run, SegmentFile, SpillDir, read_segments
 __all__ = ["MapReduce", "KeyValue", "Budget", "JobError", "memory_usage", "DEFAULT_MEMORY", "MIN_MEMORY"]
 
 DEFAULT_MEMORY = 512 << 20
+#: The phases a job's progress counts, each ending in one ``[i/3]`` line.
+PHASES = ("map", "shuffle", "reduce")
 #: Below this the interpreter's own heap growth and MPI's buffers (a few MiB) dominate any share.
 MIN_MEMORY = 32 << 20
 #: Python bytes per packed byte when pairs are unpacked into a store (measured: str keys, int values).
@@ -195,7 +198,9 @@ class MapReduce:
     *key* and *value* are the packed kinds (:data:`.shuffle.KINDS`); *combine*
     a name (``sum min max union collect``), a :class:`.combine.Combiner`, a
     callable ``fn(a, b)`` or None (collect every value). *progress*: a text
-    stream rank 0 reports to (None: quiet). *budget* overrides the shares of
+    stream rank 0 reports to (None: quiet), in :class:`mpicomm.cli.Progress`
+    lines: ``NAME [i/3] …  elapsed  ETA`` at the end of map, shuffle and reduce,
+    ``NAME: …`` between them. *budget* overrides the shares of
     the memory limit (for tuning, and for tests that force spills on small data).
     """
 
@@ -223,6 +228,7 @@ class MapReduce:
         self.spill = SpillDir(spill_dir)
         self.progress = progress if self.rank == 0 else None
         self.name = name
+        self._progress = cli.Progress(len(PHASES), name, show=self.progress is not None, stream=self.progress)
         self.timings: dict[str, float] = {}
         self.counters: dict[str, int] = {"bytes_mapped": 0, "pairs_added": 0, "map_spills": 0, "runs": 0,
                                          "items_sent": 0, "items_received": 0, "bytes_sent": 0, "rounds": 0,
@@ -238,14 +244,19 @@ class MapReduce:
     # ------------------------------------------------------------------------------------------ internals
 
     def _say(self, text: str, throttle: bool = False) -> None:
+        """A progress line on rank 0 between phases (*throttle*: at most one a second)."""
         if self.progress is None:
             return
         now = time.monotonic()
         if throttle and now - self._last_say < 1.0:
             return
         self._last_say = now
-        self.progress.write(f"[{self.name}] {text}\n")
-        self.progress.flush()
+        self._progress.note(text)
+
+    def _done(self, text: str) -> None:
+        """The progress line of a phase (:data:`PHASES`) that has ended."""
+        self._last_say = time.monotonic()
+        self._progress.step(text)
 
     def _finished(self, store: dict) -> list:
         """The store's values in packed form (``Combiner.finish`` applied where a combiner defines one)."""
@@ -295,6 +306,7 @@ class MapReduce:
             self._check_directory(checkpoint_dir)
         if restart and self._restore(checkpoint_dir, job):
             self.timings["map"] = time.perf_counter() - start
+            self._done(f"restart: map output restored from {self.restored_from}; map skipped")
             return
         total = sum(sizes)
         mine = plan_splits(list(paths), sizes, self.size)[self.rank]
@@ -330,8 +342,8 @@ class MapReduce:
         self.counters["runs"] = len(self._runs)
         self.timings["map"] = time.perf_counter() - start
         totals = self.comm.allreduce(np.array([mapped, sum(r.count for r in self._runs), self.counters["map_spills"]]))
-        self._say(f"map: {format_size(int(totals[0]))} mapped in {self.timings['map']:.2f} s; "
-                  f"{int(totals[1])} combined pairs, {int(totals[2])} spill(s)")
+        self._done(f"map: {format_size(int(totals[0]))} mapped in {cli.format_time(self.timings['map'])}; "
+                   f"{int(totals[1])} combined pairs, {int(totals[2])} spill(s)")
         if checkpoint_dir:
             start = time.perf_counter()
             self._save(checkpoint_dir, job)
@@ -454,7 +466,6 @@ class MapReduce:
             self._runs.append(run)
         self.counters["runs"] = len(self._runs)
         self.restored_from = manifest
-        self._say(f"restart: map output restored from {manifest} (written by {old} rank(s)); map skipped")
         return True
 
     # ------------------------------------------------------------------------------------------ shuffle
@@ -510,7 +521,7 @@ class MapReduce:
                              bytes_sent=stats.bytes_sent, rounds=stats.rounds)
         self.timings["shuffle"] = time.perf_counter() - start
         keys = int(self.comm.allreduce(stats.items_sent))
-        self._say(f"shuffle: {keys} keys moved in {stats.rounds} round(s), {self.timings['shuffle']:.2f} s")
+        self._done(f"shuffle: {keys} keys moved in {stats.rounds} round(s), {cli.format_time(self.timings['shuffle'])}")
 
     # ------------------------------------------------------------------------------------------ reduce
 
@@ -571,7 +582,7 @@ class MapReduce:
                 self._results.append((keys, values))
         self.counters["keys"] = count
         self.timings["reduce"] = time.perf_counter() - start
-        self._say(f"reduce: {int(self.comm.allreduce(count))} keys in {self.timings['reduce']:.2f} s")
+        self._done(f"reduce: {int(self.comm.allreduce(count))} keys in {cli.format_time(self.timings['reduce'])}")
 
     # ------------------------------------------------------------------------------------------ results
 

@@ -27,7 +27,6 @@ listing every problem found on any rank.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -53,8 +52,6 @@ ERRORS = ("strict", "replace")
 
 _WHITESPACE = b" \t\r\x0b\x0c"
 _SCAN = 1 << 16
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 class InputError(ValueError):
@@ -82,20 +79,18 @@ class Block:
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
-    """Bytes from ``"512M"``, ``"1.5G"``, ``"64KiB"``, ``"100000"`` (K, M, G, T are powers of 1024)."""
-    if isinstance(text, bool):
-        raise TypeError(f"{what} {text!r}: expected a size such as 512M or a number of bytes")
-    if isinstance(text, int):
-        if text <= 0:
-            raise ValueError(f"{what} {text}: must be > 0 bytes")
-        return text
-    if not isinstance(text, str):
-        raise TypeError(f"{what} {text!r}: expected a size such as 512M or a number of bytes, got {type(text).__name__}")
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"{what} {text!r}: not a size; write a number of bytes with an optional unit K, M, G or T "
-                         f"(powers of 1024), such as 512M or 1.5G")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    """Bytes from ``"512M"``, ``"1.5G"``, ``"64KiB"``, ``"100000"``, ``"1e6"``: :func:`mpicomm.cli.parse_size`.
+
+    The engine's entry point for sizes (``memory_limit``): TypeError for what
+    is not a str or an int, ValueError for a text that is not a size or for a
+    size of 0 bytes.
+    """
+    from mpicomm import cli
+
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise TypeError(f"{what} {text!r}: expected a size such as 512M or a number of bytes, "
+                        f"got {type(text).__name__}")
+    value = text if isinstance(text, int) else cli.parse_size(text, what, minimum=0)
     if value <= 0:
         raise ValueError(f"{what} {text!r}: must be > 0 bytes")
     return value

@@ -15,8 +15,14 @@ Parts (``--parts``, all by default):
 * ``async`` - test accuracy against wall time on digits for ps-sync, ps-async
   unbounded and ps-async with a staleness bound (``--plot`` draws it).
 
-Timings exclude evaluation and checkpoints; ``OMP_NUM_THREADS=1`` keeps each rank
-on one core, so one rank and N ranks compare like for like.
+Timings exclude evaluation, checkpoints and one-time costs: every timed run
+follows an untimed two-step run of the same configuration (allocations,
+first-touch, the algorithms' plans, the first collectives). ``OMP_NUM_THREADS=1``
+keeps each rank on one core, so one rank and N ranks compare like for like.
+
+``--out FILE.md`` writes the tables (an existing file is kept unless
+``--append`` or ``--force``); ``--json FILE`` the same figures as data; progress
+is one ``[i/N]`` line per repetition on stderr from rank 0.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any, Callable
 from mpi4py import MPI
 
 import mpicomm
+from mpicomm import cli
 from apps.sgd.train import Config, Report, train
 
 __all__ = ["add_options", "bench", "PARTS"]
@@ -50,10 +57,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", default="ring",
                    help="collective algorithm (default: ring, whose bytes per rank are known exactly)")
     p.add_argument("--async-epochs", type=int, default=6, help="digits epochs for the async part (default: 6)")
-    p.add_argument("--out", metavar="FILE", default=None, help="write the tables (markdown) to FILE")
-    p.add_argument("--force", action="store_true", help="replace an existing --out file")
-    p.add_argument("--append", action="store_true", help="append to an existing --out file")
+    cli.add_out(p, "the tables")
+    cli.add_json(p, "every part's figures")
     p.add_argument("--plot", metavar="PNG", default=None, help="accuracy against wall time for the async part")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def _model_cfg(args: argparse.Namespace, **kw: Any) -> Config:
@@ -64,10 +71,20 @@ def _model_cfg(args: argparse.Namespace, **kw: Any) -> Config:
     return replace(base, **kw)
 
 
+def _warm_up(comm: Any, cfg: Config) -> None:
+    """A short untimed run of *cfg* (allocations, first-touch, the algorithms' plans, the first collectives)."""
+    train(comm, replace(cfg, steps=2, epochs=1, log=None, checkpoint_every=0), lambda s: None)
+
+
 def _run(comm: Any, cfg: Config) -> Report:
-    """A short warm-up run (allocations, first-touch, the algorithms' plans), then the measured one."""
-    train(comm, replace(cfg, steps=2, log=None), lambda s: None)
+    """:func:`_warm_up`, then the measured run."""
+    _warm_up(comm, cfg)
     return train(comm, cfg, lambda s: None)
+
+
+def _progress(comm: Any, args: argparse.Namespace, total: int, part: str) -> cli.Progress:
+    """Rank 0's ``[i/N]`` lines for one part (none with --quiet)."""
+    return cli.Progress(total, f"bench {part}", show=comm.Get_rank() == 0 and not args.quiet)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -81,22 +98,24 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
-    """One rank alone vs all ranks, interleaved."""
+def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict]:
+    """One rank alone vs all ranks, interleaved: the table's lines and its figures (rank 0)."""
     p, rank = comm.Get_size(), comm.Get_rank()
     cfg = _model_cfg(args, mode="ddp")
     alone, together = [], []
     self_comm = mpicomm.Comm(MPI.COMM_SELF) if rank == 0 else None
+    progress = _progress(comm, args, args.repeat, "scaling")
     for i in range(args.repeat):
         if rank == 0:
             alone.append(_run(self_comm, cfg).samples_per_s)
         comm.Barrier()
         together.append(_run(comm, cfg).samples_per_s)
-        say(f"  scaling [{i + 1}/{args.repeat}] 1 rank {alone[-1] if alone else 0:,.0f} samples/s, "
-            f"{p} ranks {together[-1]:,.0f} samples/s")
+        progress.step(f"1 rank {alone[-1] if alone else 0:,.0f} samples/s, {p} ranks {together[-1]:,.0f} samples/s")
     if rank != 0:
-        return []
+        return [], {}
     a, t = _median(alone), _median(together)
+    data = {"ranks": p, "samples_per_s_1_rank": alone, "samples_per_s_all_ranks": together,
+            "median_1_rank": a, "median_all_ranks": t, "speedup": t / a}
     return [
         f"### Scaling: the compute-bound configuration, 1 rank vs {p} ranks (ddp, overlapped, medians of {args.repeat})",
         "",
@@ -108,7 +127,7 @@ def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> 
         f"| 1 | {a:,.0f} | {', '.join(f'{x:,.0f}' for x in alone)} | 1.00× |",
         f"| {p} | {t:,.0f} | {', '.join(f'{x:,.0f}' for x in together)} | {t / a:.2f}× |",
         "",
-    ]
+    ], data
 
 
 def _collective_bytes(mode: str, n_bytes: float, p: int, algorithm: str) -> float | None:
@@ -124,8 +143,8 @@ def _collective_bytes(mode: str, n_bytes: float, p: int, algorithm: str) -> floa
     return None
 
 
-def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
-    """Every mode on one model: step time, overlap, bytes, memory."""
+def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict]:
+    """Every mode on one model: step time, overlap, bytes, memory (the lines and the figures, rank 0)."""
     p = comm.Get_size()
     runs = [("per-parameter", dict(mode="ddp", per_parameter=True, overlap=False)),
             ("bucketed", dict(mode="ddp", overlap=False)),
@@ -136,14 +155,17 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> li
     if p >= 2:
         runs += [("ps-sync", dict(mode="ps-sync", servers=1)), ("ps-async", dict(mode="ps-async", servers=1, staleness=None))]
     results: dict[str, list[Report]] = {name: [] for name, _ in runs}
+    progress = _progress(comm, args, args.repeat, "modes")
     for i in range(args.repeat):
         for name, kw in runs:
             results[name].append(_run(comm, _model_cfg(args, **kw)))
-        say(f"  modes [{i + 1}/{args.repeat}] done")
+        progress.step(f"{len(runs)} modes")
     if comm.Get_rank() != 0:
-        return []
+        return [], {}
+    data: dict[str, Any] = {"ranks": p, "params": 0, "modes": []}
     first = results["overlapped"][0]
     psi = first.params
+    data["params"] = psi
     grad_bytes = psi * 4
     lines = [
         f"### Modes on one model ({p} ranks, medians of {args.repeat})",
@@ -184,16 +206,23 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> li
             f"{' (' + _fmt_bytes(mem['grads_scratch']) + ' scratch)' if mem.get('grads_scratch') else ''} | "
             f"{_fmt_bytes(mem.get('optimizer', 0))} | {_fmt_bytes(total)} | "
             f"{text}{'' if factor is None else ' = ' + _fmt_bytes(factor * psi)} |")
+        data["modes"].append({"mode": name, "step_ms": step_ms, "compute_ms": compute, "exposed_ms": exposed,
+                              "hidden_ms": hidden_ms, "hidden_fraction": frac, "bytes_per_rank_per_step": sent,
+                              "memory": dict(mem), "memory_total": total})
     lines.append("")
-    return lines
+    return lines, data
 
 
-def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> list[str]:
-    """Bytes through the busiest server link per step with 1 server and 1..N−1 workers (sub-communicators)."""
+def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict]:
+    """Bytes through the busiest server link per step with 1 server and 1..N−1 workers (sub-communicators).
+
+    Bytes are counted, not timed: no warm-up run.
+    """
     p, rank = comm.Get_size(), comm.Get_rank()
     if p < 2:
-        return []
+        return [], {}
     rows = []
+    progress = _progress(comm, args, p - 1, "ps")
     for ranks in range(2, p + 1):
         sub = comm.Split(0 if rank < ranks else MPI.UNDEFINED, rank)
         if sub != MPI.COMM_NULL:
@@ -202,9 +231,9 @@ def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) ->
             rows.append((ranks - 1, report.bytes_per_step, report.params * 4))
             c.Free()
         comm.Barrier()
-        say(f"  ps [{ranks - 1}/{p - 1} workers] done")
+        progress.step(f"{ranks - 1} worker(s)")
     if rank != 0:
-        return []
+        return [], {}
     lines = [
         "### Parameter-server bottleneck: the busiest server link (1 server)",
         "",
@@ -215,18 +244,24 @@ def ps_links(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) ->
         "| workers | server link / step | × gradient size | all-reduce per rank / step | × gradient size |",
         "|---:|---:|---:|---:|---:|",
     ]
+    data: dict[str, Any] = {"servers": 1, "rows": []}
     for workers, link, n in rows:
         ar = 2 * (workers - 1) / workers * n if workers > 1 else 0.0
         lines.append(f"| {workers} | {_fmt_bytes(link)} | {link / n:.2f} | {_fmt_bytes(ar)} | {ar / n:.2f} |")
+        data["rows"].append({"workers": workers, "server_link_bytes_per_step": link, "gradient_bytes": n,
+                             "allreduce_bytes_per_rank_per_step": ar})
     lines.append("")
-    return lines
+    return lines, data
 
 
-def async_part(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict]:
-    """ps-sync, ps-async unbounded and ps-async with staleness 2 on digits: accuracy against wall time."""
+def async_part(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[str], dict, dict]:
+    """ps-sync, ps-async unbounded and ps-async with staleness 2 on digits: accuracy against wall time.
+
+    The table's lines, the figures (rank 0) and the accuracy histories (for ``--plot``).
+    """
     p = comm.Get_size()
     if p < 2:
-        return [], {}
+        return [], {}, {}
     runs = [("ps-sync", dict(mode="ps-sync", staleness=0)),
             ("ps-async (unbounded)", dict(mode="ps-async", staleness=None)),
             ("ps-async (staleness 2)", dict(mode="ps-async", staleness=2))]
@@ -238,16 +273,21 @@ def async_part(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) 
         "| run | wall (s) | final test accuracy | test accuracy after each epoch |",
         "|---|---:|---:|---|",
     ]
+    data: dict[str, Any] = {"workers": p - 1, "servers": 1, "epochs": args.async_epochs, "runs": []}
+    progress = _progress(comm, args, len(runs), "async")
     for name, kw in runs:
         cfg = Config(data="digits", epochs=args.async_epochs, progress=False, servers=1, **kw)
+        _warm_up(comm, cfg)  # the wall time is reported: one-time costs stay out of it
         report = train(comm, cfg, lambda s: None)
         histories[name] = report.history
         if comm.Get_rank() == 0:
             lines.append(f"| {name} | {report.seconds:.2f} | {report.test_accuracy:.4f} | "
                          + ", ".join(f"{r['test_accuracy']:.3f}" for r in report.history) + " |")
-        say(f"  async: {name} done")
+            data["runs"].append({"run": name, "seconds": report.seconds, "test_accuracy": report.test_accuracy,
+                                 "history": report.history})
+        progress.step(name)
     lines.append("")
-    return lines, histories
+    return lines, data, histories
 
 
 def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> int:
@@ -257,27 +297,27 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
         raise ValueError(f"--parts {','.join(bad)}: choose from {', '.join(PARTS)}")
     if args.repeat < 1 or args.steps < 1:
         raise ValueError(f"--repeat {args.repeat} / --steps {args.steps}: both must be >= 1")
-    if args.out and os.path.exists(args.out) and not (args.force or args.append):
-        raise ValueError(f"--out {args.out} exists: pass --force to replace it or --append to add to it")
     if os.environ.get("OMP_NUM_THREADS") != "1":
         say("note: OMP_NUM_THREADS is not 1, so NumPy's BLAS may use several cores per rank and the 1-rank and "
             "N-rank figures are not like for like")
     p = comm.Get_size()
     say(f"apps.sgd bench on {p} ranks: {', '.join(parts)}")
-    lines = [f"## apps.sgd bench, {p} ranks ({time.strftime('%Y-%m-%d')})", "",
-             "Command: `" + " ".join(["mpiexec", "-n", str(p), "python", "-m", "apps.sgd", *sys.argv[1:]]) + "`", ""]
+    argv = getattr(args, "argv", sys.argv[1:])
+    command = f"mpiexec -n {p} {cli.command_line('python -m apps.sgd', argv)}"
+    lines = [f"## apps.sgd bench, {p} ranks ({time.strftime('%Y-%m-%d')})", "", f"Command: `{command}`", ""]
     histories: dict = {}
+    figures: dict[str, Any] = {}
     for part in parts:
         say(f"{part}:")
         if part == "scaling":
-            lines += scaling(comm, args, say)
+            more, figures[part] = scaling(comm, args, say)
         elif part == "modes":
-            lines += modes(comm, args, say)
+            more, figures[part] = modes(comm, args, say)
         elif part == "ps":
-            lines += ps_links(comm, args, say)
-        elif part == "async":
-            more, histories = async_part(comm, args, say)
-            lines += more
+            more, figures[part] = ps_links(comm, args, say)
+        else:
+            more, figures[part], histories = async_part(comm, args, say)
+        lines += more
     if comm.Get_rank() == 0:
         text = "\n".join(lines) + "\n"
         print(text)
@@ -285,6 +325,11 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
             with open(args.out, "a" if args.append else "w") as f:
                 f.write(text)
             print(f"wrote {args.out}")
+        if args.json:
+            results = {"parts": parts, "repeat": args.repeat, "steps": args.steps, "features": args.features,
+                       "hidden": args.hidden, "batch": args.batch, "algorithm": args.algorithm, **figures}
+            cli.write_json(args.json, command, results, ranks=p)
+            print(f"wrote {args.json}")
         if args.plot and histories:
             from apps.sgd.plots import curves
 

@@ -1,21 +1,30 @@
-"""The command line of the SGD application: ``train``, ``bench`` and ``plot``."""
+"""The command line of the SGD application: ``train``, ``bench`` and ``plot``.
+
+The conventions of :mod:`mpicomm.cli`: sizes as 4096, 64K, 64KiB, 1M or 1e6
+(``--bucket``); ``--json FILE`` writes one document (schema, command, machine,
+versions, date, results); ``--out`` is the benchmark's Markdown report only (an
+existing one is kept unless ``--append`` or ``--force``); ``--plot PNG`` draws.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from mpicomm import cli
+
+PROG = "python -m apps.sgd"
 
 EXAMPLES = """examples:
   mpiexec -n 2 python -m apps.sgd train                                  # DDP on digits, >= 95 % test accuracy
   mpiexec -n 4 python -m apps.sgd train --mode zero2 --optimizer adamw
   mpiexec -n 3 python -m apps.sgd train --mode ps-async --servers 1 --staleness 2
-  mpiexec -n 2 python -m apps.sgd train --no-overlap --bucket-mb 1 --log metrics.csv --plot curves.png
+  mpiexec -n 2 python -m apps.sgd train --no-overlap --bucket 1M --log metrics.csv --plot curves.png --json run.json
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt   # and after a crash:
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt --restart
-  mpiexec -n 2 python -m apps.sgd bench --out jobs/results/sgd-modes.md
-  python -m apps.sgd plot a.csv b.csv --out curves.png
+  mpiexec -n 2 python -m apps.sgd bench --out jobs/results/sgd-modes.md --json sgd-modes.json
+  python -m apps.sgd plot a.csv b.csv --plot curves.png
 """
 
 
@@ -71,8 +80,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("communication")
     g.add_argument("--algorithm", default=d.algorithm,
                    help="mpicomm allreduce / reduce_scatter algorithm (python -m mpicomm algorithms; default: auto)")
-    g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
-                   help=f"bucket cap after the first 1 MiB bucket, as DDP's bucket_cap_mb (default: {d.bucket_mb:g})")
+    cap = g.add_mutually_exclusive_group()
+    cap.add_argument("--bucket", type=cli.size_arg, default=None, metavar="SIZE",
+                     help=f"bucket cap after the first 1 MiB bucket, e.g. 25M, 512KiB or 4e6 bytes "
+                          f"(default: {d.bucket_mb:g}M)")
+    cap.add_argument("--bucket-mb", type=float, default=d.bucket_mb, metavar="MIB",
+                     help="the same cap in MiB, as DDP's bucket_cap_mb")
     g.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="all-reduce after the whole backward instead of during it")
     g.add_argument("--per-parameter", action="store_true", help="one all-reduce per parameter tensor (no buckets)")
@@ -91,7 +104,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
     from apps.sgd.train import MODES
 
     parser = argparse.ArgumentParser(
-        prog="python -m apps.sgd",
+        prog=PROG,
         description="Distributed SGD on mpicomm's collectives: data parallelism with overlapped bucketed all-reduce "
                     "(ddp), ZeRO stages 1-2, parameter servers (sync, async, bounded staleness).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,7 +127,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
     g.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="evaluate, print progress and log every K steps (default: once per epoch)")
     g.add_argument("--log", metavar="CSV", default=None, help="metrics per evaluation (rank 0)")
-    g.add_argument("--json", metavar="FILE", default=None, help="the run's results as JSON (rank 0)")
+    cli.add_json(g, "the settings and the run's report")
     g.add_argument("--plot", metavar="PNG", default=None, help="loss and accuracy against step and wall time")
     g.add_argument("--plot-timeline", metavar="PNG", default=None,
                    help="one step per rank: layers' backward, bucket collectives, waits")
@@ -122,15 +135,24 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                    help="the step --plot-timeline draws (default: the middle one)")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
 
-    b = sub.add_parser("bench", help="the modes side by side: step time, bytes, memory, overlap (under mpiexec)")
+    b = sub.add_parser("bench", help="the modes side by side: step time, bytes, memory, overlap (under mpiexec)",
+                       description="The modes side by side, measured in one run (python -m apps.sgd.bench's "
+                                   "docstring says how); each timed run follows an untimed warm-up run.")
     from apps.sgd.bench import add_options
 
     add_options(b)
 
-    pl = sub.add_parser("plot", help="draw metrics CSVs (from train --log) as loss/accuracy curves")
+    pl = sub.add_parser("plot", help="draw metrics CSVs (from train --log) as loss/accuracy curves",
+                        description="Draw metrics CSVs (from train --log) as loss/accuracy curves in one picture.")
     pl.add_argument("csv", nargs="+", help="metrics files; each is labelled by its file name")
-    pl.add_argument("--out", required=True, metavar="PNG")
+    pl.add_argument("--plot", metavar="PNG", dest="png", help="the picture to write (required)")
+    pl.add_argument("--out", metavar="PNG", dest="png", help=argparse.SUPPRESS)  # the option's earlier name
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
+    if args.command == "plot" and not args.png:
+        pl.error("--plot PNG is required: the picture to write")
+    if args.command == "bench":
+        cli.check_out(b, args)
     return parser, args
 
 
@@ -147,7 +169,8 @@ def config_from(args: argparse.Namespace) -> Any:
         activation=args.activation, layernorm=args.layernorm, dropout=args.dropout, dtype=args.dtype,
         backend=args.backend, batch=args.batch, epochs=args.epochs, steps=args.steps, optimizer=args.optimizer,
         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
-        algorithm=args.algorithm, bucket_mb=args.bucket_mb, overlap=args.overlap, per_parameter=args.per_parameter,
+        algorithm=args.algorithm, overlap=args.overlap, per_parameter=args.per_parameter,
+        bucket_mb=args.bucket / 2**20 if getattr(args, "bucket", None) else args.bucket_mb,
         compress=None if args.compress == "none" else args.compress, accumulate=args.accumulate,
         uneven=getattr(args, "uneven", False), servers=args.servers, staleness=staleness,
         checkpoint_every=getattr(args, "checkpoint_every", 0), checkpoint_dir=getattr(args, "checkpoint_dir", "checkpoints"),
@@ -168,8 +191,8 @@ def run(argv: list[str] | None = None) -> int:
     if args.command == "plot":
         from apps.sgd.plots import curves
 
-        curves({_label(p): _read_csv(p) for p in args.csv}, args.out)
-        print(f"wrote {args.out}")
+        curves({_label(p): _read_csv(p) for p in args.csv}, args.png)
+        print(f"wrote {args.png}")
         return 0
 
     import mpicomm
@@ -216,25 +239,28 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
     if comm.Get_rank() != 0:
         return 0
     hidden = report.hidden_fraction
-    say(f"done: {report.steps - report.start_step} steps in {report.seconds:.2f} s, "
+    say(f"done: {report.steps - report.start_step} steps in {cli.format_time(report.seconds)}, "
         f"{report.samples_per_s:,.0f} samples/s; test accuracy {report.test_accuracy:.4f}, "
         f"test loss {report.test_loss:.4f}")
     if cfg.mode.startswith("ps"):
-        say(f"communication: {report.exposed_s:.3f} s waiting for pushes and pulls; compute {report.compute_s:.3f} s; "
+        say(f"communication: {cli.format_time(report.exposed_s)} waiting for pushes and pulls; "
+            f"compute {cli.format_time(report.compute_s)}; "
             f"busiest server link {report.bytes_per_step / 1024:.1f} KiB per step")
     elif hidden is not None:
-        say(f"communication: {report.comm_s:.3f} s in bucket collectives, {report.exposed_s:.3f} s exposed "
-            f"({hidden:.0%} hidden behind backward); compute {report.compute_s:.3f} s")
+        say(f"communication: {cli.format_time(report.comm_s)} in bucket collectives, "
+            f"{cli.format_time(report.exposed_s)} exposed ({hidden:.0%} hidden behind backward); "
+            f"compute {cli.format_time(report.compute_s)}")
     say(f"parameter digest {_digest(report.model.params)}")
     mem = report.memory
     say("memory per rank: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in mem.items()))
     if args.json:
         from dataclasses import asdict
 
-        with open(args.json, "w") as f:
-            body = {k: v for k, v in vars(report).items() if k not in ("model", "timeline")}
-            json.dump({"command": " ".join(["python -m apps.sgd", *sys.argv[1:]]), "config": asdict(cfg),
-                       "report": body, "hidden_fraction": hidden, "digest": _digest(report.model.params)}, f, indent=1, default=str)
+        body = {k: v for k, v in vars(report).items() if k not in ("model", "timeline")}
+        results = {"config": asdict(cfg), "report": body, "hidden_fraction": hidden,
+                   "digest": _digest(report.model.params)}
+        p = comm.Get_size()
+        cli.write_json(args.json, f"mpiexec -n {p} {cli.command_line(PROG, args.argv)}", results, ranks=p)
     if args.plot:
         from apps.sgd.plots import curves
 

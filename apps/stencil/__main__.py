@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from mpicomm import cli
+
+PROG = "python -m apps.stencil"
 
 EXAMPLE = """examples:
   mpiexec -n 4 python -m apps.stencil                              # heat 2-D 4096², 1000 iterations, verified
   mpiexec -n 3 python -m apps.stencil --dims 3 --size 256 --halo blocking
   mpiexec -n 2 python -m apps.stencil --problem star --radius 2 --size 8000 --iters 100
+  mpiexec -n 2 python -m apps.stencil --size 8K --iters 200 --json run.json   # sizes as 8192, 8K or 1e4
   mpiexec -n 4 python -m apps.stencil --checkpoint-every 100 --checkpoint-dir ckpt   # then, after a crash:
   mpiexec -n 4 python -m apps.stencil --checkpoint-every 100 --checkpoint-dir ckpt --restart
 """
@@ -32,10 +36,11 @@ def parse(argv: list[str] | None):
     from .problem import PROBLEMS
 
     parser = argparse.ArgumentParser(
-        prog="python -m apps.stencil",
+        prog=PROG,
         description="Structured-grid stencil solver over a Cartesian communicator: halo exchange overlapped with "
         "compute, a global residual with mpicomm's allreduce, atomic checkpoints, and a check against the closed-form "
-        "answer at the end (exit status 1 if it fails).",
+        "answer at the end (exit status 1 if it fails). Every kernel is compiled and warmed up before the timed "
+        "loop starts.",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,7 +48,8 @@ def parse(argv: list[str] | None):
                         help="heat: heat equation / Jacobi with an exactly known discrete solution (2-D 5-point, 3-D "
                              "7-point); star: the PRK star stencil of --radius r, checked by its L1 norm (default: heat)")
     parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")
-    parser.add_argument("--size", type=int, default=None, help="cells per side (default: 4096 in 2-D, 256 in 3-D)")
+    parser.add_argument("--size", type=cli.size_arg, default=None, metavar="N",
+                        help="cells per side, e.g. 4096, 4K or 1e4 (default: 4096 in 2-D, 256 in 3-D)")
     parser.add_argument("--iters", type=int, default=1000, help="iterations (default: 1000)")
     parser.add_argument("--tol", type=float, default=0.0,
                         help="stop when the residual max|u_new - u| falls to this (default: 0, run all --iters)")
@@ -67,10 +73,10 @@ def parse(argv: list[str] | None):
     parser.add_argument("--restart", action="store_true",
                         help="resume from the newest valid checkpoint in --checkpoint-dir (start fresh if there is none)")
     parser.add_argument("--plot", metavar="PNG", default=None, help="save a picture of the final field")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON (rank 0)")
+    cli.add_json(parser, "the settings and the results")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="skip the STREAM triad measurement (no fraction of the memory bound)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     if args.size is None:
         args.size = 4096 if args.dims == 2 else 256
@@ -94,9 +100,9 @@ def report(res, say) -> None:
         + (f", resumed at {res.start_iteration}" if res.start_iteration else "") + ")"
         + (f", residual {res.residual:.3e}" if res.residual is not None else ""))
     done = res.iterations - res.start_iteration
-    per = (res.seconds - res.checkpoint_seconds) / done * 1e3 if done else 0.0
-    say(f"time            {res.seconds:.3f} s ({per:.3f} ms per iteration"
-        + (f"; checkpoints {res.checkpoint_seconds:.3f} s" if res.checkpoint_seconds else "") + ")")
+    per = (res.seconds - res.checkpoint_seconds) / done if done else 0.0
+    say(f"time            {cli.format_time(res.seconds)} ({cli.format_time(per)} per iteration"
+        + (f"; checkpoints {cli.format_time(res.checkpoint_seconds)}" if res.checkpoint_seconds else "") + ")")
     say(f"update rate     {res.mlups:.1f} MLUP/s ({res.mlups * res.flops_per_point:.0f} MFlop/s)")
     say(f"effective BW    {res.gbs:.2f} GB/s ({res.bytes_per_point} B/point)")
     if res.bound_fraction is not None:
@@ -152,8 +158,9 @@ def run(argv: list[str] | None = None) -> int:
     if args.plot:
         say(f"plot            {args.plot}")
     if args.json and rank == 0:
-        with open(args.json, "w") as f:
-            json.dump({"config": vars(args) | {"rank_dims": res.rank_dims}, "result": res.as_dict()}, f, indent=1)
+        results = {"config": vars(args) | {"rank_dims": res.rank_dims}, "result": res.as_dict()}
+        command = f"mpiexec -n {comm.Get_size()} {cli.command_line(PROG, argv)}"
+        cli.write_json(args.json, command, results, ranks=comm.Get_size())
     return 0 if res.verdict.passed else 1
 
 

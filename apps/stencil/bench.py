@@ -15,7 +15,10 @@ machine hit every configuration alike) at two sizes:
 Each row also shows the STREAM-bound fraction the application measured in
 that run, which separates "the halo exchange costs" from "two ranks share one
 memory bus". The table goes to stdout and, with ``--out``, to a Markdown file
-with the command that made it.
+with the command that made it (an existing file is kept unless ``--append`` or
+``--force``); ``--json`` writes the rows and every run's result. Each run
+warms up (compiles) its kernels before its timed loop, so the numba cache's
+state does not change the figures.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
+
+from mpicomm import cli
 
 __all__ = ["main"]
+
+PROG = "python -m apps.stencil.bench"
 
 
 def _mpiexec() -> str:
@@ -52,24 +58,29 @@ def _run(n: int, args: list[str], timeout: float) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         with open(out) as f:
-            return json.load(f)["result"]
+            return json.load(f)["results"]["result"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apps.stencil.bench", description=__doc__.split("\n\n")[0],
-                                     epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4096 --iters 300")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
+                                            "--out STENCIL.md --json stencil.json")
     parser.add_argument("--ranks", default="1,2", help="rank counts, comma-separated; the first is the baseline (default: 1,2)")
-    parser.add_argument("--dims", type=int, choices=(2, 3), default=2)
-    parser.add_argument("--size", type=int, default=None, help="cells per side at the baseline (default: 4096 in 2-D, 256 in 3-D)")
-    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")
+    parser.add_argument("--size", type=cli.size_arg, default=None, metavar="N",
+                        help="cells per side at the baseline, e.g. 4096, 4K or 1e4 (default: 4096 in 2-D, 256 in 3-D)")
+    parser.add_argument("--iters", type=int, default=300, help="iterations per run (default: 300)")
     parser.add_argument("--halo", default="blocking,overlap,neighbor", help="halo modes (default: all three)")
-    parser.add_argument("--kernel", default="auto")
+    parser.add_argument("--kernel", default="auto", help="compute path of every run (default: auto)")
     parser.add_argument("--scaling", default="weak,strong", help="weak, strong or both (default: both)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration, best kept (default: 2)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run (default: 600)")
-    parser.add_argument("--out", default=None, help="write the table to this Markdown file")
-    parser.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
+    cli.add_out(parser, "the table")
+    cli.add_json(parser, "the table's rows and every configuration's best run")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    cli.check_out(parser, args)
     try:
         ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
     except ValueError:
@@ -92,20 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = [(s, n, m) for s in scalings for n in ranks for m in modes if not (s == "weak" and n == ranks[0] and "strong" in scalings)]
     best: dict[tuple, dict] = {}
-    total = len(configs) * args.repeat
-    done = 0
-    start = time.monotonic()
+    progress = cli.Progress(len(configs) * args.repeat, "stencil.bench", show=not args.quiet)
     for _ in range(args.repeat):
         for scaling, n, mode in configs:
             res = _run(n, ["--dims", str(args.dims), "--size", str(side(n, scaling)), "--iters", str(args.iters),
                            "--halo", mode, "--kernel", args.kernel], args.timeout)
-            done += 1
             key = (scaling, n, mode)
             if key not in best or res["mlups"] > best[key]["mlups"]:
                 best[key] = res
-            sys.stderr.write(f"  [{done}/{total}] {scaling} n={n} {mode}: {res['mlups']:.0f} MLUP/s "
-                             f"({time.monotonic() - start:.0f} s)\n")
-            sys.stderr.flush()
+            progress.step(f"{scaling} n={n} {mode}: {res['mlups']:.0f} MLUP/s")
 
     def get(scaling: str, n: int, mode: str) -> dict:
         if scaling == "weak" and n == ranks[0] and "strong" in scalings:
@@ -114,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = ["| scaling | halo | ranks | grid | MLUP/s | per rank | efficiency | of STREAM bound | overlap gain |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    rows = []
     for scaling in scalings:
         for mode in modes:
             base = get(scaling, ranks[0], mode)
@@ -124,23 +131,30 @@ def main(argv: list[str] | None = None) -> int:
                     eff = (r["mlups"] / n) / base_rate
                 else:
                     eff = r["mlups"] / (n * base_rate)
-                gain = ""
+                gain = None
                 if mode == "overlap" and "blocking" in modes:
-                    gain = f"{r['mlups'] / get(scaling, n, 'blocking')['mlups']:.2f}×"
+                    gain = r["mlups"] / get(scaling, n, "blocking")["mlups"]
                 bound = f"{r['bound_fraction']:.0%}" if r.get("bound_fraction") else "—"
                 grid = " × ".join([str(side(n, scaling))] * args.dims)
                 lines.append(f"| {scaling} | {mode} | {n} | {grid} | {r['mlups']:.0f} | {r['mlups'] / n:.0f} | "
-                             f"{eff:.0%} | {bound} | {gain} |")
+                             f"{eff:.0%} | {bound} | {'' if gain is None else f'{gain:.2f}×'} |")
+                rows.append({"scaling": scaling, "halo": mode, "ranks": n, "size": side(n, scaling),
+                             "dims": args.dims, "mlups": r["mlups"], "mlups_per_rank": r["mlups"] / n,
+                             "efficiency": eff, "bound_fraction": r.get("bound_fraction"), "overlap_gain": gain,
+                             "run": r})
     kernel = next(iter(best.values()))["kernel"]
     head = (f"Stencil scaling: {args.dims}-D heat, kernel {kernel}, {args.iters} iterations, best of {args.repeat}, "
             f"{platform.node()} ({os.cpu_count()} cores)")
     table = "\n".join(lines)
     print(head)
     print(table)
+    command = cli.command_line(PROG, argv)
     if args.out:
-        command = "python -m apps.stencil.bench " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(args.out, "a" if args.append else "w") as f:
             f.write(f"### {head}\n\n```\n{command}\n```\n\n{table}\n\n")
+    if args.json:
+        cli.write_json(args.json, command, {"kernel": kernel, "dims": args.dims, "iterations": args.iters,
+                                            "repeat": args.repeat, "rows": rows})
     return 0
 
 

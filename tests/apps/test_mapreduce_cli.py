@@ -1,4 +1,5 @@
-"""python -m apps.mapreduce as users run it: output, bad input on every rank, restart, the memory limit, the benchmark."""
+"""python -m apps.mapreduce as users run it: output, --json, bad input on every rank, restart, the memory limit, the
+corpus, the benchmark and its --out."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections import Counter
 import pytest
 
 from apps.mapreduce.wordcount import fmt, order, tokenize
+from mpicomm import cli
 from tests import mpirun
 
 pytestmark = pytest.mark.launches
@@ -39,6 +41,15 @@ def _corpus(directory) -> tuple[list[str], Counter]:
     return paths, counts
 
 
+def _document(path) -> dict:
+    """A --json document, checked for the fields every mpicomm command writes."""
+    with open(path) as f:
+        doc = json.load(f)
+    assert {"schema", "schema_version", "command", "machine", "versions", "date", "results"} <= doc.keys()
+    assert doc["schema"] == cli.SCHEMA and doc["schema_version"] == cli.SCHEMA_VERSION
+    return doc
+
+
 def _each_rank_says(result: mpirun.Result, n: int, command: str, text: str) -> None:
     assert not result.timed_out and result.seconds < 45, f"took {result.seconds:.0f} s"
     assert result.returncode != 0
@@ -50,25 +61,31 @@ def _each_rank_says(result: mpirun.Result, n: int, command: str, text: str) -> N
 def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
     paths, counts = _corpus(str(tmp_path))
     out, js = str(tmp_path / "counts.tsv"), str(tmp_path / "wc.json")
-    result = _run(4, ["wordcount", *paths, "--lowercase", "--top", "3", "--out", out, "--json", js])
+    result = _run(4, ["wordcount", *paths, "--lowercase", "--top", "3", "--output", out, "--json", js,
+                      "--memory-limit", "64MiB"])
     assert result.returncode == 0, result.stderr
     best = sorted(counts.items(), key=order)
     assert f"{sum(counts.values())} words, {len(counts)} distinct" in result.stdout
     for word, count in best[:3]:
         assert f"{count:>10}  {word}" in result.stdout
     assert "phases (seconds, max and min over ranks)" in result.stdout and "shuffle" in result.stdout
-    assert "[wordcount] map:" in result.stderr and "keys moved" in result.stderr  # progress from rank 0
+    assert "wordcount [1/3] map:" in result.stderr and "keys moved" in result.stderr  # progress from rank 0
+    assert "wordcount [3/3] reduce:" in result.stderr and "elapsed" in result.stderr
     with open(out, encoding="utf-8") as f:
         assert f.read() == "".join(fmt(w, c) + "\n" for w, c in best)
-    with open(js) as f:
-        report = json.load(f)
+    doc = _document(js)
+    assert doc["command"].startswith("mpiexec -n 4 python -m apps.mapreduce wordcount ")
+    report = doc["results"]
+    assert {"command", "ranks", "words", "keys", "top", "summary", "memory", "memory_limit", "restored_from"} \
+        <= report.keys()
     assert report["ranks"] == 4 and len(report["summary"]) == 4 and report["keys"] == len(counts)
+    assert report["memory_limit"] == 64 << 20 and report["words"] == sum(counts.values())
 
 
 def test_invindex_cli(tmp_path):
     paths, _ = _corpus(str(tmp_path))
     out = str(tmp_path / "index.tsv")
-    result = _run(2, ["invindex", *paths, "--out", out, "--quiet", "--top", "2"])
+    result = _run(2, ["invindex", *paths, "--out", out, "--quiet", "--top", "2"])  # --output's earlier name
     assert result.returncode == 0, result.stderr
     lines = open(out, encoding="utf-8").read().splitlines()
     assert lines == sorted(lines, key=lambda line: line.split("\t")[0])
@@ -127,12 +144,14 @@ def test_a_bad_memory_limit_is_reported_by_every_rank():
 def test_restart_skips_the_map_and_writes_identical_output(tmp_path):
     paths, _ = _corpus(str(tmp_path))
     ckpt = str(tmp_path / "ckpt")
-    first = _run(3, ["wordcount", *paths, "--out", str(tmp_path / "1.tsv"), "--checkpoint-dir", ckpt, "--quiet"])
+    first = _run(3, ["wordcount", *paths, "--output", str(tmp_path / "1.tsv"), "--checkpoint-dir", ckpt, "--quiet"])
     assert first.returncode == 0, first.stderr
     assert any(name.endswith(".json") for name in os.listdir(ckpt))
-    second = _run(2, ["wordcount", *paths, "--out", str(tmp_path / "2.tsv"), "--checkpoint-dir", ckpt, "--restart"])
+    second = _run(2, ["wordcount", *paths, "--output", str(tmp_path / "2.tsv"), "--checkpoint-dir", ckpt,
+                      "--restart"])
     assert second.returncode == 0, second.stderr
-    assert "map output restored from" in second.stdout and "map skipped" in second.stderr
+    assert "map output restored from" in second.stdout and "wordcount [1/3] restart:" in second.stderr
+    assert "map skipped" in second.stderr
     assert open(tmp_path / "1.tsv", "rb").read() == open(tmp_path / "2.tsv", "rb").read()
 
 
@@ -150,10 +169,10 @@ def test_peak_memory_stays_under_the_limit_while_spilling(tmp_path):
         for i in range(0, len(words), 10):
             f.write(" ".join(words[i:i + 10]) + "\n")
     out, js = str(tmp_path / "u.tsv"), str(tmp_path / "u.json")
-    result = _run(2, ["wordcount", path, "--memory-limit", "32M", "--out", out, "--json", js, "--quiet",
+    result = _run(2, ["wordcount", path, "--memory-limit", "32M", "--output", out, "--json", js, "--quiet",
                       "--spill-dir", str(tmp_path)], timeout=120)
     assert result.returncode == 0, result.stderr
-    report = json.load(open(js))
+    report = _document(js)["results"]
     if not all(m["measured_from_start"] for m in report["memory"]):
         pytest.skip("this kernel does not let a process reset its RSS high-water mark (/proc/self/clear_refs)")
     limit = 32 << 20
@@ -167,12 +186,36 @@ def test_peak_memory_stays_under_the_limit_while_spilling(tmp_path):
 
 
 def test_the_benchmark_writes_its_table_with_the_command(tmp_path):
-    out = str(tmp_path / "bench.md")
-    args = ["bench", "--size", "600K", "--files", "2", "--vocabulary", "2000", "--repeat", "1",
-            "--dir", str(tmp_path / "corpus"), "--out", out]
+    out, js = str(tmp_path / "bench.md"), str(tmp_path / "bench.json")
+    args = ["bench", "--size", "600K", "--files", "2", "--vocabulary", "2000", "--repeat", "2",
+            "--dir", str(tmp_path / "corpus"), "--out", out, "--json", js]
     result = _run(2, args, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     table = open(out).read()
     assert "mpiexec -n 2 python -m apps.mapreduce bench --size 600K" in table
     assert "| `Counter`, 1 process |" in table and "| engine, 2 ranks |" in table and "| shuffle |" in table
     assert "rank 0:" in table and "rank 1:" in table
+    assert "bench [1/2] Counter " in result.stderr and "bench [2/2] Counter " in result.stderr  # progress
+    doc = _document(js)
+    results = doc["results"]
+    assert doc["command"] == table.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert len(results["counter"]["seconds"]) == 2 and len(results["engine"]["phases"]) == 2
+    assert results["speedup"] > 0 and abs(results["bytes"] - (600 << 10)) < 1000 and results["ranks"] == 2
+    # an existing report is kept unless --append or --force: every rank says so before any work
+    refused = _run(2, args, timeout=60)
+    _each_rank_says(refused, 2, "bench", f"--out {out} exists; add --append")
+    assert open(out).read() == table
+
+
+def test_the_corpus_takes_any_size_form_and_writes_json(tmp_path):
+    for size, expect in (("64KiB", 64 << 10), ("1e5", 100_000)):
+        js = str(tmp_path / f"{size}.json")
+        result = mpirun.run(1, [sys.executable, "-m", "apps.mapreduce", "corpus", str(tmp_path / size), "--size", size,
+                                "--files", "2", "--json", js], timeout=60)
+        assert result.returncode == 0, result.stderr
+        doc = _document(js)
+        assert doc["command"] == (f"python -m apps.mapreduce corpus {tmp_path / size} --size {size} --files 2 "
+                                  f"--json {js}")
+        results = doc["results"]
+        assert results["size"] == expect and len(results["files"]) == 2
+        assert abs(results["bytes"] - expect) < 1000  # files end at whole lines

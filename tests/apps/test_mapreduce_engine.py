@@ -176,6 +176,10 @@ def test_progress_goes_to_rank_0_only_and_timings_are_recorded(comm, shared):
     text = out.getvalue()
     if comm.rank == 0:
         assert "map:" in text and "mapped in" in text and "keys moved" in text and "reduce:" in text
+        lines = text.splitlines()  # mpicomm.cli.Progress: a [i/3] line at the end of each phase, notes between
+        steps = [line.split(" ", 2)[1] for line in lines if line.startswith("mapreduce [")]
+        assert steps == ["[1/3]", "[2/3]", "[3/3]"]
+        assert all(line.startswith(("mapreduce [", "mapreduce: ")) for line in lines), text
         assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1]
     else:
         assert text == "" and top is None

@@ -12,12 +12,20 @@ from apps.mapreduce.inputs import (InputError, Split, adjust, check_inputs, deco
 
 
 @pytest.mark.parametrize("text, value", [("512M", 512 << 20), ("1.5G", 3 << 29), ("64KiB", 64 << 10),
-                                         ("100000", 100000), ("2 gb", 2 << 30), (4096, 4096), ("1T", 1 << 40)])
+                                         ("100000", 100000), ("2 gb", 2 << 30), (4096, 4096), ("1T", 1 << 40),
+                                         ("1e6", 10**6), ("64kb", 64 << 10), ("64K", 64 << 10)])
 def test_parse_size_reads_units_in_powers_of_1024(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["abc", "", "12Q", "-5M", "0", "0M", "1.2.3G"])
+@pytest.mark.parametrize("text", ["512M", "1.5G", "64KiB", "1e6", "100000"])
+def test_parse_size_is_mpicomm_cli_parse_size(text):
+    from mpicomm import cli
+
+    assert parse_size(text) == cli.parse_size(text)  # one size parser for every command
+
+
+@pytest.mark.parametrize("text", ["abc", "", "12Q", "-5M", "0", "0M", "1.2.3G", "1e6K", -5])
 def test_parse_size_refuses_what_is_not_a_size_and_says_how(text):
     with pytest.raises(ValueError, match="size|must be > 0"):
         parse_size(text, "--memory-limit")

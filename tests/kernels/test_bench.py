@@ -1,4 +1,5 @@
-"""kernels/bench.py: the benchmark end to end at a tiny size (the table's shape, positive numbers, --out, --json)."""
+"""kernels/bench.py: the benchmark end to end at a tiny size (the table's shape, positive numbers, --out, --json),
+its size forms, and the warm-up before every timed loop."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 import kernels
 from kernels import bench
+from mpicomm import cli
 
 pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
 
@@ -35,12 +37,18 @@ def test_tiny_run_prints_the_table_and_writes_files(tmp_path, capsys):
         assert all(x > 0 for x in numbers), r
     assert "write-allocate" in captured.out
     assert "repeat 2/2" in captured.err  # progress
+    total = 2 * len(paths) * 2
+    assert f"kernels.bench [{total}/{total}]" in captured.err and "elapsed" in captured.err
     written = out.read_text()
     assert "Command: `python -m kernels.bench --paths" in written and "Machine: " in written
     assert _rows(written) == rows
     document = json.loads(js.read_text())
-    assert [(row["path"], row["dims"]) for row in document["rows"]] == [(p, d) for p in paths for d in (2, 3)]
-    assert all(row["mlups"] > 0 and row["triad_gbs"] > 0 and 0 < row["fraction"] for row in document["rows"])
+    assert {"schema", "schema_version", "command", "machine", "versions", "date", "results"} <= document.keys()
+    assert document["schema"] == cli.SCHEMA and document["command"] == "python -m kernels.bench " + " ".join(argv)
+    results = document["results"]
+    assert {"machine", "method", "residual", "rows"} <= results.keys() and results["residual"] is False
+    assert [(row["path"], row["dims"]) for row in results["rows"]] == [(p, d) for p in paths for d in (2, 3)]
+    assert all(row["mlups"] > 0 and row["triad_gbs"] > 0 and 0 < row["fraction"] for row in results["rows"])
 
 
 def test_append_and_residual(tmp_path, capsys):
@@ -54,19 +62,69 @@ def test_append_and_residual(tmp_path, capsys):
     assert out.read_text().count("## Kernel sweeps") == 2
 
 
+def test_an_existing_report_needs_append_or_force(tmp_path, capsys):
+    out = tmp_path / "k.md"
+    out.write_text("kept\n")
+    argv = ["--paths", "numpy", "--dims", "2", "--size", "8", "--iters", "1", "--repeat", "1", "--quiet",
+            "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2 and f"--out {out} exists" in capsys.readouterr().err
+    assert out.read_text() == "kept\n"
+    assert bench.main(argv + ["--force"]) == 0
+    assert out.read_text().startswith("## Kernel sweeps")
+
+
 def test_3d_side_defaults_to_as_many_points_as_2d():
     assert bench._sizes("4096") == {2: 4096, 3: 256}  # the defaults agree with the rule
     assert bench._sizes("2048") == {2: 2048, 3: 161}
     assert bench._sizes("100,7") == {2: 100, 3: 7}
 
 
+def test_sides_take_the_size_forms_of_mpicomm_cli():
+    assert bench._sizes("4K") == {2: 4096, 3: 256}
+    assert bench._sizes("2e3,1.28e2") == {2: 2000, 3: 128}
+    assert bench._sizes("1KiB,8") == {2: 1024, 3: 8}
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_every_kernel_is_warmed_up_before_the_first_timed_loop(monkeypatch, residual):
+    """Structural: the sweep (with the timed residual flag) and the triad run once before any timed loop."""
+    log: list = []
+    heat, triad = kernels.Kernels.heat, kernels.Kernels.triad
+
+    def logged_heat(self, u, v, c, box, residual=True):
+        log.append(("heat", bool(residual)))
+        return heat(self, u, v, c, box, residual)
+
+    def logged_triad(self, a, b, c, s):
+        log.append(("triad", None))
+        return triad(self, a, b, c, s)
+
+    timed, warm_up = bench._timed, bench.warm_up
+    monkeypatch.setattr(kernels.Kernels, "heat", logged_heat)
+    monkeypatch.setattr(kernels.Kernels, "triad", logged_triad)
+    monkeypatch.setattr(bench, "_timed", lambda *args: log.append("timed") or timed(*args))
+    monkeypatch.setattr(bench, "warm_up", lambda *args: log.append("warm-up") or warm_up(*args))
+    row = bench.measure("numpy", 2, 8, 2, 2, residual=residual)
+    assert row.mlups > 0
+    assert log.count("warm-up") == 1 and log.index("warm-up") < log.index("timed")
+    first_timed = log.index("timed")
+    warmed = set(log[:first_timed]) - {"warm-up"}
+    later = {entry for entry in log[first_timed:] if entry != "timed"}
+    assert later and later <= warmed, f"first called inside a timed loop: {later - warmed}"
+    assert ("heat", residual) in warmed and ("triad", None) in warmed
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--paths", "fortran"], "unknown path 'fortran'"),
     (["--dims", "4"], "--dims '4'"),
     (["--size", "0"], "--size: '0': expected N or N,M"),
+    (["--size", "1,2,3"], "expected N or N,M"),
     (["--size", "8,x"], "expected N or N,M"),
     (["--iters", "0"], "--iters 0"),
-    (["--append"], "--append needs --out"),
+    (["--append"], "--append and --force need --out"),
+    (["--force"], "--append and --force need --out"),
 ])
 def test_bad_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from mpicomm import cli
 from tests import mpirun
 
 pytestmark = pytest.mark.launches
@@ -31,6 +32,14 @@ def _accuracy(stdout: str) -> float:
     return float(re.search(r"test accuracy ([0-9.]+)", stdout).group(1))
 
 
+def _document(path) -> dict:
+    """A --json document, checked for the fields every mpicomm command writes."""
+    doc = json.loads(path.read_text())
+    assert {"schema", "schema_version", "command", "machine", "versions", "date", "results"} <= doc.keys()
+    assert doc["schema"] == cli.SCHEMA and doc["schema_version"] == cli.SCHEMA_VERSION
+    return doc
+
+
 def test_default_ddp_reaches_95_percent_on_digits_in_under_a_minute(tmp_path):
     out = _run(2, ["train", "--log", str(tmp_path / "m.csv"), "--json", str(tmp_path / "r.json"),
                    "--plot", str(tmp_path / "c.png"), "--plot-timeline", str(tmp_path / "t.png")])
@@ -40,8 +49,12 @@ def test_default_ddp_reaches_95_percent_on_digits_in_under_a_minute(tmp_path):
     assert re.search(r"\[\d+/\d+\] epoch .* test acc .* samples/s .* eta", out.stdout)  # progress lines
     rows = (tmp_path / "m.csv").read_text().splitlines()
     assert rows[0].startswith("step,epoch,seconds,train_loss") and len(rows) == 13  # header + 12 epochs
-    body = json.loads((tmp_path / "r.json").read_text())
+    doc = _document(tmp_path / "r.json")
+    assert doc["command"].startswith("mpiexec -n 2 python -m apps.sgd train --log ")
+    body = doc["results"]
+    assert {"config", "report", "hidden_fraction", "digest"} <= body.keys()
     assert body["config"]["mode"] == "ddp" and body["report"]["test_accuracy"] >= 0.95
+    assert body["digest"] == _digest(out.stdout)
     for png in ("c.png", "t.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -145,16 +158,39 @@ def test_restart_at_another_rank_count_and_mode(tmp_path):
 def test_help_lists_the_modes_and_options():
     out = subprocess.run(SGD + ["train", "--help"], capture_output=True, text=True, cwd=mpirun.REPO, timeout=60)
     assert out.returncode == 0
-    for option in ("--mode", "--bucket-mb", "--no-overlap", "--per-parameter", "--compress", "--accumulate",
-                   "--uneven", "--servers", "--staleness", "--checkpoint-every", "--restart", "--log", "--json",
-                   "--plot", "--plot-timeline", "zero2", "ps-async"):
+    for option in ("--mode", "--bucket", "--bucket-mb", "25M", "--no-overlap", "--per-parameter", "--compress",
+                   "--accumulate", "--uneven", "--servers", "--staleness", "--checkpoint-every", "--restart", "--log",
+                   "--json", "--plot", "--plot-timeline", "zero2", "ps-async"):
         assert option in out.stdout
+    for command in ("bench", "plot"):
+        more = subprocess.run(SGD + [command, "--help"], capture_output=True, text=True, cwd=mpirun.REPO, timeout=60)
+        assert more.returncode == 0 and "--plot" in more.stdout
+    bench = subprocess.run(SGD + ["bench", "--help"], capture_output=True, text=True, cwd=mpirun.REPO, timeout=60)
+    for option in ("--parts", "--out", "--append", "--force", "--json", "--quiet"):
+        assert option in bench.stdout
+
+
+def test_bucket_sizes_in_any_form_and_the_plot_command(tmp_path):
+    csv, js = tmp_path / "m.csv", tmp_path / "r.json"
+    out = _run(2, ["train", "--steps", "4", "--eval-every", "2", "--bucket", "64KiB", "--log", str(csv),
+                   "--json", str(js), "--quiet"], timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert _document(js)["results"]["config"]["bucket_mb"] == 64 / 1024
+    exponent = _run(1, ["train", "--steps", "2", "--bucket", "1e5", "--quiet"], timeout=60)
+    assert exponent.returncode == 0, exponent.stderr
+    both = _run(1, ["train", "--bucket", "1M", "--bucket-mb", "1"], timeout=60)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    png = tmp_path / "c.png"
+    drawn = subprocess.run(SGD + ["plot", str(csv), "--plot", str(png)], capture_output=True, text=True,
+                           cwd=mpirun.REPO, timeout=60)
+    assert drawn.returncode == 0, drawn.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_runs_every_part_small(tmp_path):
-    out_file = tmp_path / "b.md"
+    out_file, js = tmp_path / "b.md", tmp_path / "b.json"
     args = ["bench", "--repeat", "1", "--steps", "2", "--features", "32", "--hidden", "64", "--batch", "32",
-            "--async-epochs", "1", "--out", str(out_file), "--plot", str(tmp_path / "a.png")]
+            "--async-epochs", "1", "--out", str(out_file), "--plot", str(tmp_path / "a.png"), "--json", str(js)]
     out = _run(3, args, timeout=180)
     assert out.returncode == 0, out.stderr
     text = out_file.read_text()
@@ -162,8 +198,20 @@ def test_bench_runs_every_part_small(tmp_path):
         assert heading in text
     for mode in ("per-parameter", "bucketed", "overlapped", "zero1", "zero2", "ps-sync", "ps-async"):
         assert f"| {mode} |" in text
+    for part, total in (("scaling", 1), ("modes", 1), ("ps", 2), ("async", 3)):
+        assert f"bench {part} [{total}/{total}]" in out.stderr, out.stderr  # progress from rank 0
+    doc = _document(js)
+    assert f"Command: `{doc['command']}`" in text
+    results = doc["results"]
+    assert results["parts"] == ["scaling", "modes", "ps", "async"]
+    assert results["scaling"]["speedup"] > 0 and len(results["scaling"]["samples_per_s_all_ranks"]) == 1
+    assert [m["mode"] for m in results["modes"]["modes"]][:2] == ["per-parameter", "bucketed"]
+    assert all(m["step_ms"] > 0 for m in results["modes"]["modes"])
+    assert [r["workers"] for r in results["ps"]["rows"]] == [1, 2]
+    assert [r["run"] for r in results["async"]["runs"]][0] == "ps-sync"
     again = _run(2, args, timeout=60)
-    assert again.returncode == 2 and "exists: pass --force" in again.stderr
+    assert again.returncode == 2 and f"--out {out_file} exists; add --append" in again.stderr
+    assert out_file.read_text() == text
 
 
 def test_the_trace_shows_layers_backward_next_to_the_bucket_allreduces(tmp_path):

@@ -1,4 +1,5 @@
-"""python -m apps.stencil end to end: output, bad arguments on every rank, restart after SIGKILL."""
+"""python -m apps.stencil and apps.stencil.bench end to end: output, --json, --out, bad arguments on every rank,
+restart after SIGKILL."""
 
 from __future__ import annotations
 
@@ -12,11 +13,23 @@ import time
 
 import pytest
 
+from mpicomm import cli
 from tests import mpirun
 
 pytestmark = pytest.mark.launches
 
 STENCIL = [sys.executable, "-m", "apps.stencil", "--quiet", "--no-stream"]
+BENCH = [sys.executable, "-m", "apps.stencil.bench"]
+DOCUMENT = {"schema", "schema_version", "command", "machine", "versions", "date", "results"}
+
+
+def _document(path) -> dict:
+    """A --json document, checked for the fields every mpicomm command writes."""
+    doc = json.loads(path.read_text())
+    assert DOCUMENT <= doc.keys(), doc.keys()
+    assert doc["schema"] == cli.SCHEMA and doc["schema_version"] == cli.SCHEMA_VERSION
+    assert {"python", "numpy", "mpicomm"} <= doc["versions"].keys()
+    return doc
 
 
 def _digest(text: str) -> str:
@@ -27,20 +40,35 @@ def _digest(text: str) -> str:
 
 def test_runs_verifies_and_reports(tmp_path):
     out_json, png = tmp_path / "r.json", tmp_path / "field.png"
-    result = mpirun.run(3, STENCIL[:-1] + ["--size", "60", "--iters", "50", "--json", str(out_json), "--plot", str(png)],
-                        timeout=180)
+    result = mpirun.run(3, STENCIL[:-1] + ["--size", "6e1", "--iters", "50", "--json", str(out_json),
+                                           "--plot", str(png)], timeout=180)
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "heat 2-D, 60 x 60 cells, 3 ranks as 3 x 1 (blocks 20 x 60)" in text
+    assert "heat 2-D, 60 x 60 cells, 3 ranks as 3 x 1 (blocks 20 x 60)" in text  # --size 6e1 is 60
     assert "verification    PASS" in text and "MLUP/s" in text and "of STREAM" in text and "parallel eff." in text
-    data = json.loads(out_json.read_text())
-    assert data["result"]["verdict"]["passed"] and data["result"]["iterations"] == 50
+    assert re.search(rf"time +\S+ (s|ms|{cli.US}) \(\S+ (ms|{cli.US}|ns) per iteration", text), text
+    data = _document(out_json)
+    assert data["command"].startswith("mpiexec -n 3 python -m apps.stencil ") and "--size 6e1" in data["command"]
+    assert data["ranks"] == 3 and set(data["results"]) == {"config", "result"}
+    result_ = data["results"]["result"]
+    assert result_["verdict"]["passed"] and result_["iterations"] == 50 and result_["mlups"] > 0
+    assert data["results"]["config"]["size"] == 60 and data["results"]["config"]["rank_dims"] == [3, 1]
     assert png.stat().st_size > 1000
+
+
+def test_progress_lines_count_iterations_with_elapsed_time():
+    result = mpirun.run(2, [sys.executable, "-m", "apps.stencil", "--no-stream", "--size", "40", "--iters", "20",
+                            "--kernel", "numpy"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("stencil [")]
+    assert len(lines) == 10 and lines[-1].startswith("stencil [20/20] residual "), result.stderr  # a line per tenth
+    assert all("elapsed" in line for line in lines) and "ETA" in lines[0] and "\r" not in result.stderr
 
 
 def test_every_rank_says_what_is_wrong():
     for args, message in [
-        (["--size", "-5"], "--size -5: must be >= 1"),
+        (["--size", "-5"], "size '-5': not a size"),
+        (["--size", "0"], "size '0': must be >= 1"),
         (["--kernel", "fortran"], "invalid choice: 'fortran'"),
         (["--size", "2", "--rank-dims", "4x1"], "2 cells per side split over 4 ranks in dimension 0"),
         (["--dims", "3", "--problem", "star"], "--problem star is 2-D"),
@@ -57,8 +85,35 @@ def test_help():
     out = subprocess.run(STENCIL[:3] + ["--help"], capture_output=True, text=True, timeout=60, cwd=mpirun.REPO)
     assert out.returncode == 0
     for option in ("--dims", "--size", "--iters", "--tol", "--kernel", "--halo", "--checkpoint-every",
-                   "--checkpoint-dir", "--restart", "--plot"):
+                   "--checkpoint-dir", "--restart", "--plot", "--json", "--quiet", "4K or 1e4"):
         assert option in out.stdout
+    bench = subprocess.run(BENCH + ["--help"], capture_output=True, text=True, timeout=60, cwd=mpirun.REPO)
+    assert bench.returncode == 0
+    for option in ("--ranks", "--size", "--halo", "--scaling", "--repeat", "--out", "--append", "--force", "--json",
+                   "--quiet"):
+        assert option in bench.stdout
+
+
+def test_bench_writes_its_table_and_json(tmp_path):
+    """The scaling benchmark at a tiny size: one rank count, one mode; then an existing --out needs --force."""
+    out, js = tmp_path / "s.md", tmp_path / "s.json"
+    args = ["--ranks", "1", "--size", "3.2e1", "--iters", "5", "--halo", "blocking", "--scaling", "strong",
+            "--repeat", "1", "--kernel", "numpy", "--out", str(out), "--json", str(js)]
+    result = subprocess.run(BENCH + args, capture_output=True, text=True, timeout=300, cwd=mpirun.REPO,
+                            env=mpirun.clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| strong | blocking | 1 | 32 × 32 |" in result.stdout
+    assert "stencil.bench [1/1] strong n=1 blocking:" in result.stderr
+    assert "python -m apps.stencil.bench --ranks 1 --size 3.2e1" in out.read_text()
+    doc = _document(js)
+    (row,) = doc["results"]["rows"]
+    assert (row["scaling"], row["halo"], row["ranks"], row["size"]) == ("strong", "blocking", 1, 32)
+    assert row["mlups"] > 0 and row["run"]["verdict"]["passed"]
+    before = out.read_text()
+    again = subprocess.run(BENCH + args, capture_output=True, text=True, timeout=60, cwd=mpirun.REPO,
+                           env=mpirun.clean_env())
+    assert again.returncode == 2 and f"--out {out} exists" in again.stderr and "--force" in again.stderr
+    assert out.read_text() == before
 
 
 def test_killed_run_restarts_bit_identical(tmp_path):
