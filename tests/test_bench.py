@@ -183,17 +183,44 @@ def _bench(n: int, *argv: str, timeout: float = 120) -> mpirun.Result:
 
 @pytest.mark.launches
 def test_pingpong_writes_its_table(tmp_path):
-    out = tmp_path / "pingpong.md"
-    result = _bench(2, "pingpong", "--sizes", "8,20000,65536", "--iters", "20", "--out", str(out))
+    out, data = tmp_path / "pingpong.md", tmp_path / "pingpong.json"
+    result = _bench(2, "pingpong", "--sizes", "8,20000,65536", "--iters", "20", "--window", "8", "--out", str(out),
+                    "--json", str(data))
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [int(r.split("|")[1]) for r in rows] == [8, 20000, 65536]
-    for row in rows:
-        native, ours, ratio = (float(v) for v in row.split("|")[2:5])
-        assert native > 0 and ours > 0 and ratio == pytest.approx(ours / native, rel=0.01)
+    document = json.loads(data.read_text())
+    assert document["schema"] == "mpicomm-results" and document["benchmark"] == "pingpong"
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(r.split("|")[1]) for r in table] == [8, 20000, 65536]
+    for line, row in zip(table, document["results"]):
+        keys = ("native_us", "native_min_us", "native_max_us", "mpicomm_us", "mpicomm_min_us", "mpicomm_max_us",
+                "ratio", "native_MBps", "mpicomm_MBps", "bw_ratio")
+        assert [float(v) for v in line.split("|")[2:-1]] == [round(row[k], 2) for k in keys] + [20, 20]
+        assert 0 < row["native_min_us"] <= row["native_us"] <= row["native_max_us"]
+        assert 0 < row["mpicomm_min_us"] <= row["mpicomm_us"] <= row["mpicomm_max_us"]
+        assert row["ratio"] == pytest.approx(row["mpicomm_us"] / row["native_us"])
+        assert row["native_MBps"] > 0 and row["mpicomm_MBps"] > 0
+        assert row["bw_ratio"] == pytest.approx(row["mpicomm_MBps"] / row["native_MBps"])
+        assert row["iterations"] == 20 and row["window"] == 8 and row["windows"] == 20
+        assert row["warmup"] == (4 if row["size"] <= 8192 else 2)  # OSU's proportion: a fifth, above 8 KiB a tenth
     text = out.read_text()
     assert "Command: `mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8,20000,65536" in text
-    assert "| 65536 " in text
+    assert "| 65536 " in text and "native Avg (µs)" in text and "osu_bw" in text
+
+
+@pytest.mark.launches
+def test_pingpong_osu_format_reads_as_osu_latency_and_osu_bw():
+    result = _bench(2, "pingpong", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--warmup", "1",
+                    "--format", "osu")
+    assert result.returncode == 0, result.stdout + result.stderr
+    tables = _osu_tables(result.stdout)
+    assert [t[0][0] for t in tables] == ["# OSU MPI Latency Test (mpicomm.bench)"] * 2 + \
+        ["# OSU MPI Bandwidth Test (mpicomm.bench)"] * 2
+    for heads, numbers in tables[:2]:
+        assert heads[-1].split()[1:4] == ["Size", "Avg", "Latency(us)"]
+        assert [row[0] for row in numbers] == [8, 1024] and all(len(row) == 5 and row[4] == 4 for row in numbers)
+    for heads, numbers in tables[2:]:
+        assert heads[-1] == "# Size      Bandwidth (MB/s)"
+        assert [row[0] for row in numbers] == [8, 1024] and all(len(row) == 2 and row[1] > 0 for row in numbers)
 
 
 @pytest.mark.launches
@@ -222,13 +249,17 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
     if extra:
         argv += ["--pool", "--out", str(tmp_path / "result.md")] + (["--plot", str(tmp_path / "result.png")]
                                                                       if _HAS_MATPLOTLIB else [])
+    if collective == "barrier" and _HAS_MATPLOTLIB:  # barrier draws bars
+        argv += ["--plot", str(tmp_path / "barrier.png")]
     result = _bench(n, *argv)
     assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads(out.read_text())
     assert document["p"] == n and document["benchmark"] == collective and document["validated"]
     assert document["command"].startswith(f"mpiexec -n {n} python -m mpicomm.bench {collective} --sizes")
-    assert document["mpi_library"] and document["machine"] and document["date"]
-    rows = document["rows"]
+    assert document["schema"] == "mpicomm-results" and document["schema_version"] >= 1
+    assert document["versions"]["mpi_library"] and document["machine"] and document["date"]
+    rows = document["results"]
+    assert document["rows"] == rows  # kept at the top too, for readers written before the results layout
 
     # every registered algorithm was measured or skipped with a reason; native and auto always run
     skipped = {note.split(" algorithm ")[1].split(":")[0] for note in document["notes"] if note.startswith("skipped")}
@@ -248,8 +279,10 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
         assert len(here) == len(measured) + 1 + bool(pool)
         for r in here:
             assert r["validation"] == "Pass", r
-            assert r["iterations"] == 4
+            assert r["iterations"] == 4 and r["warmup"] == 1  # OSU's proportion: 4 // 5, at least one
             assert 0 < r["min_us"] <= r["avg_us"] <= r["max_us"]
+            assert r["type"] == ("none" if collective == "barrier" else "double")
+            assert r["redop"] == ("sum" if spec.op else "none") and r["root"] == (0 if spec.root else -1)
             assert r["vs_native"] == pytest.approx(r["avg_us"] / here[0]["avg_us"])
             if collective != "barrier":
                 algbw, busbw = bandwidths(collective, r["count"], 8, n, r["avg_us"] * 1e-6)
@@ -264,8 +297,15 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
         document["overhead"]["auto_us"] - document["overhead"]["native_us"])
     assert "Python overhead of one" in result.stdout
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].split("|")[1].strip() == "Size" and "Avg Latency(us)" in table[0] and "busbw (GB/s)" in table[0]
+    header = [h.strip() for h in table[0].split("|")[1:-1]]
+    assert header[:6] == ["Size", "count", "type", "redop", "root", "Algorithm"]
+    assert "Avg Latency(µs)" in header and "busbw (GB/s)" in header and "#wrong" in header
     assert len(table) == 1 + len(rows)  # the header, then one line per row (the rule starts with "|:")
+    for line, r in zip(table[1:], rows):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[:5] == [str(r["size"]), str(r["count"]), r["type"], r["redop"], str(r["root"])]
+    if collective == "barrier" and _HAS_MATPLOTLIB:
+        assert (tmp_path / "barrier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if extra:
         text = (tmp_path / "result.md").read_text()
         assert "Command: `mpiexec -n 2 python -m mpicomm.bench allreduce --sizes 8,4096,65536" in text
@@ -294,7 +334,7 @@ def test_bench_submodules_import_downward_only():
     import ast
     import os
 
-    order = ["metrics", "measure", "report", "cli"]
+    order = ["metrics", "backend", "measure", "osu", "plot", "report", "cli"]
     folder = os.path.dirname(bench.__file__)
     for index, name in enumerate(order):
         with open(os.path.join(folder, name + ".py")) as f:
@@ -390,3 +430,271 @@ def test_dtype_and_op_are_measured_and_validated(tmp_path):
     assert "float16 data, op max" in json.loads(out.read_text())["method"]
     bad = _bench(2, "allgather", "--op", "max")
     assert bad.returncode == 2 and "unrecognized arguments: --op" in bad.stderr
+
+
+# ---------------------------------------------------------------- OSU / nccl-tests conventions: warm-up, in place,
+# ---------------------------------------------------------------- --format osu, --backend, --plot
+
+
+def _osu_tables(text: str) -> list[tuple[list[str], list[list]]]:
+    """Read OSU text as an OSU parse script does: '#' lines are comments, every other line is numbers.
+
+    A table starts at each '# OSU MPI' line; numbers are int where they are whole, the Validation column stays text.
+    """
+    tables: list[tuple[list[str], list[list]]] = []
+    for line in text.splitlines():
+        if line.startswith("# OSU MPI"):
+            tables.append(([line], []))
+        elif line.startswith("#"):
+            if tables and not tables[-1][1]:
+                tables[-1][0].append(line)
+        elif line.strip():
+            values = []
+            for v in line.split():
+                try:
+                    values.append(int(v))
+                except ValueError:
+                    values.append(float(v) if v not in ("Pass", "Fail") else v)
+            tables[-1][1].append(values)
+    return tables
+
+
+def test_warmup_follows_osu():
+    from mpicomm.bench.metrics import bandwidth_iterations, iterations, warmup_iterations
+
+    # OSU: 1000 iterations and 200 skipped up to 8 KiB, 100 and 10 above; the same proportion for any count
+    assert [warmup_iterations(n, iterations(n, None)) for n in (8, 8192, 8193, 1 << 20)] == [200, 200, 10, 10]
+    assert warmup_iterations(8, 50) == 10 and warmup_iterations(1 << 20, 50) == 5 and warmup_iterations(8, 4) == 1
+    assert warmup_iterations(8, 1000, requested=0) == 0 and warmup_iterations(1 << 20, 100, requested=7) == 7
+    assert [bandwidth_iterations(n, None) for n in (8, 8192, 8193)] == [100, 100, 20]  # osu_bw's loop counts
+    assert bandwidth_iterations(8, 4) == 4
+
+
+def test_nccl_tests_columns():
+    from mpicomm.bench.metrics import redop_name, root_of, type_name
+
+    assert [type_name("allreduce", t) for t in ("float64", "float32", "float16", "int64", "int32")] == \
+        ["double", "float", "half", "int64", "int32"]
+    assert type_name("barrier", "float64") == "none"
+    assert redop_name("allreduce", "max") == "max" and redop_name("allgather", "sum") == "none"
+    assert root_of("bcast") == 0 and root_of("reduce") == 0 and root_of("allreduce") == -1
+
+
+# In place, p = 3, rank 1 (rank 0 for the rooted ones, where only the root is in place), 2 elements a block:
+# (the call's positional buffers, where the input is written, where the result is read) as index ranges of one buffer.
+_IN_PLACE = {
+    "allreduce": ("(IN_PLACE, buf[2])", slice(0, 2), slice(0, 2)),
+    "scan": ("(IN_PLACE, buf[2])", slice(0, 2), slice(0, 2)),
+    "reduce": ("(IN_PLACE, buf[2])", slice(0, 2), slice(0, 2)),
+    "alltoall": ("(IN_PLACE, buf[6])", slice(0, 6), slice(0, 6)),
+    "reduce_scatter": ("(IN_PLACE, buf[6])", slice(0, 6), slice(0, 2)),
+    "allgather": ("(IN_PLACE, buf[6])", slice(2, 4), slice(0, 6)),
+    "gather": ("(IN_PLACE, buf[6])", slice(0, 2), slice(0, 6)),
+    "scatter": ("(buf[6], IN_PLACE)", slice(0, 6), slice(0, 2)),
+}
+
+
+@pytest.mark.parametrize("collective", sorted(_IN_PLACE))
+def test_in_place_buffers_are_mpis_in_place_form(collective):
+    from mpi4py import MPI
+
+    from mpicomm.bench.measure import _call_buffers
+
+    spec, p, dtype = COLLECTIVES[collective], 3, np.dtype(np.float64)
+    rank = 0 if spec.root else 1
+    unit, nsend, nrecv, _ = layout(collective, 16 * (p if spec.size_is_all else 1), p)
+    assert unit == 2
+    call = _call_buffers(spec, np, dtype, unit, nsend, nrecv, rank, p, "sum", in_place=True)
+    buf = next(a for a in call.args if a is not MPI.IN_PLACE)
+    shape = "(" + ", ".join("IN_PLACE" if a is MPI.IN_PLACE else f"buf[{a.size}]" for a in call.args) + ")"
+    want, data, result = _IN_PLACE[collective]
+    assert shape == want
+
+    def where(view: np.ndarray) -> slice:  # the elements of buf that *view* is
+        assert np.shares_memory(view, buf)
+        start = (view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // buf.itemsize
+        return slice(start, start + view.size)
+
+    assert where(call.input) == data and where(call.result) == result
+    # the input is this rank's data, as out of place
+    out = _call_buffers(spec, np, dtype, unit, nsend, nrecv, rank, p, "sum", in_place=False)
+    assert np.array_equal(call.input, out.input[: call.input.size] if collective != "allgather" else out.input)
+    if spec.root:  # elsewhere than the root the call is the out-of-place one
+        other = _call_buffers(spec, np, dtype, unit, nsend, nrecv, 1, p, "sum", in_place=True)
+        assert all(a is not MPI.IN_PLACE for a in other.args) and len(other.args) == 2
+    with pytest.raises(ValueError, match="no MPI.IN_PLACE form"):
+        _call_buffers(COLLECTIVES["bcast"], np, dtype, 1, 1, 1, 0, p, "sum", in_place=True)
+
+
+def test_in_place_validation_compares_with_native_out_of_place():
+    # the reference is native MPI's out-of-place result: an in-place layout that reads the wrong block is caught
+    spec = COLLECTIVES["allgather"]
+    reference = np.arange(6.0)
+    good, bad = np.zeros(6), np.zeros(6)
+    variants = [
+        bench._Variant("native", None, good[2:4], good, lambda: good.__setitem__(..., reference), True),
+        bench._Variant("ring", "ring", bad[2:4], bad, lambda: bad.__setitem__(..., reference[::-1]), True),
+    ]
+    seen: dict = {}
+    verdicts = bench._validate(spec, variants, rank=1, p=3, salt=2, reference=reference, results=seen)
+    assert verdicts["native"] is None and "6 of 6 elements differ" in verdicts["ring"]
+    assert np.array_equal(seen["native"], reference) and variants[0].key == "native (in-place)"
+
+
+def test_osu_tables_have_osus_layout():
+    from mpicomm.bench.osu import collective_tables
+
+    def row(name, size, avg, in_place=None, chose=None):
+        return {"name": name, "size": size, "avg_us": avg, "min_us": avg - 1, "max_us": avg + 1, "iterations": 1000,
+                "validation": "Pass", "chose": chose, "in_place": in_place}
+
+    inner = {"avg_us": 3.0, "min_us": 2.5, "max_us": 3.5, "validation": "Pass", "chose": "ring"}
+    rows = [row("native", 8, 1.5, inner), row("auto", 8, 12.25, inner, "ring"),
+            row("native", 1024, 2.0, inner), row("auto", 1024, 13.0, inner, "ring")]
+    lines = collective_tables(COLLECTIVES["allreduce"], rows, "MPI_DOUBLE", True, notes=["Avg bus bandwidth: 1"])
+    assert lines[:5] == [
+        "# OSU MPI Allreduce Latency Test (mpicomm.bench)",
+        "# Algorithm: native MPI",
+        "# Datatype: MPI_DOUBLE.",
+        "# Size       Avg Latency(us)   Min Latency(us)   Max Latency(us)  Iterations        Validation",
+        "8                       1.50              0.50              2.50        1000              Pass",
+    ]
+    assert lines[7:9] == ["# OSU MPI Allreduce Latency Test (mpicomm.bench)", "# Algorithm: mpicomm auto (chose ring)"]
+    assert "# Algorithm: native MPI, in-place" in lines and lines[-1] == "# Avg bus bandwidth: 1"
+    tables = _osu_tables("\n".join(lines))
+    assert len(tables) == 4  # native, auto; then both in place
+    assert tables[2][1] == [[8, 3.0, 2.5, 3.5, 1000, "Pass"], [1024, 3.0, 2.5, 3.5, 1000, "Pass"]]
+    barrier = collective_tables(COLLECTIVES["barrier"], [row("native", 0, 20.0)], "none", False, "cupy")
+    assert barrier[0] == "# OSU MPI-CUDA Barrier Latency Test (mpicomm.bench)"
+    assert barrier[2].startswith("# Avg Latency(us)") and [float(v) for v in barrier[3].split()] == [20, 19, 21, 1000]
+
+
+def test_cupy_backend_without_cupy_is_a_usage_error_naming_the_fix(capsys, monkeypatch):
+    from mpicomm import device
+    from mpicomm.bench import backend
+
+    monkeypatch.setattr(device, "_cupy_probe", [None])  # as on a machine without CuPy, whatever this one has
+    for argv in (["allreduce", "--backend", "cupy"], ["pingpong", "--backend", "cupy"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "--backend cupy needs CuPy" in err and "pip install cupy-cuda12x" in err and "--backend numpy" in err
+    with pytest.raises(ValueError, match="needs CuPy"):
+        backend.array_module("cupy")
+    monkeypatch.setattr(device, "_cupy_probe", [object()])  # CuPy imports, but no GPU is visible
+    monkeypatch.setattr(device, "visible_devices", lambda: 0)
+    assert "sees no GPU" in backend.problem("cupy") and "--gpus-per-task" in backend.problem("cupy")
+    assert backend.problem("numpy") is None and backend.array_module("numpy") is np
+
+
+def test_pool_does_not_go_with_cupy(capsys, monkeypatch):
+    from mpicomm.bench import cli
+
+    monkeypatch.setattr(cli, "problem", lambda backend: None)  # as if CuPy and a GPU were here
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["allreduce", "--backend", "cupy", "--pool"])
+    assert exc.value.code == 2 and "--pool" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["allreduce", "--warmup", "-1"], "--warmup -1: must be >= 0"),
+    (["pingpong", "--window", "0"], "--window 0: must be >= 1"),
+    (["allreduce", "--format", "nccl"], "invalid choice: 'nccl'"),
+    (["allreduce", "--append"], "--append and --force need --out"),
+    (["allreduce", "--sizes", "8:1Q"], "not a size"),
+])
+def test_bad_options_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_help_states_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["allreduce", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "200 and 10 at the default 1000 and 100 iterations" in out
+    assert "--inplace" in out and "--backend {numpy,cupy}" in out and "--format {markdown,osu}" in out
+
+
+@pytest.mark.serial
+@pytest.mark.skipif(not _HAS_MATPLOTLIB, reason="matplotlib is not installed")
+def test_plot_draws_bands_and_barrier_bars(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mpicomm.bench import plot
+
+    drawn, close = [], plt.close
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figures to look at them
+    inner = {"avg_us": 4.0, "min_us": 3.0, "max_us": 5.0}
+    rows = [{"name": name, "size": size, "avg_us": 2.0 * size, "min_us": size, "max_us": 3.0 * size,
+             "in_place": inner, "chose": None} for size in (8, 1024) for name in ("native", "ring", "auto")]
+    plot.plot_collective(str(tmp_path / "a.png"), COLLECTIVES["allreduce"], rows, 2, "machine")
+    barrier = [{"name": n, "size": 0, "avg_us": 10.0, "min_us": 8.0, "max_us": 13.0, "chose": c}
+               for n, c in (("native", None), ("dissemination", None), ("auto", "dissemination"))]
+    plot.plot_collective(str(tmp_path / "b.png"), COLLECTIVES["barrier"], barrier, 3, "machine")
+    for name in ("a.png", "b.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines_fig, bars_fig = drawn
+    ax = lines_fig.axes[0]
+    assert len(ax.lines) == 6 and len(ax.collections) == 6  # 3 variants × (out of place, in place), each a band
+    legend = ax.get_legend()
+    assert legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1  # right of the axes, off the data
+    assert [t.get_text() for t in legend.get_texts()][-1] == "auto (in-place)"
+    bar_ax = bars_fig.axes[0]
+    assert len(bar_ax.patches) == 3 and bar_ax.get_yscale() == "linear"  # one bar per algorithm
+    assert [t.get_text() for t in bar_ax.get_xticklabels()] == ["native MPI", "dissemination",
+                                                               "auto -> dissemination"]
+    for fig in drawn:
+        close(fig)
+
+
+@pytest.mark.launches
+def test_inplace_warmup_and_osu_format_end_to_end(tmp_path):
+    data = tmp_path / "r.json"
+    result = _bench(2, "allreduce", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--warmup", "3",
+                    "--algorithms", "ring,recursive_doubling,auto", "--inplace", "--validate", "--format", "osu",
+                    "--json", str(data))
+    assert result.returncode == 0, result.stdout + result.stderr
+    tables = _osu_tables(result.stdout)
+    names = [next(h for h in heads if h.startswith("# Algorithm:")) for heads, _ in tables]
+    assert names[:4] == ["# Algorithm: native MPI", "# Algorithm: mpicomm ring",
+                         "# Algorithm: mpicomm recursive_doubling"] + [names[3]]
+    assert names[3].startswith("# Algorithm: mpicomm auto (chose ")
+    assert names[4:] == [n + ", in-place" for n in names[:4]]
+    for heads, numbers in tables:
+        assert heads[2] == "# Datatype: MPI_DOUBLE."
+        assert [row[0] for row in numbers] == [8, 1024]
+        for size, avg, low, high, iterations, verdict in numbers:
+            assert 0 < low <= avg <= high and iterations == 4 and verdict == "Pass"
+    assert "| Size |" not in result.stdout  # no Markdown table in this format
+    rows = json.loads(data.read_text())["results"]
+    assert len(rows) == 2 * 4
+    for r in rows:
+        assert r["warmup"] == 3 and r["wrong"] == 0 and r["validation"] == "Pass"
+        inner = r["in_place"]
+        assert inner["validation"] == "Pass" and inner["wrong"] == 0 and inner["avg_us"] > 0
+        assert inner["min_us"] <= inner["avg_us"] <= inner["max_us"]
+        assert inner["busbw_GBps"] == pytest.approx(bandwidths("allreduce", r["count"], 8, 2,
+                                                               inner["avg_us"] * 1e-6)[1])
+
+
+@pytest.mark.launches
+def test_inplace_rooted_collective_in_markdown(tmp_path):
+    out = tmp_path / "gather.md"
+    result = _bench(3, "gather", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--inplace", "--validate",
+                    "--dtype", "int32", "--algorithms", "linear,auto", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    header = [h.strip() for h in table[0].split("|")[1:-1]]
+    assert "in-place Avg Latency(µs)" in header and "in-place #wrong" in header and header[-1] == "Validation"
+    for line in table[1:]:
+        cells = dict(zip(header, (c.strip() for c in line.split("|")[1:-1])))
+        assert cells["type"] == "int32" and cells["redop"] == "none" and cells["root"] == "0"
+        assert float(cells["in-place Avg Latency(µs)"]) > 0
+        assert cells["#wrong"] == "0" and cells["in-place #wrong"] == "0" and cells["Validation"] == "Pass"
+    assert "in-place Avg Latency(µs)" in out.read_text()

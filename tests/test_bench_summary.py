@@ -32,7 +32,7 @@ def test_targets_are_judged_from_the_rows(tmp_path):
     ]
     text = summary.summarize([_write(tmp_path, "a.json", 2, rows)])
     assert "### p = 2" in text
-    assert "native 4.0 us; auto 20.0 us (5.0x, +16.0 us per call); persistent 6.0 us (1.5x, +2.0 us per call)" in text
+    assert "native 4.0 µs; auto 20.0 µs (5.0x, +16.0 µs per call); persistent 6.0 µs (1.5x, +2.0 µs per call)" in text
     assert "| allreduce | 1048576 | 100.0 | shm | 0.70 | shm | 0.60 | ≤ 0.7 met |" in text  # shm+pool is not ordinary
     assert "1 of 2 points (50 %" in text  # 8 B: auto 20 against ring 30 is within; 1 MiB: 70 against 60 is not
     assert "allreduce 1048576 B auto (shm) 1.17x of shm" in text
@@ -62,3 +62,30 @@ def test_the_command_refuses_to_replace_a_file_without_force(tmp_path, capsys):
     assert out.read_text() == "keep me"
     assert summary.main([a, "--out", str(out), "--force"]) == 0
     assert "### p = 2" in out.read_text()
+
+
+def test_documents_with_rows_under_results_read_alike(tmp_path):
+    from mpicomm import cli
+
+    rows = [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "linear"),
+            _row("bcast", MiB, "linear", 9.0)]
+    for row in rows:  # --inplace numbers sit beside the out-of-place ones; the targets read only the latter
+        row["in_place"] = {"avg_us": 1.0}
+    old = _write(tmp_path, "old.json", 2, rows)
+    new = tmp_path / "new.json"
+    cli.write_json(str(new), "mpiexec -n 2 python -m mpicomm.bench bcast", rows, benchmark="bcast", p=2)
+    assert summary.summarize([str(new)]) == summary.summarize([old])
+    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in summary.summarize([str(new)])
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something-else", "p": 2, "results": rows}))
+    with pytest.raises(SystemExit, match="has no rows or p"):
+        summary.summarize([str(other)])
+
+
+def test_the_command_appends_with_append(tmp_path):
+    a = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "x")])
+    out = tmp_path / "targets.md"
+    out.write_text("earlier\n")
+    assert summary.main([a, "--out", str(out), "--append"]) == 0
+    text = out.read_text()
+    assert text.startswith("earlier\n") and "### p = 2" in text

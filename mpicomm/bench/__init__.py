@@ -2,38 +2,54 @@
 
     mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8:1M --out BENCHMARKS-pingpong.md
     mpiexec -n 2 python -m mpicomm.bench allreduce --sizes 8:64M --validate --json allreduce.json --plot allreduce.png
+    mpiexec -n 4 python -m mpicomm.bench allreduce --inplace --format osu > osu_allreduce.txt
 
 Every benchmark measures mpi4py's native call and mpicomm's **in the same
 run, interleaved**: each size runs in rounds, and every round runs the native
 call and then each mpicomm variant, so all of them see the same machine noise.
+Before a size's timed calls each variant runs untimed warm-up calls
+(``--warmup N``; default OSU's proportion: a fifth of the iterations up to
+8 KiB, a tenth above, i.e. OSU's 200 and 10 at its default 1000 and 100).
 
-``pingpong``: ranks 0 and 1 bounce a message (``Send``/``Recv`` against
-``send_array``/``recv_array``); one-way latency and the ratio.
+``pingpong``: ranks 0 and 1, as ``osu_latency`` (one-way latency, Avg over
+iterations, Min and Max of single round trips) and ``osu_bw`` (windows of
+``--window`` non-blocking sends, 64 by default, then an acknowledgement;
+MB/s), each for ``Send``/``Recv`` against ``send_array``/``recv_array``.
 
 A collective (allreduce, bcast, reduce, allgather, alltoall, reduce_scatter,
 gather, scatter, scan, barrier): every registered algorithm of it, ``auto``
 and the native call on ``MPI.COMM_WORLD``, with
 
-* OSU's columns: ``Size``, ``Avg/Min/Max Latency(us)`` over ranks,
+* OSU's columns: ``Size``, ``Avg/Min/Max Latency`` over ranks,
   ``Iterations`` (each iteration times one call, then an untimed barrier;
-  1000 iterations up to 8 KiB, 100 above, one tenth more as warm-up);
-* nccl-tests' ``algbw`` = S / t and ``busbw`` = algbw × factor (GB/s, 10⁹ B);
+  1000 iterations up to 8 KiB, 100 above);
+* nccl-tests' ``count``, ``type``, ``redop``, ``root``, ``algbw`` = S / t and
+  ``busbw`` = algbw × factor (GB/s, 10⁹ B), ``#wrong``; with ``--inplace`` its
+  in-place pass (every variant again with ``MPI.IN_PLACE``, same rounds);
 * the performance model's prediction (``mpicomm.model``), ``meas/model`` and
   ``vs native`` (Avg / native Avg); for ``auto`` the algorithm it chose;
 * with ``--validate``, every algorithm's result compared with the native one.
 
-Data are float64 values that depend on rank and index (integers, so every sum
-is exact). Sizes are rounded down to whole float64 elements, at least one; for
-reduce_scatter (``Reduce_scatter_block``) to whole elements per rank. The Size
-column shows the bytes actually used: the whole vector for allreduce, bcast,
-reduce, scan and reduce_scatter, one rank's block for allgather, alltoall
-(the block sent to each peer), gather and scatter.
+``--format osu`` prints OSU's text layout instead of the Markdown table (one
+table per variant, :mod:`~mpicomm.bench.osu`); ``--backend cupy`` puts the
+buffers in GPU memory (:mod:`~mpicomm.bench.backend`).
+
+Data are values that depend on rank and index (integers, so every reduction
+is exact, :func:`~mpicomm.bench.metrics.rank_values`). Sizes are rounded down
+to whole elements, at least one; for reduce_scatter (``Reduce_scatter_block``)
+to whole elements per rank. The Size column shows the bytes actually used: the
+whole vector for allreduce, bcast, reduce, scan and reduce_scatter, one rank's
+block for allgather, alltoall (the block sent to each peer), gather and
+scatter.
 
 The package, by concept, each module importing only the ones before it:
-:mod:`~mpicomm.bench.metrics` (sizes and the nccl-tests/OSU conventions, no
-MPI), :mod:`~mpicomm.bench.measure` (the interleaved timing loops),
-:mod:`~mpicomm.bench.report` (tables, Markdown, JSON, plots) and
-:mod:`~mpicomm.bench.cli` (the command line, :func:`main`).
+:mod:`~mpicomm.bench.metrics` (sizes, iteration counts and the
+nccl-tests/OSU conventions, no MPI), :mod:`~mpicomm.bench.backend` (NumPy or
+CuPy buffers), :mod:`~mpicomm.bench.measure` (the interleaved timing loops),
+:mod:`~mpicomm.bench.osu` (OSU's text), :mod:`~mpicomm.bench.plot`
+(``--plot``), :mod:`~mpicomm.bench.report` (tables, Markdown, JSON) and
+:mod:`~mpicomm.bench.cli` (the command line, :func:`main`);
+:mod:`~mpicomm.bench.summary` reads the JSON files back.
 """
 
 from __future__ import annotations
@@ -41,11 +57,11 @@ from __future__ import annotations
 from .cli import BENCHMARKS, Benchmark, benchmark, main
 from .measure import _measure, _Variant, _validate, time_algorithms
 from .metrics import (COLLECTIVES, Collective, bandwidths, bus_factor, layout, mismatch, model_bytes, nccl_bytes,
-                      parse_sizes, rank_values)
+                      parse_sizes, rank_values, warmup_iterations)
 from .report import Report, markdown_table
 
 __all__ = [
     "BENCHMARKS", "Benchmark", "benchmark", "parse_sizes", "COLLECTIVES", "Collective", "nccl_bytes", "bus_factor",
     "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "markdown_table", "main", "Report",
-    "time_algorithms",
+    "time_algorithms", "warmup_iterations",
 ]

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import cli as shared
+from .backend import BACKENDS, mpi_problem, problem
 from .measure import _requested, collective_run, pingpong_rows
-from .metrics import COLLECTIVES, DTYPES, OPS, Collective, parse_sizes
+from .metrics import COLLECTIVES, DTYPES, OPS, WINDOW, Collective
 from .report import Report, _bandwidth_text, collective_report, finish, pingpong_report
 
 __all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main"]
@@ -50,7 +51,13 @@ def benchmark(name: str) -> Callable:
 
 @benchmark("pingpong")
 def pingpong(args: argparse.Namespace) -> Report:
-    """Ranks 0 and 1 bounce a message: mpi4py Send/Recv against mpicomm send_array/recv_array."""
+    """Ranks 0 and 1: osu_latency and osu_bw, mpi4py Send/Recv (Isend/Irecv) against mpicomm send_array/recv_array.
+
+    Latency: one way (half a round trip), Avg over iterations, Min and Max of
+    single round trips. Bandwidth: as osu_bw, a window of non-blocking sends
+    (--window, default 64) answered by a one-byte acknowledgement, in MB/s
+    (10^6 B/s); 100 windows up to 8 KiB, 20 above (or --iters).
+    """
     return pingpong_report(args, pingpong_rows(args))
 
 
@@ -82,6 +89,14 @@ for _spec in COLLECTIVES.values():
 # ---------------------------------------------------------------- command line
 
 
+_WARMUP_HELP = ("untimed calls of each variant before each size's timed ones (default: OSU's proportion, a fifth of "
+                "the iterations up to 8 KiB and a tenth above, at least 1: 200 and 10 at the default 1000 and 100 "
+                "iterations; pingpong's bandwidth test: a tenth of its windows)")
+_FORMAT_HELP = ("what to print: markdown (default) the table; osu OSU micro-benchmarks' text (# OSU MPI ... Test, "
+                "# Size  Avg Latency(us)  Min Latency(us)  Max Latency(us)  Iterations, then numbers), one table per "
+                "variant, native MPI first, each starting with its own '# OSU MPI' line (--out stays Markdown)")
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command line: one sub-command per benchmark (returned too, by name, for their own errors)."""
     parser = argparse.ArgumentParser(
@@ -101,42 +116,53 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             except (ImportError, ValueError):  # the registry cannot load: still parse; the run reports it
                 description = bench.summary
         p = subs[name] = sub.add_parser(name, help=bench.summary, description=description)
-        p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("8:1M"),
-                       help="sizes in bytes: LOW:HIGH (powers of two) or a list, e.g. 8:1M (default) or 8,4K,64M")
+        p.add_argument("--sizes", type=shared.sizes_arg, default=shared.parse_sizes("8:1M"),
+                       help="sizes in bytes: LOW:HIGH (powers of two) or a list, e.g. 8:1M (default) or 8,4K,64M "
+                            "(K, M, G: powers of 1024)")
         p.add_argument("--iters", type=int, default=None,
-                       help="iterations per size (default: OSU's, 1000 up to 8 KiB, 100 above)")
+                       help="iterations per size (default: OSU's, 1000 up to 8 KiB, 100 above"
+                            + ("; bandwidth windows: 100 and 20)" if name == "pingpong" else ")"))
+        p.add_argument("--warmup", type=int, default=None, metavar="N", help=_WARMUP_HELP)
         p.add_argument("--rounds", type=int, default=5,
                        help="interleaved rounds per size: each runs native and every variant iters/rounds times "
                             "(default: 5)")
-        p.add_argument("--out", metavar="FILE.md",
-                       help="also write the table, the command and the machine to this Markdown file")
-        p.add_argument("--append", action="store_true", help="with --out: append to the file instead of replacing it")
-        p.add_argument("--force", action="store_true",
-                       help="with --out: replace the file if it exists (without --append or --force an existing "
-                            "report is never overwritten)")
+        p.add_argument("--backend", default="numpy", choices=BACKENDS,
+                       help="where the buffers live: numpy (host memory, default) or cupy (GPU memory: needs CuPy, "
+                            "a GPU per rank and a CUDA-aware MPI library)")
+        p.add_argument("--format", default="markdown", choices=("markdown", "osu"), help=_FORMAT_HELP)
+        shared.add_out(p, "the table")
+        shared.add_json(p, "the rows")
         p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
         p.add_argument("--progress", action="store_true",
                        help="progress lines on stderr (the default for collectives)")
-        if bench.collective:
-            p.add_argument("--algorithms", default="all", metavar="all|NAME,...",
-                           help="algorithms to measure: all (default: every registered one and auto) or a "
-                                "comma-separated list (auto included)")
-            p.add_argument("--dtype", default="float64", choices=DTYPES,
-                           help="element type of the data (default: float64)")
-            if COLLECTIVES[name].op:
-                p.add_argument("--op", default="sum", choices=OPS, help="reduction op (default: sum)")
-            p.add_argument("--validate", action="store_true",
-                           help="after each size, check every algorithm's result against native MPI (exit 1 if any "
-                                "differs)")
-            p.add_argument("--json", metavar="OUT.json", help="write the rows, command, machine, MPI library, p, date")
-            p.add_argument("--plot", metavar="OUT.png",
-                           help="latency vs size, log-log, one line per algorithm and native (needs matplotlib)")
-            p.add_argument("--pool", action="store_true",
-                           help="also measure the shm algorithm on buffers from the shared-memory pool "
-                                "(row shm+pool)")
-            p.add_argument("--persistent", action="store_true",
-                           help="also measure a persistent request (comm.<Method>_init once, then Start and Wait "
-                                "per call; row persistent)")
+        if not bench.collective:
+            p.add_argument("--window", type=int, default=WINDOW, metavar="N",
+                           help=f"bandwidth test: non-blocking sends per window (default: {WINDOW}, osu_bw's)")
+            continue
+        p.add_argument("--algorithms", default="all", metavar="all|NAME,...",
+                       help="algorithms to measure: all (default: every registered one and auto) or a "
+                            "comma-separated list (auto included)")
+        p.add_argument("--dtype", default="float64", choices=DTYPES,
+                       help="element type of the data (default: float64)")
+        if COLLECTIVES[name].op:
+            p.add_argument("--op", default="sum", choices=OPS, help="reduction op (default: sum)")
+        p.add_argument("--inplace", action="store_true",
+                       help="also measure every variant with MPI.IN_PLACE (nccl-tests' in-place pass), in the same "
+                            "rounds: the in-place columns"
+                            + ("" if COLLECTIVES[name].in_place else
+                               f" ({name} has no in-place form: a note says so and nothing more is measured)"))
+        p.add_argument("--validate", action="store_true",
+                       help="after each size, check every algorithm's result against native MPI (exit 1 if any "
+                            "differs)")
+        p.add_argument("--plot", metavar="OUT.png",
+                       help="latency vs size, log-log, one line per algorithm and native, with its min-max band "
+                            "(barrier: one bar per algorithm; needs matplotlib)")
+        p.add_argument("--pool", action="store_true",
+                       help="also measure the shm algorithm on buffers from the shared-memory pool "
+                            "(row shm+pool)")
+        p.add_argument("--persistent", action="store_true",
+                       help="also measure a persistent request (comm.<Method>_init once, then Start and Wait "
+                            "per call; row persistent)")
     return parser, subs
 
 
@@ -148,12 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = subs[args.benchmark]  # errors from here on show the benchmark's own usage
     if args.iters is not None and args.iters < 1:
         parser.error(f"--iters {args.iters}: must be >= 1")
+    if args.warmup is not None and args.warmup < 0:
+        parser.error(f"--warmup {args.warmup}: must be >= 0 (0: no warm-up)")
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: must be >= 1")
-    if args.append and not args.out:
-        parser.error("--append needs --out FILE.md")
-    if args.out and os.path.exists(args.out) and not (args.append or args.force):
-        parser.error(f"--out {args.out} exists; add --append to add this report to it, or --force to replace it")
+    if getattr(args, "window", 1) < 1:
+        parser.error(f"--window {args.window}: must be >= 1")
+    shared.check_out(parser, args)
+    why = problem(args.backend)
+    if why:
+        parser.error(why)
     bench = BENCHMARKS[args.benchmark]
     if bench.collective:
         try:
@@ -163,12 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
                          "(or install mpicomm with the plot extra: pip install -e '.[plot]')")
+        if args.pool and args.backend != "numpy":
+            parser.error("--pool measures buffers of the host's shared-memory pool; it does not go with --backend "
+                         f"{args.backend}: drop --pool or use --backend numpy")
     else:
         args.quiet = not args.progress
     args.progress = not args.quiet
 
     from mpi4py import MPI
 
+    why = mpi_problem(args.backend)  # every rank asks its library: all exit alike
+    if why:
+        parser.error(why)
     world = MPI.COMM_WORLD
     code = 0
     try:
@@ -191,4 +227,3 @@ def main(argv: list[str] | None = None) -> int:
             world.Abort(1)
         raise
     return world.allreduce(code, op=MPI.MAX)
-

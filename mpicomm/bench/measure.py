@@ -3,8 +3,27 @@
 Each round runs every variant in turn, so all of them see the same machine
 noise; a variant's time is its mean (the benchmark tables, as OSU) or its
 median over rounds (:func:`time_algorithms`, which ``python -m mpicomm.tune
---collectives`` decides from). What is measured goes back as plain rows;
-tables and files are :mod:`mpicomm.bench.report`'s business.
+--collectives`` decides from). Before its timed calls each variant runs
+untimed warm-up calls (``--warmup``, see
+:func:`~mpicomm.bench.metrics.warmup_iterations`). What is measured goes back
+as plain rows; tables and files are :mod:`mpicomm.bench.report`'s business.
+
+``--inplace`` adds an in-place pass, as nccl-tests does: every variant runs
+again with ``MPI.IN_PLACE``, in the same interleaved rounds, on buffers laid
+out as MPI's in-place form wants them (:func:`_call_buffers`)::
+
+    allreduce, scan      recvbuf holds the input          Allreduce(IN_PLACE, buf)
+    reduce               the root's recvbuf holds it      Reduce(IN_PLACE, buf)    (other ranks: as out of place)
+    allgather            block `rank` of recvbuf          Allgather(IN_PLACE, buf)
+    alltoall             recvbuf holds all p blocks       Alltoall(IN_PLACE, buf)
+    reduce_scatter       recvbuf holds all p blocks,      Reduce_scatter_block(IN_PLACE, buf)
+                         the result is its first block
+    gather               block `root` of the root's buf   Gather(IN_PLACE, buf)    (other ranks: as out of place)
+    scatter              the root keeps its block         Scatter(sendbuf, IN_PLACE) (other ranks: as out of place)
+
+bcast (in place by nature) and barrier have no in-place form. The in-place
+buffers are not refilled between timed calls (nccl-tests does not either):
+reductions in place grow their data, which costs nothing in time.
 """
 
 from __future__ import annotations
@@ -19,60 +38,120 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .metrics import Collective, _iterations, bandwidths, layout, mismatch, model_bytes, rank_values, wrong_elements
+from ..cli import Progress, format_time
+from .backend import array_module, put, to_host
+from .metrics import (WINDOW, Collective, _iterations, bandwidth_iterations, bandwidths, layout, mismatch, model_bytes,
+                      rank_values, redop_name, root_of, type_name, warmup_iterations, wrong_elements)
 
 __all__ = ["pingpong_rows", "CollectiveRun", "collective_run", "time_algorithms", "requested_algorithms",
-           "usable_algorithms"]
+           "usable_algorithms", "IN_PLACE"]
 
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+#: What an in-place variant's key adds to its name (``ring (in-place)``): its times and verdicts in one run.
+IN_PLACE = " (in-place)"
 
 
 # ---------------------------------------------------------------- pingpong
 
 
+def _time_each(fn: Callable[[], Any], calls: int, stats: list[float]) -> None:
+    """Run *fn* *calls* times, timing each call; add to *stats* = [total s, min s, max s, calls]."""
+    clock = time.perf_counter
+    for _ in range(calls):
+        start = clock()
+        fn()
+        took = clock() - start
+        stats[0] += took
+        stats[1] = min(stats[1], took)
+        stats[2] = max(stats[2], took)
+        stats[3] += 1
+
+
 def pingpong_rows(args: argparse.Namespace) -> list[dict]:
-    """Ranks 0 and 1 bounce a message: mpi4py Send/Recv against mpicomm send_array/recv_array; one row per size."""
+    """Ranks 0 and 1, per size: osu_latency (a round trip per iteration, half of it reported) and osu_bw.
+
+    Latency: Avg over iterations, Min and Max of single round trips, halved
+    (one way). Bandwidth (osu_bw): rank 0 starts a window of ``--window``
+    non-blocking sends, rank 1 as many receives, then rank 1 answers with a
+    one-byte acknowledgement; MB/s = size · window · windows / time / 10⁶.
+    Native MPI (Send/Recv, Isend/Irecv) and mpicomm (send_array/recv_array,
+    isend_array/irecv_array) run interleaved in rounds, after their warm-up.
+    Rank 0's numbers go to every rank.
+    """
     import mpicomm
+    from mpi4py import MPI
 
     comm = mpicomm.Comm()
     if comm.size < 2:
         raise SystemExit("pingpong needs 2 ranks: mpiexec -n 2 python -m mpicomm.bench pingpong")
+    xp = array_module(getattr(args, "backend", "numpy"))
+    if xp is not np:
+        comm.bind_device()
     rank = comm.rank
-    peer = 1 - rank if rank < 2 else None  # ranks beyond the first two only wait
+    peer = 1 - rank if rank < 2 else -1  # ranks beyond the first two only wait
+    window = getattr(args, "window", WINDOW)
+    progress = Progress(len(args.sizes), "pingpong", show=rank == 0 and args.progress)
+    ack = np.zeros(1, np.uint8)  # host memory whatever the backend (OSU acknowledges from its buffers: 4 bytes)
     rows = []
     for size in args.sizes:
         iters = _iterations(size, args.iters)
-        x = np.zeros(size, np.uint8)
-        y = np.empty(size, np.uint8)
+        warm = warmup_iterations(size, iters, args.warmup)
+        windows = bandwidth_iterations(size, args.iters)
+        warm_windows = args.warmup if args.warmup is not None else max(1, windows // 10)  # osu_bw: 10 of 100
+        x = xp.zeros(size, xp.uint8)
+        y = xp.zeros(size, xp.uint8)
 
-        def bounce(send: Callable, recv: Callable) -> Callable[[], None]:
+        def bounce(send: Callable, recv: Callable) -> Callable[[], Any]:
             """One round trip: rank 0 sends then receives, rank 1 the other way round."""
             if rank == 0:
                 return lambda: (send(x, peer), recv(y, peer))
             return lambda: (recv(y, peer), send(x, peer))
 
-        native = bounce(comm.Send, comm.Recv)
-        typed = bounce(comm.send_array, comm.recv_array)
-        totals = {"native": 0.0, "mpicomm": 0.0}
-        rounds = min(args.rounds, iters)
+        def burst(isend: Callable, irecv: Callable, waitall: Callable, send: Callable,
+                  recv: Callable) -> Callable[[], Any]:
+            """One osu_bw window: *window* sends (rank 0) or receives (rank 1), waited for, then the ack."""
+            if rank == 0:
+                return lambda: (waitall([isend(x, peer, 1) for _ in range(window)]), recv(ack, peer, 2))
+            return lambda: (waitall([irecv(y, peer, 1) for _ in range(window)]), send(ack, peer, 2))
+
+        latency = {"native": bounce(comm.Send, comm.Recv), "mpicomm": bounce(comm.send_array, comm.recv_array)}
+        bandwidth = {
+            "native": burst(comm.Isend, comm.Irecv, MPI.Request.Waitall, comm.Send, comm.Recv),
+            "mpicomm": burst(comm.isend_array, comm.irecv_array, mpicomm.Request.Waitall, comm.send_array,
+                             comm.recv_array),
+        }
+        rounds = max(1, min(args.rounds, iters))
+        bw_rounds = max(1, min(args.rounds, windows))
+        lat = {name: [0.0, math.inf, 0.0, 0] for name in latency}
+        bw = {name: [0.0, math.inf, 0.0, 0] for name in bandwidth}
         if rank < 2:
-            for name, fn in (("native", native), ("mpicomm", typed)):
-                for _ in range(max(1, iters // 10)):  # warm-up
+            for name, fn in latency.items():
+                for _ in range(warm):
                     fn()
             for _ in range(rounds):
-                for name, fn in (("native", native), ("mpicomm", typed)):
-                    start = time.perf_counter()
-                    for _ in range(max(1, iters // rounds)):
-                        fn()
-                    totals[name] += time.perf_counter() - start
-        per = {k: v / (max(1, iters // rounds) * rounds) / 2 * 1e6 for k, v in totals.items()} if rank < 2 else {}
-        per = comm.bcast(per, root=0)
-        rows.append({"size": size, "native_us": per["native"], "mpicomm_us": per["mpicomm"],
-                     "ratio": per["mpicomm"] / per["native"], "iterations": iters // rounds * rounds})
-        if comm.rank == 0 and args.progress:
-            _say(f"  {size} B done")
+                for name, fn in latency.items():
+                    _time_each(fn, max(1, iters // rounds), lat[name])
+            for name, fn in bandwidth.items():
+                for _ in range(warm_windows):
+                    fn()
+            for _ in range(bw_rounds):
+                for name, fn in bandwidth.items():
+                    _time_each(fn, max(1, windows // bw_rounds), bw[name])
+        row: dict[str, Any] = {"size": size}
+        if rank == 0:
+            for name, (total, low, high, calls) in lat.items():  # one way: half a round trip, in µs
+                row.update({f"{name}_us": total / calls / 2 * 1e6, f"{name}_min_us": low / 2 * 1e6,
+                            f"{name}_max_us": high / 2 * 1e6})
+            row["ratio"] = row["mpicomm_us"] / row["native_us"]
+            row["iterations"] = lat["native"][3]
+            row["warmup"] = warm
+            for name, (total, _, _, calls) in bw.items():
+                row[f"{name}_MBps"] = size * window * calls / total / 1e6
+            row["bw_ratio"] = row["mpicomm_MBps"] / row["native_MBps"]
+            row.update({"windows": bw["native"][3], "window": window, "warmup_windows": warm_windows})
+        rows.append(comm.bcast(row, root=0))
+        progress.step(f"{size} B: latency native {format_time(row['native_us'] * 1e-6)}, mpicomm "
+                      f"{format_time(row['mpicomm_us'] * 1e-6)}; bandwidth native {row['native_MBps']:.1f} MB/s, "
+                      f"mpicomm {row['mpicomm_MBps']:.1f} MB/s" if rank == 0 else "")
     comm.Barrier()
     return rows
 
@@ -82,13 +161,33 @@ def pingpong_rows(args: argparse.Namespace) -> list[dict]:
 
 @dataclass
 class _Variant:
-    """One row of a size: the native call, an mpicomm algorithm, ``auto``, or ``shm+pool``."""
+    """One row of a size: the native call, an mpicomm algorithm, ``auto``, or ``shm+pool``; out of place or in place.
+
+    *send* is where the call's input lies (what validation writes), *recv* where its result lies (what
+    validation compares); in place they are views of one buffer.
+    """
 
     name: str
     algorithm: str | None  # the algorithm= argument (None: native)
-    send: np.ndarray
-    recv: np.ndarray
+    send: Any
+    recv: Any
     call: Callable[[], Any] = field(repr=False)
+    in_place: bool = False
+
+    @property
+    def key(self) -> str:
+        """The variant's name among all of a size's: ``ring``, or ``ring (in-place)``."""
+        return self.name + (IN_PLACE if self.in_place else "")
+
+
+@dataclass
+class _Call:
+    """One call's buffers: *args* (the positional buffer arguments, ``MPI.IN_PLACE`` included), *input* (where
+    the data lies), *result* (what the call writes and validation compares)."""
+
+    args: tuple
+    input: Any
+    result: Any
 
 
 def _label(algorithm: str) -> str:
@@ -96,28 +195,66 @@ def _label(algorithm: str) -> str:
     return "native (mpicomm)" if algorithm == "native" else algorithm
 
 
-def _arguments(spec: Collective, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> tuple[tuple, dict]:
-    """The positional and keyword arguments of one call (mpi4py's signature; op *op*, root 0)."""
+def _keywords(spec: Collective, op: str = "sum") -> dict[str, Any]:
+    """The keyword arguments of one call: op *op* for the reducing collectives, root 0 for the rooted ones."""
     from mpi4py import MPI
 
     mpi_op = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
-    keywords: dict[str, Any] = ({"op": mpi_op} if spec.op else {}) | ({"root": 0} if spec.root else {})
+    return ({"op": mpi_op} if spec.op else {}) | ({"root": 0} if spec.root else {})
+
+
+def _arguments(spec: Collective, send: Any, recv: Any, op: str = "sum") -> tuple[tuple, dict]:
+    """The positional and keyword arguments of one out-of-place call (mpi4py's signature; op *op*, root 0)."""
     positional = () if spec.name == "barrier" else (recv,) if spec.name == "bcast" else (send, recv)
-    return positional, keywords
+    return positional, _keywords(spec, op)
 
 
-def _bound(spec: Collective, target: Any, send: np.ndarray, recv: np.ndarray, algorithm: str | None,
+def _call_buffers(spec: Collective, xp: Any, dtype: np.dtype, unit: int, nsend: int, nrecv: int, rank: int, p: int,
+                  op: str, in_place: bool) -> _Call:
+    """Fresh buffers of one call holding this rank's data, out of place or in place (the module's table)."""
+    from mpi4py import MPI
+
+    def filled(n: int) -> Any:
+        buf = xp.zeros(n, dtype)
+        put(buf, rank_values(n, rank, p, 0, dtype, op))
+        return buf
+
+    rooted_elsewhere = spec.name in ("reduce", "gather", "scatter") and rank != 0  # in place only at the root
+    if not in_place or rooted_elsewhere:
+        send, recv = filled(nsend), xp.zeros(nrecv, dtype)
+        if spec.name == "bcast":
+            put(recv, to_host(send))
+        return _Call(_arguments(spec, send, recv)[0], send, recv)
+    if not spec.in_place:
+        raise ValueError(f"{spec.name} has no MPI.IN_PLACE form")
+    if spec.name in ("allreduce", "scan", "reduce", "alltoall", "reduce_scatter"):
+        buf = filled(nsend)  # the whole input: unit elements, or p blocks (alltoall, reduce_scatter)
+        return _Call((MPI.IN_PLACE, buf), buf, buf[:unit] if spec.name == "reduce_scatter" else buf)
+    if spec.name in ("allgather", "gather"):
+        buf = xp.zeros(nrecv, dtype)
+        block = buf[rank * unit:(rank + 1) * unit]
+        put(block, rank_values(unit, rank, p, 0, dtype, op))
+        return _Call((MPI.IN_PLACE, buf), block, buf)
+    send = filled(nsend)  # scatter, at the root: its own block stays where it is in sendbuf
+    return _Call((send, MPI.IN_PLACE), send, send[rank * unit:(rank + 1) * unit])
+
+
+def _bound(spec: Collective, target: Any, send: Any, recv: Any, algorithm: str | None,
            op: str = "sum") -> Callable:
     """``target.<Method>(...)`` with this collective's arguments bound (and ``algorithm=`` for mpicomm)."""
+    return _bind(spec, target, _arguments(spec, send, recv, op)[0], algorithm, op)
+
+
+def _bind(spec: Collective, target: Any, positional: tuple, algorithm: str | None, op: str = "sum") -> Callable:
+    """``target.<Method>(*positional, op=..., root=...)`` as a call of no arguments (``algorithm=`` for mpicomm)."""
     method = getattr(target, spec.method)
-    positional, keywords = _arguments(spec, send, recv, op)
+    keywords = _keywords(spec, op)
     if algorithm is not None:
         keywords["algorithm"] = algorithm
     return lambda: method(*positional, **keywords)
 
 
-def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray,
-                op: str = "sum") -> tuple[Callable, Any]:
+def _persistent(spec: Collective, comm: Any, send: Any, recv: Any, op: str = "sum") -> tuple[Callable, Any]:
     """(one Start and Wait of ``comm.<Method>_init(...)``, the request): the call ``--persistent`` times."""
     positional, keywords = _arguments(spec, send, recv, op)
     request = getattr(comm, spec.method + "_init")(*positional, **keywords)
@@ -129,8 +266,7 @@ def _persistent(spec: Collective, comm: Any, send: np.ndarray, recv: np.ndarray,
     return run, request
 
 
-def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray, unit: int,
-                 op: str = "sum") -> tuple[str, str]:
+def _auto_choice(comm: Any, spec: Collective, positional: tuple, op: str = "sum") -> tuple[str, str]:
     """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for this call.
 
     Asks the dispatcher, from the call's arguments read as it reads them, so
@@ -141,8 +277,7 @@ def _auto_choice(comm: Any, spec: Collective, send: np.ndarray, recv: np.ndarray
     if spec.name == "barrier":
         args = dispatch.Args("barrier")
     else:
-        positional, keywords = _arguments(spec, send, recv, op)
-        args = arguments.read(spec.registry, comm, *positional, **keywords)
+        args = arguments.read(spec.registry, comm, *positional, **_keywords(spec, op))
     algorithm, source = dispatch._choose(comm, args, "auto")
     return algorithm.name, str(source)
 
@@ -161,61 +296,79 @@ def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any
     return None
 
 
-def _rounds(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any]) -> dict[str, list[float]]:
-    """Each variant's µs per call in each of *rounds* rounds on this rank, after a warm-up; all variants in each.
+def _rounds(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any],
+            warmup: int | None = None) -> dict[str, list[float]]:
+    """Each variant's µs per call in each of *rounds* rounds on this rank, after *warmup* untimed calls each
+    (default: a tenth of *iters*, at least one); all variants in each round, keyed by :attr:`_Variant.key`.
 
-    Each iteration times one call, then waits in an untimed barrier (OSU).
+    Each call, warm-up or timed, is followed by an untimed barrier (OSU). Data
+    that grows in place (a sum repeated in place) may overflow: NumPy's
+    warnings about it are silenced here, where nothing is checked.
     """
     clock = time.perf_counter
-    for v in variants:
-        for _ in range(max(1, iters // 10)):
-            v.call()
-            barrier()
+    warm = max(1, iters // 10) if warmup is None else warmup
     per = max(1, iters // rounds)
-    times: dict[str, list[float]] = {v.name: [] for v in variants}
-    for _ in range(rounds):
+    times: dict[str, list[float]] = {v.key: [] for v in variants}
+    with np.errstate(all="ignore"):
         for v in variants:
-            call, total = v.call, 0.0
-            for _ in range(per):
-                start = clock()
-                call()
-                total += clock() - start
+            for _ in range(warm):
+                v.call()
                 barrier()
-            times[v.name].append(total * 1e6 / per)
+        for _ in range(rounds):
+            for v in variants:
+                call, total = v.call, 0.0
+                for _ in range(per):
+                    start = clock()
+                    call()
+                    total += clock() - start
+                    barrier()
+                times[v.key].append(total * 1e6 / per)
     return times
 
 
-def _measure(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any]) -> dict[str, float]:
+def _measure(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any],
+             warmup: int | None = None) -> dict[str, float]:
     """Each variant's mean µs per call on this rank over :func:`_rounds` (every round has as many calls)."""
-    return {name: sum(times) / len(times) for name, times in _rounds(variants, iters, rounds, barrier).items()}
+    return {key: sum(times) / len(times) for key, times in _rounds(variants, iters, rounds, barrier, warmup).items()}
 
 
 def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int,
-              wrong: dict[str, int] | None = None, op: str = "sum") -> dict[str, str | None]:
-    """Run every variant once on fresh data; each one's mismatch with the native result on this rank (or None).
+              wrong: dict[str, int] | None = None, op: str = "sum", reference: np.ndarray | None = None,
+              results: dict[str, np.ndarray] | None = None) -> dict[str, str | None]:
+    """Run every variant once on fresh data; each one's mismatch with the first's (native) result on this rank.
 
-    *wrong*, when given, gets each variant's count of elements that differ from native on this rank.
+    The result buffer is cleared (NaN, or -1) before the input is written, as
+    in place it holds the input. *wrong*, when given, gets each variant's count
+    of elements that differ from native on this rank. *reference*, when given,
+    is the result every variant is compared with instead (the in-place pass is
+    compared with native MPI out of place, which checks the in-place layout
+    too); *results*, when given, gets each variant's result. Keys: the
+    variants' names.
     """
-    results: dict[str, np.ndarray] = {}
+    results = {} if results is None else results
     for v in variants:
-        v.send[...] = rank_values(v.send.size, rank, p, salt, v.send.dtype, op)
-        v.recv[...] = np.nan if v.recv.dtype.kind == "f" else -1
+        put(v.recv, np.nan if v.recv.dtype.kind == "f" else -1)
+        put(v.send, rank_values(v.send.size, rank, p, salt, v.send.dtype, op))
         if spec.name == "bcast" and rank == 0:
-            v.recv[...] = rank_values(v.recv.size, rank, p, salt, v.recv.dtype, op)
+            put(v.recv, rank_values(v.recv.size, rank, p, salt, v.recv.dtype, op))
         v.call()
-        results[v.name] = v.recv.copy()
+        results[v.name] = to_host(v.recv)
     if spec.name == "barrier" or (spec.root_only and rank != 0):
         return dict.fromkeys(results)
-    native = results[variants[0].name]
+    native = results[variants[0].name] if reference is None else reference
     if wrong is not None:
         wrong.update({name: wrong_elements(got, native) for name, got in results.items()})
     return {name: (None if got is native else mismatch(got, native)) for name, got in results.items()}
 
 
-
 @dataclass
 class CollectiveRun:
-    """What :func:`collective_run` measured: rows (on rank 0; empty elsewhere), notes, and the run's facts."""
+    """What :func:`collective_run` measured: rows (on rank 0; empty elsewhere), notes, and the run's facts.
+
+    A row is one size of one variant, out of place; with ``--inplace`` its
+    ``in_place`` entry holds the same variant's in-place numbers (nccl-tests'
+    in-place columns), or None where the variant has no in-place form.
+    """
 
     rows: list[dict]
     notes: list[str]
@@ -224,6 +377,7 @@ class CollectiveRun:
     nodes: int
     machine: Any
     failed: bool
+    in_place: bool = False
 
 
 def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
@@ -237,31 +391,42 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     comm = mpicomm.Comm()
     p, rank = comm.Get_size(), comm.Get_rank()
     loud = rank == 0 and not args.quiet
+    xp = array_module(getattr(args, "backend", "numpy"))
+    if xp is not np:
+        comm.bind_device()
     names, notes = _resolve(spec, args.algorithms, comm)
     if args.pool and "shm" not in names:
         notes.append(f"--pool: {spec.name} has no usable 'shm' algorithm here; no shm+pool row")
     use_pool = bool(args.pool and "shm" in names)
+    in_place = bool(getattr(args, "inplace", False))
+    if in_place and not spec.in_place:
+        notes.append(f"--inplace: {spec.name} has no MPI.IN_PLACE form ("
+                     + ("it is in place by nature" if spec.name == "bcast" else "it moves no data")
+                     + "); out of place only")
+        in_place = False
+    if in_place and (use_pool or getattr(args, "persistent", False)):
+        notes.append("--inplace: the shm+pool and persistent rows are measured out of place only")
     machine = comm.machine
     dtype = np.dtype(getattr(args, "dtype", "float64"))
     op = getattr(args, "op", "sum")
     item = dtype.itemsize
     sizes = [0] if spec.name == "barrier" else list(dict.fromkeys(layout(spec.name, s, p, item)[3]
                                                                    for s in args.sizes))
-    if loud:
-        shown = ["native", *map(_label, names)] + (["shm+pool"] if use_pool else [])
-        _say(f"{spec.name}: {p} ranks on {comm.nodes} node(s), {len(sizes)} size(s), variants: {', '.join(shown)}"
-             + "".join(f"\n  note: {n}" for n in notes))
+    progress = Progress(len(sizes), spec.name, show=loud)
+    shown = ["native", *map(_label, names)] + (["shm+pool"] if use_pool else [])
+    progress.note(f"{p} ranks on {comm.nodes} node(s), {len(sizes)} size(s), variants: {', '.join(shown)}"
+                  + (", each also in place" if in_place else "") + "".join(f"\n  note: {n}" for n in notes))
     rows: list[dict] = []
     failed = False
     for index, size in enumerate(sizes):
         unit, nsend, nrecv, nbytes = layout(spec.name, size, p, item)
         iters = _iterations(nbytes, args.iters)
         rounds = max(1, min(args.rounds, iters))
-        send, recv = rank_values(nsend, rank, p, 0, dtype, op), np.zeros(nrecv, dtype)
-        if spec.name == "bcast":
-            recv[...] = send
-        variants = [_Variant("native", None, send, recv, _bound(spec, world, send, recv, None, op))]
-        variants += [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n, op)) for n in names]
+        warm = warmup_iterations(nbytes, iters, getattr(args, "warmup", None))
+        out = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=False)
+        send, recv = out.input, out.result
+        variants = [_Variant("native", None, send, recv, _bind(spec, world, out.args, None, op))]
+        variants += [_Variant(_label(n), n, send, recv, _bind(spec, comm, out.args, n, op)) for n in names]
         pool = None
         if use_pool:
             pool = shm.Pool(comm, (nsend + nrecv) * item + 2 * 4096)
@@ -273,31 +438,60 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             run, persistent = _persistent(spec, comm, send, recv, op)
             plan = persistent.plan
             variants.append(_Variant("persistent", None if plan.library else plan.algorithm.name, send, recv, run))
-        chosen = _auto_choice(comm, spec, send, recv, unit, op) if "auto" in names else None
-        mine = _measure(variants, iters, rounds, world.Barrier)
+        inner: list[_Variant] = []
+        if in_place:
+            buf = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=True)
+            inner = [_Variant("native", None, buf.input, buf.result, _bind(spec, world, buf.args, None, op), True)]
+            inner += [_Variant(_label(n), n, buf.input, buf.result, _bind(spec, comm, buf.args, n, op), True)
+                      for n in names]
+        chosen = {}
+        if "auto" in names:
+            chosen["auto"] = _auto_choice(comm, spec, out.args, op)
+            if in_place:
+                chosen["auto" + IN_PLACE] = _auto_choice(comm, spec, buf.args, op)
+        mine = _measure(variants + inner, iters, rounds, world.Barrier, warm)
         every = world.gather(mine, root=0)
         verdicts: dict[str, str | None] = {}
         wrongs: dict[str, int] = {}
         if args.validate:
-            counts: dict[str, int] = {}
-            problems = _validate(spec, variants, rank, p, salt=1 + index, wrong=counts, op=op)
-            for name, problem in problems.items():
-                if problem is not None:
-                    print(f"validation failed: {spec.name} algorithm {name} size {nbytes} B rank {rank}: {problem}",
-                          file=sys.stderr, flush=True)
-            flags = np.array([problems[v.name] is not None for v in variants], np.int32)
+            keys = [v.key for v in variants + inner]
+            problems, counts = {}, {}
+            reference = None  # native MPI's result out of place: what the in-place pass must give too
+            for group in (variants, inner):
+                if group:
+                    found: dict[str, int] = {}
+                    seen: dict[str, np.ndarray] = {}
+                    checked = _validate(spec, group, rank, p, salt=1 + index, wrong=found, op=op,
+                                        reference=reference, results=seen)
+                    reference = seen["native"] if reference is None else reference
+                    problems.update({v.key: checked[v.name] for v in group})
+                    counts.update({v.key: found.get(v.name, 0) for v in group})
+            for key in keys:
+                if problems[key] is not None:
+                    print(f"validation failed: {spec.name} algorithm {key} size {nbytes} B rank {rank}: "
+                          f"{problems[key]}", file=sys.stderr, flush=True)
+            flags = np.array([problems[key] is not None for key in keys], np.int32)
             world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-            verdicts = {v.name: "Fail" if flag else "Pass" for v, flag in zip(variants, flags)}
-            totals = np.array([counts.get(v.name, 0) for v in variants], np.int64)
+            verdicts = {key: "Fail" if flag else "Pass" for key, flag in zip(keys, flags)}
+            totals = np.array([counts[key] for key in keys], np.int64)
             world.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)  # elements that differ from native, every rank
-            wrongs = {v.name: int(t) for v, t in zip(variants, totals)}
+            wrongs = {key: int(t) for key, t in zip(keys, totals)}
             failed = failed or bool(flags.any())
         if rank == 0:
-            rows += _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen, verdicts, machine, item)
-            for row in rows[-len(variants):]:
+            here = _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen.get("auto"), verdicts,
+                              machine, item)
+            facts = {"type": type_name(spec.name, dtype), "redop": redop_name(spec.name, op),
+                     "root": root_of(spec.name), "warmup": warm}
+            for row in here:
+                row.update(facts)
                 row["wrong"] = wrongs.get(row["name"]) if args.validate else None
-            if loud:
-                _progress(spec, rows[-len(variants):], index, len(sizes))
+                if in_place:
+                    row["in_place"] = None
+            if inner:
+                _in_place_rows(spec, here, every, inner, unit, p, item, chosen.get("auto" + IN_PLACE), verdicts,
+                               wrongs if args.validate else None)
+            rows += here
+            progress.step(_progress_text(here))
         if persistent is not None:
             persistent.Free()
         if pool is not None:
@@ -306,7 +500,7 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         if failed:
             break
     overhead = _overhead(spec, rows, world, comm, p) if not failed else None
-    return CollectiveRun(rows, notes, overhead, p, comm.nodes, machine, failed)
+    return CollectiveRun(rows, notes, overhead, p, comm.nodes, machine, failed, in_place)
 
 
 def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], list[str]]:
@@ -345,12 +539,12 @@ def _requested(spec: Collective, requested: str) -> list[str]:
 def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
                rounds: int, iters: int, chosen: tuple[str, str] | None, verdicts: dict,
                machine: Any, item: int = 8) -> list[dict]:
-    """The rows of one size on rank 0, from every rank's mean µs per variant."""
+    """The rows of one size on rank 0, from every rank's mean µs per variant (out of place)."""
     per = max(1, iters // rounds)
     native = sum(r["native"] for r in every) / len(every)
     out = []
     for v in variants:
-        lat = [r[v.name] for r in every]
+        lat = [r[v.key] for r in every]
         avg = sum(lat) / len(lat)
         bw = bandwidths(spec.name, unit, item, p, avg * 1e-6)
         algorithm = chosen[0] if v.name == "auto" and chosen else v.algorithm
@@ -363,24 +557,48 @@ def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], un
             "avg_us": avg, "min_us": min(lat), "max_us": max(lat), "iterations": per * rounds,
             "algbw_GBps": bw[0] if bw else None, "busbw_GBps": bw[1] if bw else None,
             "model_us": predicted, "meas_over_model": avg / predicted if predicted else None,
-            "vs_native": avg / native if native > 0 else None, "validation": verdicts.get(v.name),
+            "vs_native": avg / native if native > 0 else None, "validation": verdicts.get(v.key),
         })
     return out
 
 
-def _progress(spec: Collective, rows: list[dict], index: int, total: int) -> None:
+def _in_place_rows(spec: Collective, rows: list[dict], every: list[dict], inner: list[_Variant], unit: int, p: int,
+                   item: int, chosen: tuple[str, str] | None, verdicts: dict, wrongs: dict | None) -> None:
+    """Give each row of *rows* whose variant ran in place its ``in_place`` numbers (vs_native: against native
+    in place)."""
+    native = sum(r["native" + IN_PLACE] for r in every) / len(every)
+    by_name = {row["name"]: row for row in rows}
+    for v in inner:
+        lat = [r[v.key] for r in every]
+        avg = sum(lat) / len(lat)
+        bw = bandwidths(spec.name, unit, item, p, avg * 1e-6)
+        by_name[v.name]["in_place"] = {
+            "avg_us": avg, "min_us": min(lat), "max_us": max(lat),
+            "algbw_GBps": bw[0] if bw else None, "busbw_GBps": bw[1] if bw else None,
+            "vs_native": avg / native if native > 0 else None,
+            "chose": chosen[0] if v.name == "auto" and chosen else None,
+            "source": chosen[1] if v.name == "auto" and chosen else None,
+            "validation": verdicts.get(v.key), "wrong": wrongs.get(v.key) if wrongs is not None else None,
+        }
+
+
+def _progress_text(rows: list[dict]) -> str:
+    """One size's progress line: native, the best mpicomm algorithm, auto, in-place native, validation."""
     native = rows[0]
     ours = [r for r in rows[1:] if r["name"] != "auto"] or rows[1:]
-    line = f"[{index + 1}/{total}] {spec.name} {native['size']} B: native {native['avg_us']:.2f} us"
+    line = f"{native['size']} B: native {format_time(native['avg_us'] * 1e-6)}"
     if ours:
         best = min(ours, key=lambda r: r["avg_us"])
-        line += f", best {best['name']} {best['avg_us']:.2f} us ({best['vs_native']:.2f}x native)"
+        line += f", best {best['name']} {format_time(best['avg_us'] * 1e-6)} ({best['vs_native']:.2f}x native)"
     for r in rows:
         if r["name"] == "auto":
-            line += f", auto -> {r['chose']} {r['avg_us']:.2f} us"
+            line += f", auto -> {r['chose']} {format_time(r['avg_us'] * 1e-6)}"
+    if native.get("in_place"):
+        line += f", in place: native {format_time(native['in_place']['avg_us'] * 1e-6)}"
     if native["validation"]:
-        line += ", validation " + ("pass" if all(r["validation"] == "Pass" for r in rows) else "FAIL")
-    _say(line)
+        verdicts = [r["validation"] for r in rows] + [r["in_place"]["validation"] for r in rows if r.get("in_place")]
+        line += ", validation " + ("pass" if all(v == "Pass" for v in verdicts) else "FAIL")
+    return line
 
 
 def _overhead(spec: Collective, rows: list[dict], world: Any, comm: Any, p: int) -> dict | None:
@@ -458,7 +676,7 @@ def time_algorithms(comm: Any, spec: Collective, names: Sequence[str], sizes: Se
         if spec.name == "bcast":
             recv[...] = send
         variants = [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n)) for n in names]
-        chosen = _auto_choice(comm, spec, send, recv, unit) if "auto" in names else None
+        chosen = _auto_choice(comm, spec, _arguments(spec, send, recv)[0]) if "auto" in names else None
         mine = {name: statistics.median(t) for name, t in _rounds(variants, calls, turns, plain.Barrier).items()}
         every = plain.allgather(mine)
         times = {n: sum(r[_label(n)] for r in every) / p for n in names}

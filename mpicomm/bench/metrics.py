@@ -8,55 +8,63 @@ collectives the same way (``python -m mpicomm.tune --collectives``).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np
 
+from ..cli import sizes_arg
+
 __all__ = [
-    "parse_sizes", "iterations", "Collective", "COLLECTIVES", "nccl_bytes", "bus_factor", "bandwidths",
-    "model_bytes", "layout", "rank_values", "mismatch",
+    "parse_sizes", "iterations", "warmup_iterations", "bandwidth_iterations", "WINDOW", "Collective", "COLLECTIVES",
+    "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
+    "type_name", "redop_name", "root_of", "mpi_type_name",
 ]
 
 # ---------------------------------------------------------------- sizes and iterations
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _bytes(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    unit = text[-1] if text and text[-1] in "KMG" else ""
-    try:
-        value = int(text[: len(text) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use bytes with an optional K, M or G (e.g. 64K)")
-    return value
-
 
 def parse_sizes(text: str) -> list[int]:
-    """``"8:1M"`` → powers of two from 8 B to 1 MiB; ``"8,100,4K"`` → those sizes."""
-    if ":" in text:
-        low, high = (_bytes(t) for t in text.split(":", 1))
-        if low > high:
-            raise argparse.ArgumentTypeError(f"--sizes {text}: the first size is larger than the last")
-        sizes, size = [], low
-        while size <= high:
-            sizes.append(size)
-            size *= 2
-        return sizes
-    return [_bytes(t) for t in text.split(",")]
+    """``"8:1M"`` → powers of two from 8 B to 1 MiB; ``"8,100,4K"`` → those sizes (:func:`mpicomm.cli.sizes_arg`).
+
+    Kept for the callers that import it from here (``python -m mpicomm.tune``,
+    ``python -m mpicomm algorithms --explain``); a bad size raises
+    ``argparse.ArgumentTypeError`` naming the value and the accepted forms.
+    """
+    return sizes_arg(text)
+
+
+#: OSU's boundary between small and large messages: its iteration and warm-up counts change above it.
+LARGE = 8192
 
 
 def _iterations(size: int, requested: int | None) -> int:
-    return requested if requested else (1000 if size <= 8192 else 100)  # OSU's defaults
+    return requested if requested else (1000 if size <= LARGE else 100)  # OSU's defaults
 
 
 #: The public name of the iteration rule (the measuring loops and tune use it).
 iterations = _iterations
+
+
+def warmup_iterations(size: int, iters: int, requested: int | None = None) -> int:
+    """Untimed calls before a size's timed ones: *requested* (``--warmup``), else OSU's proportion.
+
+    OSU skips 200 of 1000 iterations up to 8 KiB and 10 of 100 above; the
+    default keeps that proportion for any *iters* (one fifth, one tenth, at
+    least one), so it is exactly OSU's at the default iteration counts.
+    """
+    if requested is not None:
+        return requested
+    return max(1, iters // 5 if size <= LARGE else iters // 10)
+
+
+def bandwidth_iterations(size: int, requested: int | None) -> int:
+    """Windows per size of the ping-pong bandwidth test: *requested*, else osu_bw's (100 up to 8 KiB, 20 above)."""
+    return requested if requested else (100 if size <= LARGE else 20)
+
+
+#: osu_bw's window: non-blocking sends in flight before the receiver's acknowledgement.
+WINDOW = 64
 
 
 # ---------------------------------------------------------------- collectives: what each one moves
@@ -68,7 +76,9 @@ class Collective:
 
     ``unit`` is the count the sizes are made of: the whole vector (allreduce,
     bcast, reduce, scan) or one rank's block (the others). The send and
-    receive buffers hold ``unit`` or ``unit·p`` elements.
+    receive buffers hold ``unit`` or ``unit·p`` elements. ``in_place``: the
+    collective has an ``MPI.IN_PLACE`` form (see :mod:`mpicomm.bench.measure`
+    for where the data lies then).
     """
 
     name: str
@@ -81,6 +91,7 @@ class Collective:
     root: bool = False
     root_only: bool = False  # only the root has a result
     size_is_all: bool = False  # OSU's Size is unit·p (reduce_scatter: the whole vector)
+    in_place: bool = True  # has an MPI.IN_PLACE form (bcast is in place by nature; barrier moves nothing)
 
     def describe_size(self) -> str:
         """What the Size column measures, in words."""
@@ -95,7 +106,7 @@ class Collective:
 
 COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("allreduce", "Allreduce", "allreduce", True, False, False, op=True),
-    Collective("bcast", "Bcast", "bcast", True, False, False, root=True),
+    Collective("bcast", "Bcast", "bcast", True, False, False, root=True, in_place=False),
     Collective("reduce", "Reduce", "reduce", True, False, False, op=True, root=True, root_only=True),
     Collective("allgather", "Allgather", "allgather", False, False, True),
     Collective("alltoall", "Alltoall", "alltoall", False, True, True),
@@ -104,7 +115,7 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("gather", "Gather", "gather", False, False, True, root=True, root_only=True),
     Collective("scatter", "Scatter", "scatter", False, True, False, root=True),
     Collective("scan", "Scan", "scan", True, False, False, op=True),
-    Collective("barrier", "Barrier", "barrier", True, False, False),
+    Collective("barrier", "Barrier", "barrier", True, False, False, in_place=False),
 )}
 
 _ALL_FACTOR = ("reduce_scatter", "allgather", "alltoall", "gather", "scatter")  # nccl-tests: S = count·typesize·p
@@ -192,6 +203,32 @@ def rank_values(count: int, rank: int, p: int, salt: int = 0, dtype: Any = np.fl
 #: ``--dtype`` choices and ``--op`` choices (the reducing collectives).
 DTYPES = ("float64", "float32", "float16", "int64", "int32")
 OPS = ("sum", "prod", "max", "min")
+
+_NCCL_TYPES = {"float64": "double", "float32": "float", "float16": "half", "int64": "int64", "int32": "int32"}
+_MPI_TYPES = {"float64": "MPI_DOUBLE", "float32": "MPI_FLOAT", "float16": "MPIX_C_FLOAT16", "int64": "MPI_INT64_T",
+              "int32": "MPI_INT32_T"}
+
+
+def type_name(collective: str, dtype: Any) -> str:
+    """nccl-tests' ``type`` column: ``double``, ``float``, ``half``, ``int64``, ``int32`` (``none`` for barrier)."""
+    name = np.dtype(dtype).name
+    return "none" if collective == "barrier" else _NCCL_TYPES.get(name, name)
+
+
+def mpi_type_name(dtype: Any) -> str:
+    """The MPI datatype OSU's ``# Datatype:`` line names (``MPI_DOUBLE`` for float64)."""
+    name = np.dtype(dtype).name
+    return _MPI_TYPES.get(name, name)
+
+
+def redop_name(collective: str, op: str) -> str:
+    """nccl-tests' ``redop`` column: the op of a reducing collective, ``none`` for the others."""
+    return op if COLLECTIVES[collective].op else "none"
+
+
+def root_of(collective: str) -> int:
+    """nccl-tests' ``root`` column: 0 (the benchmark's root) for rooted collectives, -1 for the others."""
+    return 0 if COLLECTIVES[collective].root else -1
 
 
 def wrong_elements(got: np.ndarray, want: np.ndarray) -> int:

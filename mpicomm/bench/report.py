@@ -1,22 +1,32 @@
-"""What a benchmark shows: the Markdown table, the notes around it, and the ``--out``/``--json``/``--plot`` files.
+"""What a benchmark shows: the Markdown table (or OSU's text), the notes around it, and the
+``--out``/``--json``/``--plot`` files.
 
 Everything here runs on rank 0 after the measuring is done (and
 :func:`markdown_table` anywhere: ``jobs/collect.py`` builds its tables with it).
+
+The collective table has OSU's columns (Size, Avg/Min/Max Latency, Iterations)
+and nccl-tests' (count, type, redop, root, algbw, busbw, #wrong; with
+``--inplace`` its in-place columns), then the model's. ``--json`` writes
+:func:`mpicomm.cli.document`'s layout (schema, schema_version, command,
+machine, host, versions, date, results = the rows) with this benchmark's
+fields beside it; ``rows`` repeats ``results`` for the readers written before
+(``jobs/collect.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import cli
+from ..cli import US
 from .measure import CollectiveRun
-from .metrics import _ALL_FACTOR, COLLECTIVES, Collective
+from .metrics import _ALL_FACTOR, COLLECTIVES, Collective, mpi_type_name
+from .osu import collective_tables, pingpong_tables
+from .plot import plot_collective
 
 __all__ = ["Report", "markdown_table", "pingpong_report", "collective_report", "finish"]
 
@@ -33,6 +43,7 @@ class Report:
     rows: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     code: int = 0
+    osu: list[str] = field(default_factory=list)  # the same results in OSU's layout (--format osu)
 
 
 
@@ -63,7 +74,7 @@ def _library() -> str:
 def _command(argv: list[str]) -> str:
     from mpi4py import MPI
 
-    return f"mpiexec -n {MPI.COMM_WORLD.Get_size()} python -m mpicomm.bench " + shlex.join(argv)
+    return cli.command_line(f"mpiexec -n {MPI.COMM_WORLD.Get_size()} python -m mpicomm.bench", argv)
 
 
 def _settings() -> str:
@@ -80,30 +91,81 @@ def _format(value: float | None, digits: int = 2) -> str:
 
 def pingpong_report(args: argparse.Namespace, rows: list[dict]) -> Report:
     """The pingpong table of *rows* (from :func:`mpicomm.bench.measure.pingpong_rows`)."""
-    header = ["Size (B)", "native MPI (us)", "mpicomm (us)", "ratio", "Iterations"]
-    cells = [[str(r["size"]), f"{r['native_us']:.2f}", f"{r['mpicomm_us']:.2f}", f"{r['ratio']:.2f}",
-              str(r["iterations"])] for r in rows]
-    method = (f"One-way latency (half a round trip), mean over iterations; native and mpicomm "
-              f"interleaved in {args.rounds} rounds per size.")
-    return Report("pingpong", header, cells, method=method, rows=rows)
+    header = ["Size (B)", f"native Avg ({US})", f"native Min ({US})", f"native Max ({US})", f"mpicomm Avg ({US})",
+              f"mpicomm Min ({US})", f"mpicomm Max ({US})", "ratio", "native (MB/s)", "mpicomm (MB/s)", "bw ratio",
+              "Iterations", "Windows"]
+    cells = [[str(r["size"]), *(_format(r[k]) for k in ("native_us", "native_min_us", "native_max_us", "mpicomm_us",
+                                                         "mpicomm_min_us", "mpicomm_max_us", "ratio")),
+              _format(r["native_MBps"]), _format(r["mpicomm_MBps"]), _format(r["bw_ratio"]),
+              str(r["iterations"]), str(r["windows"])] for r in rows]
+    window = rows[0]["window"] if rows else 0
+    method = (f"Latency (osu_latency): one way, half a round trip; Avg over iterations, Min and Max of single round "
+              f"trips (halved); ratio = mpicomm Avg / native Avg. Bandwidth (osu_bw): windows of {window} "
+              f"non-blocking sends answered by a one-byte acknowledgement, MB/s = 10^6 B/s; bw ratio = mpicomm / "
+              f"native. Native (Send/Recv, Isend/Irecv) and mpicomm (send_array/recv_array, "
+              f"isend_array/irecv_array) interleaved in {args.rounds} rounds per size, after "
+              f"{_warmup_text(args)}; {_backend_text(args)}.")
+    report = Report("pingpong", header, cells, method=method, rows=rows,
+                    extra={"p": _world_size(), "window": window})
+    report.osu = pingpong_tables(rows, getattr(args, "backend", "numpy"))
+    return report
 
 
-_HEADER = ["Size", "Algorithm", "Avg Latency(us)", "Min Latency(us)", "Max Latency(us)", "Iterations",
-           "algbw (GB/s)", "busbw (GB/s)", "{model}", "meas/model", "vs native"]
+def _world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def _warmup_text(args: argparse.Namespace) -> str:
+    if getattr(args, "warmup", None) is not None:
+        return f"{args.warmup} untimed warm-up calls per variant"
+    return "untimed warm-up calls per variant (OSU's: a fifth of the iterations up to 8 KiB, a tenth above)"
+
+
+def _backend_text(args: argparse.Namespace) -> str:
+    return ("buffers in GPU memory (CuPy)" if getattr(args, "backend", "numpy") == "cupy"
+            else "buffers in host memory (NumPy)")
+
+
+def _place(row: dict, key: str, digits: int = 2) -> str:
+    got = row.get("in_place")
+    return "" if not got else _format(got[key], digits)
+
+
+def _verdict(row: dict) -> str:
+    """Pass only when the row's out-of-place and in-place results both equal native MPI's."""
+    verdicts = [row["validation"]] + ([row["in_place"]["validation"]] if row.get("in_place") else [])
+    if any(v == "Fail" for v in verdicts):
+        return "Fail"
+    return row["validation"] or ""
 
 
 def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes: int, rows: list[dict],
                        notes: list[str], overhead: dict | None, model_label: str, machine: Any,
-                       failed: bool) -> Report:
-    header = [model_label if h == "{model}" else h for h in _HEADER] + (["#wrong", "Validation"] if args.validate
-                                                                         else [])
+                       failed: bool, in_place: bool = False) -> Report:
+    header = ["Size", "count", "type", "redop", "root", "Algorithm", f"Avg Latency({US})", f"Min Latency({US})",
+              f"Max Latency({US})", "Iterations", "algbw (GB/s)", "busbw (GB/s)"]
+    if in_place:
+        header += [f"in-place Avg Latency({US})", "in-place algbw (GB/s)", "in-place busbw (GB/s)"]
+    header += [model_label, "meas/model", "vs native"]
+    if args.validate:
+        header += ["#wrong"] + (["in-place #wrong"] if in_place else []) + ["Validation"]
     cells = []
     for r in rows:
         name = r["name"] + (f" -> {r['chose']}" if r["chose"] else "")
-        cells.append([str(r["size"]), name, _format(r["avg_us"]), _format(r["min_us"]), _format(r["max_us"]),
-                      str(r["iterations"]), _format(r["algbw_GBps"], 3), _format(r["busbw_GBps"], 3),
-                      _format(r["model_us"]), _format(r["meas_over_model"]), _format(r["vs_native"])]
-                     + ([str(r.get("wrong", "")), r["validation"] or ""] if args.validate else []))
+        line = [str(r["size"]), str(r["count"]), r["type"], r["redop"], str(r["root"]), name, _format(r["avg_us"]),
+                _format(r["min_us"]), _format(r["max_us"]), str(r["iterations"]), _format(r["algbw_GBps"], 3),
+                _format(r["busbw_GBps"], 3)]
+        if in_place:
+            line += [_place(r, "avg_us"), _place(r, "algbw_GBps", 3), _place(r, "busbw_GBps", 3)]
+        line += [_format(r["model_us"]), _format(r["meas_over_model"]), _format(r["vs_native"])]
+        if args.validate:
+            line += [_count(r.get("wrong"))]
+            if in_place:
+                line += [_count(r["in_place"]["wrong"]) if r.get("in_place") else ""]
+            line += [_verdict(r)]
+        cells.append(line)
     after = list(notes)
     bus = [r["busbw_GBps"] for r in rows if r["name"] == "auto" and r.get("busbw_GBps") is not None]
     if bus:  # as nccl-tests ends its table
@@ -111,35 +173,50 @@ def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes
     if overhead is not None:
         what = "barrier" if spec.name == "barrier" else "8-byte call"
         after.insert(0, f"Python overhead of one {what} ({spec.name}, mpicomm auto minus native MPI): "
-                        f"{overhead['overhead_us']:.2f} us (auto {overhead['auto_us']:.2f} us, "
-                        f"native {overhead['native_us']:.2f} us)")
+                        f"{cli.format_time(overhead['overhead_us'] * 1e-6)} (auto "
+                        f"{cli.format_time(overhead['auto_us'] * 1e-6)}, native "
+                        f"{cli.format_time(overhead['native_us'] * 1e-6)})")
     if failed:
         after.append(f"validation FAILED: an algorithm's {spec.name} result differs from native MPI's "
                      f"(see the messages above); stopped after that size")
+    dtype = getattr(args, "dtype", "float64")
     data = ("" if spec.name == "barrier" else
-            f"Size: {spec.describe_size()} ({getattr(args, 'dtype', 'float64')} data"
+            f"Size: {spec.describe_size()} ({dtype} data"
             + (f", op {getattr(args, 'op', 'sum')}" if spec.op else "") + "; sizes rounded down to whole elements). ")
+    columns = ("count, type, redop, root: nccl-tests' (count: elements of the whole vector or of one rank's block, "
+               "as Size; root -1: none). ")
     bandwidth = f"{_bandwidth_text(spec)} (nccl-tests, GB/s). " if spec.name != "barrier" else ""
+    places = (" With --inplace every variant also ran with MPI.IN_PLACE in the same rounds (the in-place columns; "
+              "empty where a row has no in-place form)." if in_place else "")
     method = (
-        f"{data}Each iteration times one call, then an untimed barrier; a rank's latency is its mean per call; Avg "
-        f"is the mean over ranks, Min/Max over ranks. native (mpi4py on MPI.COMM_WORLD) and every algorithm run "
-        f"interleaved in {args.rounds} rounds per size. {bandwidth}"
-        f"{model_label.split(' (us)')[0]} (us): mpicomm.model's prediction "
-        f"({'fitted machine' if machine is not None else 'nominal machine'}); vs native = Avg / native Avg."
-        + (" Validation: each algorithm's result on fresh data equals native MPI's." if args.validate else "")
+        f"{data}{columns}Each iteration times one call, then an untimed barrier, after "
+        f"{_warmup_text(args)}; a rank's latency is its mean per call; Avg is the mean over ranks, Min/Max over "
+        f"ranks. native (mpi4py on MPI.COMM_WORLD) and every algorithm run interleaved in {args.rounds} rounds per "
+        f"size; {_backend_text(args)}. {bandwidth}"
+        f"{model_label}: mpicomm.model's prediction ({'fitted machine' if machine is not None else 'nominal machine'}"
+        f"); vs native = Avg / native Avg.{places}"
+        + (" Validation: each algorithm's result on fresh data equals native MPI's (#wrong: elements that differ, "
+           "all ranks)." if args.validate else "")
     )
     extra = {"p": p, "nodes": nodes, "overhead": overhead, "notes": notes, "validated": bool(args.validate),
-             "model": "fitted" if machine is not None else "nominal"}
-    return Report(f"{spec.name}, {p} ranks on {nodes} node(s)", header, cells, after, method, rows, extra,
-                  code=1 if failed else 0)
+             "model": "fitted" if machine is not None else "nominal", "in_place": in_place,
+             "dtype": dtype, "op": getattr(args, "op", None)}
+    report = Report(f"{spec.name}, {p} ranks on {nodes} node(s)", header, cells, after, method, rows, extra,
+                    code=1 if failed else 0)
+    report.osu = collective_tables(spec, rows, mpi_type_name(dtype), bool(args.validate),
+                                   getattr(args, "backend", "numpy"), after)
+    return report
 
+
+def _count(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def collective_report(spec: Collective, args: argparse.Namespace, run: CollectiveRun) -> Report:
     """The report of one collective's run (from :func:`mpicomm.bench.measure.collective_run`)."""
-    model_label = "model (us)" if run.machine is not None else "model (nominal)"
+    model_label = f"model ({US})" if run.machine is not None else f"model (nominal, {US})"
     return _collective_report(spec, args, run.p, run.nodes, run.rows, run.notes, run.overhead, model_label,
-                              run.machine, run.failed)
+                              run.machine, run.failed, run.in_place)
 
 
 def _bandwidth_text(spec: Collective) -> str:
@@ -148,46 +225,6 @@ def _bandwidth_text(spec: Collective) -> str:
     return (f"algbw = S/t with S = {'count*8*p' if spec.name in _ALL_FACTOR else 'count*8'} bytes, "
             f"busbw = algbw * {factor}")
 
-
-def _plot(path: str, spec: Collective, rows: list[dict], p: int, machine: str) -> None:
-    """Latency against size, log-log: one line per algorithm, native dashed black."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    lines: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        lines.setdefault(r["name"], []).append((max(r["size"], 1), r["avg_us"]))
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    markers = "os^vD<>ph*"
-    for i, (name, points) in enumerate(lines.items()):
-        xs, ys = zip(*points)
-        if name == "native":
-            ax.plot(xs, ys, "k--", marker="o", linewidth=2, label="native MPI", zorder=3)
-        else:
-            ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=3.5, linewidth=2.2 if name == "auto" else 1.2,
-                    label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _human(x)))
-    ax.set_xlabel(f"Size ({spec.describe_size()})")
-    ax.set_ylabel("Avg latency (us)")
-    ax.set_title(f"{spec.name}, p = {p}\n{machine}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _human(nbytes: float) -> str:
-    """8 → "8", 4096 → "4K", 1 << 20 → "1M" (binary units)."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g}{unit}"
-    return f"{nbytes:g}"
 
 def _write_markdown(args: argparse.Namespace, report: Report, command: str, machine: str,
                     plot: str | None) -> None:
@@ -210,26 +247,25 @@ def _write_markdown(args: argparse.Namespace, report: Report, command: str, mach
 
 
 def finish(args: argparse.Namespace, argv: list[str], report: Report) -> None:
-    """On rank 0: print the table and notes; write --out, --json, --plot."""
+    """On rank 0: print the table and notes (Markdown, or OSU's layout); write --out, --json, --plot."""
     command = _command(argv)
     machine = _machine()
-    print(f"# {report.title}")
-    print(markdown_table(report.header, report.cells))
-    for note in report.notes:
-        print(note)
+    if getattr(args, "format", "markdown") == "osu":
+        print("\n".join(report.osu))
+    else:
+        print(f"# {report.title}")
+        print(markdown_table(report.header, report.cells))
+        for note in report.notes:
+            print(note)
     sys.stdout.flush()
     plotted = None
     if getattr(args, "plot", None) and report.rows:
-        _plot(args.plot, COLLECTIVES[args.benchmark], report.rows, report.extra.get("p", 0), machine)
+        plot_collective(args.plot, COLLECTIVES[args.benchmark], report.rows, report.extra.get("p", 0), machine)
         plotted = args.plot
     if args.out:
         _write_markdown(args, report, command, machine, plotted)
     if getattr(args, "json", None):
-        document = {
-            "benchmark": args.benchmark, "command": command, "machine": machine, "mpi_library": _library(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "settings": _settings(), "sizes_requested": args.sizes, "rounds": args.rounds,
-            "method": report.method, **report.extra, "rows": report.rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(document, f, indent=1)
+        cli.write_json(args.json, command, report.rows, benchmark=args.benchmark, settings=_settings(),
+                       sizes_requested=args.sizes, iters=args.iters, rounds=args.rounds, warmup=args.warmup,
+                       backend=getattr(args, "backend", "numpy"), method=report.method, **report.extra,
+                       rows=report.rows)

@@ -17,18 +17,24 @@ count, one Markdown section:
   size ≥ 64 KiB) point (target ≥ 90 %).
 
 Ordinary arrays means every row but ``native``, ``shm+pool`` (arrays from a
-shared-memory pool) and ``persistent``. ``--out FILE`` writes the same text
-(refusing to replace an existing file unless ``--force``).
+shared-memory pool) and ``persistent``; the targets are judged out of place
+(a row's ``in_place`` numbers, from ``--inplace``, are not read). ``--out
+FILE`` writes the same text (an existing file is kept unless ``--append`` or
+``--force``, :func:`mpicomm.cli.check_out`).
+
+The files are :func:`mpicomm.cli.document`'s layout (rows in ``results``);
+files written before it (rows in ``rows``, no ``schema``) are read too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import defaultdict
 from typing import Iterable
+
+from ..cli import SCHEMA, US, add_out, check_out
 
 __all__ = ["summarize", "main"]
 
@@ -46,9 +52,10 @@ def _load(paths: Iterable[str]) -> dict[int, list[dict]]:
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: not a benchmark JSON file ({exc}); write one with "
                              f"mpiexec -n N python -m mpicomm.bench COLLECTIVE --json {path}")
-        if "rows" not in document or "p" not in document:
+        rows = document.get("results", document.get("rows")) if isinstance(document, dict) else None
+        if not isinstance(rows, list) or document.get("schema", SCHEMA) != SCHEMA or "p" not in document:
             raise SystemExit(f"{path}: has no rows or p; is it from python -m mpicomm.bench --json?")
-        for row in document["rows"]:
+        for row in rows:
             by_p[int(document["p"])].append(row)
     return by_p
 
@@ -76,13 +83,13 @@ def _section(p: int, rows: list[dict]) -> list[str]:
     small = points.get(("allreduce", 8))
     if small and "native" in small:
         native = small["native"]["avg_us"]
-        line = f"8-byte allreduce: native {native:.1f} us"
+        line = f"8-byte allreduce: native {native:.1f} {US}"
         for name in ("auto", "persistent"):
             if name in small:
                 mine = small[name]["avg_us"]
-                line += f"; {name} {mine:.1f} us ({mine / native:.1f}x, +{mine - native:.1f} us per call)"
+                line += f"; {name} {mine:.1f} {US} ({mine / native:.1f}x, +{mine - native:.1f} {US} per call)"
         out += [line, ""]
-    out += ["| collective | size (B) | native (us) | auto | auto vs native | best ordinary-array | best vs native "
+    out += [f"| collective | size (B) | native ({US}) | auto | auto vs native | best ordinary-array | best vs native "
             "| target |", "|---|---:|---:|---|---:|---|---:|---|"]
     for (collective, size), variants in sorted(points.items()):
         if size < _MiB or "native" not in variants:
@@ -142,15 +149,13 @@ def summarize(paths: Iterable[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", metavar="RESULTS.json", help="files from python -m mpicomm.bench --json")
-    parser.add_argument("--out", metavar="FILE", help="also write the summary to FILE")
-    parser.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    add_out(parser, "the summary")
     args = parser.parse_args(argv)
+    check_out(parser, args)
     text = summarize(args.files)
     print(text)
     if args.out:
-        if os.path.exists(args.out) and not args.force:
-            parser.error(f"--out {args.out} exists; pass --force to replace it")
-        with open(args.out, "w") as f:
+        with open(args.out, "a" if args.append else "w") as f:
             f.write(text + "\n")
     return 0
 
