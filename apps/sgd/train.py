@@ -38,6 +38,7 @@ from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digit
 from apps.sgd.ddp import DDP, compression_dtype
 from apps.sgd.ps import ParameterServer
 from apps.sgd.zero import Zero
+from mpicomm import cli
 
 __all__ = ["Config", "Report", "MODES", "train", "PREFIX"]
 
@@ -428,6 +429,7 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
                     float("nan"), model.num_params, strategy.memory())
 
     logf = _open_log(cfg.log) if rank == 0 and cfg.log else None
+    progress = cli.Progress(total - start_step, "train", show=rank == 0 and cfg.progress)
     t_start = time.perf_counter()
     if not is_worker:
         strategy.serve()
@@ -476,11 +478,9 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
                 report.history.append(row)
                 if logf is not None:
                     _log_row(logf, row)
-                if cfg.progress:
-                    eta = elapsed / max(1, done - start_step) * (total - done)
-                    say(f"[{done}/{total}] epoch {done / per_epoch:.2f}  loss {train_loss:.4f}  "
-                        f"acc {train_acc:.3f}  test loss {test_loss:.4f}  test acc {test_acc:.3f}  "
-                        f"{rate:,.0f} samples/s  elapsed {elapsed:.1f} s  eta {eta:.1f} s")
+                progress.step(f"epoch {done / per_epoch:.2f}  loss {train_loss:.4f}  acc {train_acc:.3f}  "
+                              f"test loss {test_loss:.4f}  test acc {test_acc:.3f}  {rate:,.0f} samples/s",
+                              steps=done - start_step - progress.done)
                 interval = [0.0, 0, 0]
     close = getattr(strategy, "close", None)
     if close is not None:

@@ -46,7 +46,8 @@ def test_default_ddp_reaches_95_percent_on_digits_in_under_a_minute(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.seconds < 60
     assert _accuracy(out.stdout) >= 0.95, out.stdout
-    assert re.search(r"\[\d+/\d+\] epoch .* test acc .* samples/s .* eta", out.stdout)  # progress lines
+    # progress lines (rank 0, stderr): train [i/N] epoch ... elapsed m:ss  ETA m:ss
+    assert re.search(r"train \[\d+/\d+\] epoch .* test acc .* samples/s  elapsed \d+:\d\d  ETA", out.stderr)
     rows = (tmp_path / "m.csv").read_text().splitlines()
     assert rows[0].startswith("step,epoch,seconds,train_loss") and len(rows) == 13  # header + 12 epochs
     doc = _document(tmp_path / "r.json")

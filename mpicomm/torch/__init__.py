@@ -1,0 +1,90 @@
+"""mpicomm as a ``torch.distributed`` backend: ``import mpicomm.torch``, then ``init_process_group("mpicomm")``.
+
+::
+
+    import mpicomm.torch                  # registers the backend "mpicomm"
+    import torch.distributed as dist
+    dist.init_process_group("mpicomm")    # under mpiexec / srun: rank and world size from MPI
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Importing this module starts MPI and fills PyTorch's ``env://`` variables
+that are missing (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; :mod:`.launch`), collectively over
+``MPI.COMM_WORLD``. An explicit ``init_method``, ``rank`` and ``world_size``
+work too: the world group is ``MPI.COMM_WORLD`` reordered to PyTorch's ranks
+(its size must be the job's). ``dist.new_group(ranks)`` makes an MPI
+sub-communicator of those ranks.
+
+Collectives (:mod:`.group`): all_reduce (SUM, AVG, PRODUCT, MIN, MAX, BAND,
+BOR, BXOR, PREMUL_SUM) and its coalesced form, broadcast, reduce, all_gather
+(even or uneven sizes), all_gather_into_tensor, gather, scatter,
+reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single with split
+sizes, barrier, monitored_barrier, send/recv/irecv (any source too),
+batch_isend_irecv, and the object collectives built on them. Each is an
+mpicomm collective with ``auto`` selection (``MPICOMM_<COLLECTIVE>_ALGORITHM``
+forces one) and mpicomm's validation; asynchronous calls return a
+:class:`~.work.Work` whose future completes when the operation does, so DDP's
+bucket all-reduces overlap backward (:mod:`.work`).
+
+Nothing of torch is imported by the rest of mpicomm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from ..comm import Comm
+from .group import BACKEND, ProcessGroup
+from .launch import set_environment
+from .tensors import DEVICES
+from .work import Engine, Work, engine
+
+__all__ = ["BACKEND", "ProcessGroup", "Work", "Engine", "engine", "create", "set_environment", "world_comm"]
+
+_WORLD: dict[str, Comm] = {}
+
+
+def world_comm() -> Comm:
+    """The communicator of the default process group (``MPI.COMM_WORLD`` in PyTorch's rank order)."""
+    if "world" not in _WORLD:
+        raise RuntimeError("mpicomm backend: no default process group yet; call "
+                           "torch.distributed.init_process_group('mpicomm') first")
+    return _WORLD["world"]
+
+
+def create(options: Any, backend_options: Any = None) -> ProcessGroup:
+    """The backend's creator (PyTorch calls it for the default group and for each ``new_group``)."""
+    rank, size = options.group_rank, options.group_size
+    members = list(options.global_ranks_in_group or [])
+    with engine().lock:
+        if not members:  # the default group: the whole job, in PyTorch's rank order
+            mpi_size = MPI.COMM_WORLD.Get_size()
+            if size != mpi_size:
+                raise ValueError(f"mpicomm backend: world_size={size} but this MPI job has {mpi_size} ranks; launch "
+                                 f"with mpiexec -n {size} (or pass world_size={mpi_size})")
+            comm = Comm(MPI.COMM_WORLD.Split(0, rank))
+            _WORLD["world"] = comm  # a later init (after destroy_process_group) replaces it
+        else:
+            world = world_comm()
+            group = world.Get_group().Incl(members)
+            try:
+                comm = Comm(world.Create_group(group, tag=0x6D63))
+            finally:
+                group.Free()
+        if comm.Get_rank() != rank or comm.Get_size() != size:
+            raise RuntimeError(f"mpicomm backend: PyTorch's rank {rank} of {size} is MPI rank {comm.Get_rank()} of "
+                               f"{comm.Get_size()} in the new communicator")
+    return ProcessGroup(comm, getattr(options, "timeout", None))
+
+
+def _register() -> None:
+    if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=list(DEVICES))
+
+
+set_environment()
+_register()

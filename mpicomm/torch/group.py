@@ -1,0 +1,676 @@
+"""The torch.distributed process group: PyTorch's collectives on mpicomm's algorithms.
+
+:class:`ProcessGroup` subclasses ``torch.distributed.ProcessGroup`` and maps
+each method PyTorch calls (``allreduce``, ``all_gather_single``,
+``reduce_scatter_single``, ``all_to_all_single``, ``send``/``recv``...) to one
+:class:`mpicomm.Comm` call on the group's communicator: blocking when the
+caller waits at once (``opts.asyncOp`` False, as ``dist.all_reduce(t)``
+sets), nonblocking otherwise (DDP's buckets), always with ``algorithm=None``
+so mpicomm's ``auto`` (or ``MPICOMM_<COLLECTIVE>_ALGORITHM``) chooses.
+Tensors cross as arrays without copies where they can (:mod:`.tensors`).
+
+Every argument error that can be seen locally raises on the calling rank
+before anything is sent; mismatches across ranks (counts, dtypes, roots) are
+mpicomm's validation errors, raised on every rank by ``wait()``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..comm import Comm
+from .tensors import Staged, check_tensor, finisher, mpi_op, stage
+from .work import Engine, Work, engine
+
+__all__ = ["ProcessGroup", "BACKEND"]
+
+#: The name the backend is registered under (``dist.init_process_group("mpicomm")``).
+BACKEND = "mpicomm"
+
+
+def _blocking(opts: Any) -> bool:
+    """True when the caller waits at once (``async_op=False``): the blocking mpicomm call is cheaper."""
+    return not getattr(opts, "asyncOp", True)
+
+
+def _flat(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(sum(t.numel() for t in tensors), dtype=dtype, device=device)
+
+
+def _same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(f"mpicomm backend: {what} mixes dtypes {sorted(map(str, dtypes))}; pass tensors of one dtype")
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"mpicomm backend: {what} spans devices {sorted(map(str, devices))}; pass tensors on one device")
+    return next(iter(dtypes))
+
+
+def _moved(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's data as moved bit for bit (bfloat16 as int16)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _array(t: torch.Tensor) -> Any:
+    t = _moved(t.detach())
+    return t.numpy() if t.device.type == "cpu" else t
+
+
+class ProcessGroup(torch.distributed.ProcessGroup):
+    """A torch.distributed process group over an :class:`mpicomm.Comm` (ranks in the group's order)."""
+
+    def __init__(self, comm: Comm, timeout: Any = None):
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.comm = comm
+        self.timeout = timeout
+        self._engine: Engine = engine()
+
+    def __repr__(self) -> str:
+        return f"<mpicomm ProcessGroup rank {self.rank()} of {self.size()}>"
+
+    @property
+    def _p(self) -> int:
+        return self.size()
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # PyTorch keeps a group's name and description on its C++ backends, which a group written in Python
+    # has none of: keep them here (DeviceMesh, FSDP and the name registry read them).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("mpicomm backend: this process group has no name yet (PyTorch names it when "
+                               "init_process_group or new_group returns)")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "undefined")
+
+    def _get_backend_name(self) -> str:
+        return BACKEND
+
+    def _submit(self, start: Callable[[bool], Any], finish: Callable[[], Any] | None, result: Any, name: str,
+                opts: Any) -> Work:
+        return self._engine.submit(start, finish, result, name, _blocking(opts))
+
+    def _root(self, root: int, what: str) -> int:
+        if not isinstance(root, int) or not 0 <= root < self._p:
+            raise ValueError(f"mpicomm backend: {what} root {root!r} is not a rank of this group (0..{self._p - 1})")
+        return root
+
+    # ------------------------------------------------------------ reductions
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """All-reduce each tensor in place (``dist.all_reduce``)."""
+        opts = opts or torch.distributed.AllreduceOptions()
+        if len(tensors) == 1 and not opts.asyncOp:  # the common blocking call: no staging, no closures
+            t = tensors[0]
+            if type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _DIRECT and t.is_contiguous():
+                red = mpi_op(opts.reduceOp, t.dtype, self._p)
+                if red.premul is None:
+                    array = t.detach().numpy()
+                    with self._engine.lock:
+                        self.comm.Allreduce(MPI.IN_PLACE, array, red.op)
+                    if red.scale is not None:
+                        array *= red.scale
+                    return Work(self._engine, None, None, tensors, "allreduce", done=True)
+        staged = stage(tensors, "all_reduce tensor", reduce=True)
+        reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            requests = []
+            for s, red in zip(staged, reductions):
+                if red.premul is not None:
+                    s.scale(red.premul)
+                if blocking:
+                    comm.Allreduce(MPI.IN_PLACE, s.array, red.op)
+                else:
+                    requests.append(comm.Iallreduce(MPI.IN_PLACE, s.array, red.op))
+            return _one(requests)
+
+        def after() -> None:
+            for s, red in zip(staged, reductions):
+                if red.scale is not None:
+                    s.scale(red.scale)
+
+        return self._submit(start, finisher(staged, after), list(tensors), "allreduce", opts)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """All-reduce several tensors of one dtype as one flat buffer (``dist.all_reduce_coalesced``)."""
+        opts = opts or torch.distributed.AllreduceCoalescedOptions()
+        for i, t in enumerate(tensors):
+            check_tensor(t, f"all_reduce_coalesced tensor[{i}]")
+        if not tensors:
+            return self._submit(lambda blocking: None, None, [], "allreduce_coalesced", opts)
+        dtype = _same_dtype(tensors, "all_reduce_coalesced")
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        staged = Staged(flat, reduce=True)
+        red = mpi_op(opts.reduceOp, dtype, self._p)
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            if red.premul is not None:
+                staged.scale(red.premul)
+            if blocking:
+                comm.Allreduce(MPI.IN_PLACE, staged.array, red.op)
+                return None
+            return comm.Iallreduce(MPI.IN_PLACE, staged.array, red.op)
+
+        def finish() -> None:
+            if red.scale is not None:
+                staged.scale(red.scale)
+            staged.finish()
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        return self._submit(start, finish, list(tensors), "allreduce_coalesced", opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """Reduce onto ``opts.rootRank`` in place there; other ranks' tensors are unchanged (``dist.reduce``)."""
+        opts = opts or torch.distributed.ReduceOptions()
+        root = self._root(opts.rootRank, "reduce")
+        is_root = self.rank() == root
+        staged = stage(tensors, "reduce tensor", reduce=True, output=is_root)
+        reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+        comm = self.comm
+        sends = [_array(s.work.clone()) if not is_root and red.premul is not None else s.array
+                 for s, red in zip(staged, reductions)]
+
+        def start(blocking: bool) -> Any:
+            requests = []
+            for s, send, red in zip(staged, sends, reductions):
+                if red.premul is not None:
+                    if is_root:
+                        s.scale(red.premul)
+                    else:
+                        send *= red.premul
+                args = (MPI.IN_PLACE, s.array) if is_root else (send, None)
+                if blocking:
+                    comm.Reduce(*args, red.op, root)
+                else:
+                    requests.append(comm.Ireduce(*args, red.op, root))
+            return _one(requests)
+
+        def after() -> None:
+            if is_root:
+                for s, red in zip(staged, reductions):
+                    if red.scale is not None:
+                        s.scale(red.scale)
+
+        return self._submit(start, finisher(staged, after), list(tensors), "reduce", opts)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        """``dist.reduce_scatter``: rank i gets the reduction of every rank's ``inputs[0][i]``."""
+        opts = opts or torch.distributed.ReduceScatterOptions()
+        if len(outputs) != 1 or len(inputs) != 1:
+            raise ValueError(f"mpicomm backend: reduce_scatter takes one output tensor and one input list, "
+                             f"got {len(outputs)} and {len(inputs)}")
+        parts = inputs[0]
+        if len(parts) != self._p:
+            raise ValueError(f"mpicomm backend: reduce_scatter input list has {len(parts)} tensors for a group of "
+                             f"{self._p} ranks")
+        out = check_tensor(outputs[0], "reduce_scatter output")
+        for i, t in enumerate(parts):
+            check_tensor(t, f"reduce_scatter input[{i}]")
+        _same_dtype([out, *parts], "reduce_scatter")
+        if parts[self.rank()].numel() != out.numel():
+            raise ValueError(f"mpicomm backend: reduce_scatter output has {out.numel()} elements but input "
+                             f"[{self.rank()}] has {parts[self.rank()].numel()}")
+        flat = Staged(torch.cat([t.detach().reshape(-1) for t in parts]), reduce=True, output=False)
+        staged = Staged(out, reduce=True)
+        red = mpi_op(opts.reduceOp, out.dtype, self._p)
+        counts = [t.numel() for t in parts]
+        even = len(set(counts)) == 1
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            if red.premul is not None:
+                flat.scale(red.premul)
+            if even:
+                call = comm.Reduce_scatter_block if blocking else comm.Ireduce_scatter_block
+                return call(flat.array, staged.array, red.op)
+            call = comm.Reduce_scatter if blocking else comm.Ireduce_scatter
+            return call(flat.array, staged.array, counts, red.op)
+
+        def after() -> None:
+            if red.scale is not None:
+                staged.scale(red.scale)
+
+        return self._submit(start, finisher([staged], after), [out], "reduce_scatter", opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        """``dist.reduce_scatter_tensor``: *input* holds p equal blocks; rank i gets block i reduced."""
+        opts = opts or torch.distributed.ReduceScatterOptions()
+        out = check_tensor(output, "reduce_scatter_tensor output")
+        inp = check_tensor(input, "reduce_scatter_tensor input")
+        _same_dtype([out, inp], "reduce_scatter_tensor")
+        if inp.numel() != out.numel() * self._p:
+            raise ValueError(f"mpicomm backend: reduce_scatter_tensor input has {inp.numel()} elements; it must "
+                             f"have output's {out.numel()} times the group size {self._p}")
+        red = mpi_op(opts.reduceOp, out.dtype, self._p)
+        send = Staged(inp if red.premul is None else inp.detach().clone(), reduce=True, output=False)
+        staged = Staged(out, reduce=True)
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            if red.premul is not None:
+                send.scale(red.premul)
+            call = comm.Reduce_scatter_block if blocking else comm.Ireduce_scatter_block
+            return call(send.array, staged.array, red.op)
+
+        def after() -> None:
+            if red.scale is not None:
+                staged.scale(red.scale)
+
+        return self._submit(start, finisher([staged], after), [out], "reduce_scatter_tensor", opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Work:
+        """Several ``reduce_scatter_tensor`` calls, completed together."""
+        return self._together([self.reduce_scatter_single(o, i, _async(opts, torch.distributed.ReduceScatterOptions))
+                               for o, i in zip(outputs, inputs)], list(outputs), "reduce_scatter_tensor_coalesced",
+                              opts)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # ------------------------------------------------------------ data movement
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """Broadcast each tensor from ``opts.rootRank`` (``dist.broadcast``)."""
+        opts = opts or torch.distributed.BroadcastOptions()
+        root = self._root(opts.rootRank, "broadcast")
+        staged = stage(tensors, "broadcast tensor", output=self.rank() != root)
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            if blocking:
+                for s in staged:
+                    comm.Bcast(s.array, root)
+                return None
+            return _one([comm.Ibcast(s.array, root) for s in staged])
+
+        return self._submit(start, finisher(staged), list(tensors), "broadcast", opts)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """``dist.all_gather``: ``outputs[0][i]`` receives rank i's ``inputs[0]`` (sizes may differ per rank)."""
+        opts = opts or _options("AllgatherOptions")
+        if len(outputs) != 1 or len(inputs) != 1:
+            raise ValueError(f"mpicomm backend: all_gather takes one input tensor and one output list, got "
+                             f"{len(inputs)} and {len(outputs)}")
+        gathered, finish, result = self._gather_into_list(outputs[0], inputs[0], "all_gather")
+        comm = self.comm
+        send = Staged(check_tensor(inputs[0], "all_gather input"), output=False)
+        counts = [t.numel() for t in outputs[0]]
+
+        def start(blocking: bool) -> Any:
+            if len(set(counts)) == 1:
+                call = comm.Allgather if blocking else comm.Iallgather
+                return call(send.array, gathered)
+            call = comm.Allgatherv if blocking else comm.Iallgatherv
+            return call(send.array, [gathered, (counts, _displs(counts))])
+
+        return self._submit(start, finish, result, "all_gather", opts)
+
+    def _gather_into_list(self, outs: list[torch.Tensor], inp: torch.Tensor, what: str
+                          ) -> tuple[Any, Callable[[], None], list]:
+        """A flat receive array for a list of p output tensors, and the finish that copies into them."""
+        if len(outs) != self._p:
+            raise ValueError(f"mpicomm backend: {what} output list has {len(outs)} tensors for a group of {self._p} "
+                             f"ranks")
+        for i, t in enumerate(outs):
+            check_tensor(t, f"{what} output[{i}]")
+        _same_dtype([inp, *outs], what)
+        if outs[self.rank()].numel() != inp.numel():
+            raise ValueError(f"mpicomm backend: {what} input has {inp.numel()} elements but output[{self.rank()}] "
+                             f"has {outs[self.rank()].numel()}")
+        flat = _flat(outs, inp.dtype, inp.device)
+
+        def finish() -> None:
+            offset = 0
+            with torch.no_grad():
+                for t in outs:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        return _array(flat), finish, [list(outs)]
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        """``dist.all_gather_into_tensor``: *output* holds p blocks, block i from rank i."""
+        opts = opts or _options("AllgatherOptions")
+        out = check_tensor(output, "all_gather_into_tensor output")
+        inp = check_tensor(input, "all_gather_into_tensor input")
+        _same_dtype([out, inp], "all_gather_into_tensor")
+        if out.numel() != inp.numel() * self._p:
+            raise ValueError(f"mpicomm backend: all_gather_into_tensor output has {out.numel()} elements; it must "
+                             f"have input's {inp.numel()} times the group size {self._p}")
+        send, staged = Staged(inp, output=False), Staged(out)
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            call = comm.Allgather if blocking else comm.Iallgather
+            return call(send.array, staged.array)
+
+        return self._submit(start, finisher([staged]), [out], "all_gather_into_tensor", opts)
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> Work:
+        """Several ``all_gather`` calls (one per input tensor), completed together."""
+        works = [self.allgather([o], [i], _async(opts, "AllgatherOptions")) for o, i in zip(outputs, inputs)]
+        return self._together(works, [list(o) for o in outputs], "allgather_coalesced", opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Work:
+        """Several ``all_gather_into_tensor`` calls, completed together."""
+        works = [self.all_gather_single(o, i, _async(opts, "AllgatherOptions")) for o, i in zip(outputs, inputs)]
+        return self._together(works, list(outputs), "allgather_into_tensor_coalesced", opts)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """``dist.gather``: the root's ``outputs[0][i]`` receives rank i's ``inputs[0]``."""
+        opts = opts or torch.distributed.GatherOptions()
+        root = self._root(opts.rootRank, "gather")
+        if len(inputs) != 1:
+            raise ValueError(f"mpicomm backend: gather takes one input tensor, got {len(inputs)}")
+        inp = check_tensor(inputs[0], "gather input")
+        send = Staged(inp, output=False)
+        comm = self.comm
+        if self.rank() == root:
+            if len(outputs) != 1:
+                raise ValueError(f"mpicomm backend: gather at the root takes one output list, got {len(outputs)}")
+            gathered, finish, result = self._gather_into_list(outputs[0], inp, "gather")
+            counts = [t.numel() for t in outputs[0]]
+        else:
+            if outputs and any(outputs):
+                raise ValueError(f"mpicomm backend: gather output lists are for the root (rank {root}) only")
+            gathered, finish, result, counts = None, None, [], None
+
+        even = counts is None or len(set(counts)) == 1
+
+        def start(blocking: bool) -> Any:
+            if even:  # the plain form: equal blocks (mpicomm's validation checks the other ranks agree)
+                call = comm.Gather if blocking else comm.Igather
+                return call(send.array, gathered, root)
+            call = comm.Gatherv if blocking else comm.Igatherv
+            return call(send.array, [gathered, (counts, _displs(counts))], root)
+
+        return self._submit(start, finish, result, "gather", opts)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        """``dist.scatter``: rank i's ``outputs[0]`` receives the root's ``inputs[0][i]``."""
+        opts = opts or torch.distributed.ScatterOptions()
+        root = self._root(opts.rootRank, "scatter")
+        if len(outputs) != 1:
+            raise ValueError(f"mpicomm backend: scatter takes one output tensor, got {len(outputs)}")
+        out = check_tensor(outputs[0], "scatter output")
+        staged = Staged(out)
+        comm = self.comm
+        if self.rank() == root:
+            if len(inputs) != 1 or len(inputs[0]) != self._p:
+                raise ValueError(f"mpicomm backend: scatter at the root takes one list of {self._p} tensors")
+            parts = [check_tensor(t, f"scatter input[{i}]") for i, t in enumerate(inputs[0])]
+            _same_dtype([out, *parts], "scatter")
+            counts = [t.numel() for t in parts]
+            send = _array(torch.cat([t.detach().reshape(-1) for t in parts]))
+        else:
+            if inputs and any(inputs):
+                raise ValueError(f"mpicomm backend: scatter input lists are for the root (rank {root}) only")
+            counts, send = None, None
+
+        def start(blocking: bool) -> Any:
+            call = comm.Scatterv if blocking else comm.Iscatterv
+            if send is None:
+                return call(None, staged.array, root)
+            return call([send, (counts, _displs(counts))], staged.array, root)
+
+        return self._submit(start, finisher([staged]), [out], "scatter", opts)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """``dist.all_to_all``: ``outputs[j]`` receives rank j's ``inputs[i]`` (i = this rank); sizes may differ."""
+        opts = opts or torch.distributed.AllToAllOptions()
+        if len(outputs) != self._p or len(inputs) != self._p:
+            raise ValueError(f"mpicomm backend: all_to_all takes {self._p} output and {self._p} input tensors, got "
+                             f"{len(outputs)} and {len(inputs)}")
+        for i, t in enumerate(outputs):
+            check_tensor(t, f"all_to_all output[{i}]")
+        for i, t in enumerate(inputs):
+            check_tensor(t, f"all_to_all input[{i}]")
+        dtype = _same_dtype([*outputs, *inputs], "all_to_all")
+        send = _array(torch.cat([t.detach().reshape(-1) for t in inputs]))
+        flat = _flat(outputs, dtype, outputs[0].device)
+        recv = _array(flat)
+        scounts, rcounts = [t.numel() for t in inputs], [t.numel() for t in outputs]
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            call = comm.Alltoallv if blocking else comm.Ialltoallv
+            return call([send, (scounts, _displs(scounts))], [recv, (rcounts, _displs(rcounts))])
+
+        def finish() -> None:
+            offset = 0
+            with torch.no_grad():
+                for t in outputs:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        return self._submit(start, finish, list(outputs), "all_to_all", opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> Work:
+        """``dist.all_to_all_single``: blocks along dim 0, equal or by the split sizes (rows)."""
+        opts = opts or torch.distributed.AllToAllOptions()
+        out = check_tensor(output, "all_to_all_single output")
+        inp = check_tensor(input, "all_to_all_single input")
+        _same_dtype([out, inp], "all_to_all_single")
+        send, staged = Staged(inp, output=False), Staged(out)
+        comm = self.comm
+        if not output_split_sizes and not input_split_sizes:
+            if inp.numel() % self._p or out.numel() != inp.numel():
+                raise ValueError(f"mpicomm backend: all_to_all_single without split sizes needs input and output of "
+                                 f"the same size, divisible by the group size {self._p}; got {inp.numel()} and "
+                                 f"{out.numel()} elements")
+
+            def start(blocking: bool) -> Any:
+                call = comm.Alltoall if blocking else comm.Ialltoall
+                return call(send.array, staged.array)
+        else:
+            scounts = self._split_counts(inp, input_split_sizes, "input")
+            rcounts = self._split_counts(out, output_split_sizes, "output")
+
+            def start(blocking: bool) -> Any:
+                call = comm.Alltoallv if blocking else comm.Ialltoallv
+                return call([send.array, (scounts, _displs(scounts))], [staged.array, (rcounts, _displs(rcounts))])
+
+        return self._submit(start, finisher([staged]), [out], "all_to_all_single", opts)
+
+    alltoall_base = all_to_all_single
+
+    def _split_counts(self, t: torch.Tensor, splits: list[int], what: str) -> list[int]:
+        rows = t.shape[0] if t.dim() else 1
+        row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % self._p:
+                raise ValueError(f"mpicomm backend: all_to_all_single {what} has {rows} rows, not divisible by the "
+                                 f"group size {self._p}; pass {what}_split_sizes")
+            splits = [rows // self._p] * self._p
+        if len(splits) != self._p or any(int(s) < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"mpicomm backend: all_to_all_single {what}_split_sizes {list(splits)} must be "
+                             f"{self._p} non-negative row counts summing to the {what}'s {rows} rows")
+        return [int(s) * row for s in splits]
+
+    def barrier(self, opts: Any = None) -> Work:
+        """``dist.barrier``."""
+        opts = opts or torch.distributed.BarrierOptions()
+        comm = self.comm
+
+        def start(blocking: bool) -> Any:
+            return comm.Barrier() if blocking else comm.Ibarrier()
+
+        return self._submit(start, None, [], "barrier", opts)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """``dist.monitored_barrier``: rank 0 names the ranks that did not arrive within *timeout*."""
+        seconds = _seconds(timeout if timeout is not None else self.timeout)
+        comm, tag = self.comm, 0x6D62
+        with self._engine.lock:
+            if self.rank() != 0:
+                comm.Send(np.zeros(1, np.int8), 0, tag)
+                status = np.zeros(1, np.int8)
+                comm.Recv(status, 0, tag + 1)
+                if status[0]:
+                    raise RuntimeError(f"mpicomm backend: monitored_barrier failed on rank 0 (rank {self.rank()} "
+                                       f"arrived)")
+                return
+            pending = {r: comm.Irecv(np.zeros(1, np.int8), r, tag) for r in range(1, self._p)}
+            missing = _wait_until(pending, seconds)
+            for r in range(1, self._p):
+                if r not in missing:
+                    comm.Send(np.zeros(1, np.int8), r, tag + 1)
+            if missing:
+                for r in missing:
+                    pending[r].Cancel()
+                names = sorted(missing) if wait_all_ranks else sorted(missing)[:1]
+                raise RuntimeError(f"mpicomm backend: monitored_barrier: rank(s) {names} did not arrive within "
+                                   f"{seconds:g} s")
+
+    # ------------------------------------------------------------ point to point
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        """``dist.send``/``isend`` (nonblocking; ``batch_isend_irecv`` issues these)."""
+        staged = stage(tensors, "send tensor", output=False)
+        dst = self._root(dst, "send destination")
+        comm = self.comm
+        return self._engine.submit(lambda blocking: _one([comm.Isend(s.array, dst, tag) for s in staged]),
+                                   None, list(tensors), "send", False)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
+        """``dist.recv``/``irecv`` from one rank."""
+        staged = stage(tensors, "recv tensor")
+        src = self._root(src, "recv source")
+        comm = self.comm
+        return self._engine.submit(lambda blocking: _one([comm.Irecv(s.array, src, tag) for s in staged]),
+                                   finisher(staged), list(tensors), "recv", False)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """``dist.recv`` without a source: ``work._source_rank()`` names the sender."""
+        if len(tensors) != 1:
+            raise ValueError(f"mpicomm backend: recv from any source takes one tensor, got {len(tensors)}")
+        staged = stage(tensors, "recv tensor")
+        comm = self.comm
+        return self._engine.submit(lambda blocking: comm.Irecv(staged[0].array, MPI.ANY_SOURCE, tag),
+                                   finisher(staged), list(tensors), "recv_anysource", False)
+
+    # ------------------------------------------------------------ helpers
+
+    def _together(self, works: list[Work], result: Any, name: str, opts: Any) -> Work:
+        """One Work that completes when all of *works* have (waited on at once when the caller blocks)."""
+        work = _Together(self._engine, works, result, name)
+        if _blocking(opts) or not self._engine.threaded:
+            work.wait()
+        return work
+
+
+class _Together(Work):
+    """A Work standing for several (coalesced calls): done when each of them is."""
+
+    def __init__(self, engine: Engine, works: list[Work], result: Any, name: str):
+        super().__init__(engine, [w for w in works], None, result, name)
+        self._works = works
+
+    def _test(self) -> bool:
+        if self._completed:
+            return True
+        if all(w._test() for w in self._works):
+            self._gather()
+            return True
+        return False
+
+    def _wait(self) -> None:
+        for w in self._works:
+            w._wait()
+        self._gather()
+
+    def _gather(self) -> None:
+        for w in self._works:
+            self._engine.forget(w)
+        errors = [w._error for w in self._works if w._error is not None]
+        if errors:
+            self._fail(errors[0])
+        else:
+            self._finish = None
+            self._complete()
+
+
+#: dtypes whose CPU tensors are NumPy arrays as they are (bfloat16 is not: it is staged).
+_DIRECT = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+
+
+def _one(requests: list) -> Any:
+    """None for no request, the request for one, the list for several."""
+    if not requests:
+        return None
+    return requests[0] if len(requests) == 1 else requests
+
+
+def _displs(counts: list[int]) -> list[int]:
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
+
+
+def _options(name: str) -> Any:
+    return getattr(torch._C._distributed_c10d, name)()
+
+
+def _async(opts: Any, kind: Any) -> Any:
+    """Options for a part of a coalesced call: the part never blocks (the whole waits once)."""
+    part = kind() if not isinstance(kind, str) else _options(kind)
+    for field in ("reduceOp", "timeout"):
+        if opts is not None and hasattr(opts, field) and hasattr(part, field):
+            setattr(part, field, getattr(opts, field))
+    part.asyncOp = True
+    return part
+
+
+def _seconds(timeout: Any) -> float:
+    if timeout is None:
+        return 1800.0
+    return timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+
+
+def _wait_until(pending: dict[int, MPI.Request], seconds: float) -> set[int]:
+    """Test *pending* receives until all arrive or *seconds* pass; the ranks whose message did not arrive."""
+    deadline = time.monotonic() + seconds
+    waiting = dict(pending)
+    while waiting and time.monotonic() < deadline:
+        for r in [r for r, req in waiting.items() if req.Test()]:
+            del waiting[r]
+        if waiting:
+            time.sleep(1e-3)
+    return set(waiting)

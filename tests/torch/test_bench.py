@@ -1,0 +1,40 @@
+"""``python -m mpicomm.torch.bench``: the table, the JSON document, the --out rule (tiny sizes, 2 ranks)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests import mpirun
+
+from .conftest import torch  # noqa: F401 - skips the module without PyTorch
+
+
+def _bench(tmp_path, *argv: str) -> mpirun.Result:
+    return mpirun.run(2, [sys.executable, "-m", "mpicomm.torch.bench", *argv], timeout=180)
+
+
+@pytest.mark.launches
+def test_bench_reports_every_variant_and_agrees_with_gloo(tmp_path):
+    out, js = tmp_path / "t.md", tmp_path / "t.json"
+    result = _bench(tmp_path, "--sizes", "8,4KiB", "--rounds", "2", "--iters", "4", "--out", str(out),
+                    "--json", str(js), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "gloo / mpicomm" in result.stdout and "Comm.Allreduce" in result.stdout
+    doc = json.loads(js.read_text())
+    assert doc["schema"] == "mpicomm-results" and doc["ranks"] == 2 and doc["command"].startswith("mpiexec -n 2")
+    assert [r["bytes"] for r in doc["results"]] == [8, 4096]
+    assert all(r["wrong"] == 0 and r["mpicomm"] > 0 and r["gloo"] > 0 for r in doc["results"])
+    assert "Command: `mpiexec -n 2 python -m mpicomm.torch.bench" in out.read_text()
+    again = _bench(tmp_path, "--sizes", "8", "--out", str(out))  # an existing report is kept
+    assert again.returncode == 2 and "--append" in again.stderr and "--force" in again.stderr
+
+
+@pytest.mark.launches
+def test_bench_usage_errors_name_the_value(tmp_path):
+    result = _bench(tmp_path, "--sizes", "1.3K")
+    assert result.returncode == 2 and "1.3K" in result.stderr and "not a whole number" in result.stderr
+    result = _bench(tmp_path, "--rounds", "0")
+    assert result.returncode == 2 and "--rounds 0" in result.stderr

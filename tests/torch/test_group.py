@@ -1,0 +1,296 @@
+"""Each torch.distributed collective through the mpicomm backend against gloo's result on the same inputs.
+
+Data depends on rank and index (tests/torch/conftest.py ``values``); counts 0,
+1, p−1, p+1 and large; uneven split sizes; non-contiguous tensors; the
+reductions gloo lacks (PREMUL_SUM, uneven all_gather) against a reference
+computed from every rank's inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import torch, values
+
+import torch.distributed as dist  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+R = dist.ReduceOp
+
+
+def _counts(p: int) -> list[int]:
+    return sorted({0, 1, max(p - 1, 0), p + 1, 10007})
+
+
+def _same(ours, theirs, what):
+    assert ours.dtype == theirs.dtype, what
+    if ours.dtype.is_floating_point or ours.dtype.is_complex:
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0, msg=what)
+    else:
+        assert torch.equal(ours, theirs), f"{what}: {ours} != {theirs}"
+
+
+OPS = [
+    (R.SUM, "sum", [torch.float32, torch.float64, torch.int64, torch.int32, torch.complex64, torch.bool,
+                    torch.float16, torch.bfloat16]),
+    (R.AVG, "sum", [torch.float32, torch.float64]),
+    (R.PRODUCT, "product", [torch.float32, torch.int64]),
+    (R.MIN, "sum", [torch.float64, torch.int32]),
+    (R.MAX, "sum", [torch.float32, torch.int64, torch.bool]),
+    (R.BAND, "bits", [torch.int64, torch.uint8]),
+    (R.BOR, "bits", [torch.int32]),
+    (R.BXOR, "bits", [torch.int64]),
+]
+
+
+@pytest.mark.parametrize("op,kind,dtypes", OPS, ids=[o[0].name if hasattr(o[0], "name") else str(o[0]) for o in OPS])
+def test_all_reduce_matches_gloo(groups, op, kind, dtypes):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for dtype in dtypes:
+        for n in _counts(p):
+            a = values(r, n, dtype, kind)
+            b = a.clone()
+            dist.all_reduce(a, op=op)
+            dist.all_reduce(b, op=op, group=gloo)
+            _same(a, b, f"all_reduce {op} {dtype} n={n}")
+
+
+def test_all_reduce_async_and_noncontiguous(groups):
+    ours, gloo = groups
+    r = dist.get_rank()
+    base = values(r, 60, torch.float64).reshape(6, 10)
+    a, b = base.clone().t(), base.clone().t()  # non-contiguous views: results land in the caller's tensor
+    c = base.clone()[:, ::3]
+    works = [dist.all_reduce(a, async_op=True), dist.all_reduce(c, op=R.MAX, async_op=True)]
+    for w in works:
+        w.wait()
+        assert w.is_completed() and w.is_success()
+    dist.all_reduce(b, group=gloo)
+    _same(a, b, "async non-contiguous all_reduce")
+    # gloo (torch 2.13) returns a partly unreduced result for this strided view: compare with the reference
+    p = dist.get_world_size()
+    expected = torch.stack([values(k, 60, torch.float64).reshape(6, 10)[:, ::3] for k in range(p)]).amax(0)
+    _same(c, expected, "async non-contiguous all_reduce (MAX, strided)")
+    fut = dist.all_reduce(values(r, 5, torch.float32), async_op=True).get_future()
+    (result,) = fut.wait()
+    ref = values(r, 5, torch.float32)
+    dist.all_reduce(ref, group=gloo)
+    _same(result, ref, "future's value")
+
+
+def test_premul_sum_against_reference(groups):
+    r, p = dist.get_rank(), dist.get_world_size()
+    a = values(r, 17, torch.float64)
+    dist.all_reduce(a, op=dist._make_nccl_premul_sum(0.5))
+    expected = sum(values(k, 17, torch.float64) for k in range(p)) * 0.5
+    _same(a, expected, "PREMUL_SUM")
+
+
+def test_all_reduce_coalesced(groups):
+    ours, gloo = groups
+    r = dist.get_rank()
+    ts = [values(r, n, torch.float32) for n in (3, 0, 1000)]
+    ref = [t.clone() for t in ts]
+    dist.all_reduce_coalesced(ts)
+    dist.all_reduce_coalesced(ref, group=gloo)
+    for t, u in zip(ts, ref):
+        _same(t, u, "all_reduce_coalesced")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16, torch.bool])
+def test_broadcast_and_reduce(groups, dtype):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for root in range(p):
+        for n in _counts(p):
+            a = values(r, n, dtype)
+            b = a.clone()
+            dist.broadcast(a, root)
+            dist.broadcast(b, root, group=gloo)
+            _same(a, b, f"broadcast root {root} n={n}")
+            if dtype != torch.bool:
+                a, b = values(r, n, dtype), values(r, n, dtype)
+                dist.reduce(a, root)
+                dist.reduce(b, root, group=gloo)
+                if r == root:
+                    _same(a, b, f"reduce root {root} n={n}")
+                else:  # the other ranks' tensors: unchanged, as the contract promises nothing more
+                    _same(a, values(r, n, dtype), f"reduce leaves rank {r} alone")
+
+
+def test_all_gather_forms(groups):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for n in _counts(p):
+        x = values(r, n, torch.float32)
+        outs = [torch.empty(n) for _ in range(p)]
+        refs = [torch.empty(n) for _ in range(p)]
+        dist.all_gather(outs, x)
+        dist.all_gather(refs, x, group=gloo)
+        for o, f in zip(outs, refs):
+            _same(o, f, f"all_gather n={n}")
+        big, ref = torch.empty(p * n), torch.empty(p * n)
+        dist.all_gather_into_tensor(big, x)
+        dist.all_gather_into_tensor(ref, x, group=gloo)
+        _same(big, ref, f"all_gather_into_tensor n={n}")
+    # uneven sizes (gloo refuses them): rank k contributes k+1 rows of 3
+    outs = [torch.empty(k + 1, 3, dtype=torch.int64) for k in range(p)]
+    dist.all_gather(outs, values(r, 3 * (r + 1), torch.int64).reshape(r + 1, 3))
+    for k in range(p):
+        _same(outs[k], values(k, 3 * (k + 1), torch.int64).reshape(k + 1, 3), f"uneven all_gather from {k}")
+
+
+def test_all_gather_object_and_broadcast_object_list(groups):
+    r, p = dist.get_rank(), dist.get_world_size()
+    got = [None] * p
+    dist.all_gather_object(got, {"rank": r, "payload": "x" * (r * 1000)})
+    assert got == [{"rank": k, "payload": "x" * (k * 1000)} for k in range(p)]
+    objs = [("root", p - 1), list(range(r + 3))] if r == p - 1 else [None, None]
+    dist.broadcast_object_list(objs, src=p - 1)
+    assert objs == [("root", p - 1), list(range(p - 1 + 3))]
+
+
+def test_gather_and_scatter(groups):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for root in range(p):
+        for n in (0, 1, p + 1, 5000):
+            x = values(r, n, torch.float64)
+            outs = [torch.empty(n, dtype=torch.float64) for _ in range(p)] if r == root else None
+            refs = [torch.empty(n, dtype=torch.float64) for _ in range(p)] if r == root else None
+            dist.gather(x, outs, dst=root)
+            dist.gather(x, refs, dst=root, group=gloo)
+            if r == root:
+                for o, f in zip(outs, refs):
+                    _same(o, f, f"gather root {root} n={n}")
+            parts = [values(k + 10 * r, n, torch.float64) for k in range(p)] if r == root else None
+            a, b = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+            dist.scatter(a, parts, src=root)
+            dist.scatter(b, parts, src=root, group=gloo)
+            _same(a, b, f"scatter root {root} n={n}")
+
+
+@pytest.mark.parametrize("op", [R.SUM, R.MAX, R.AVG])
+def test_reduce_scatter_forms(groups, op):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for n in _counts(p):
+        parts = [values(r + 7 * k, n, torch.float32) for k in range(p)]
+        a, b = torch.empty(n), torch.empty(n)
+        dist.reduce_scatter(a, parts, op=op)
+        dist.reduce_scatter(b, [t.clone() for t in parts], op=op, group=gloo)
+        _same(a, b, f"reduce_scatter {op} n={n}")
+        flat = torch.cat(parts)
+        a, b = torch.empty(n), torch.empty(n)
+        dist.reduce_scatter_tensor(a, flat, op=op)
+        dist.reduce_scatter_tensor(b, flat.clone(), op=op, group=gloo)
+        _same(a, b, f"reduce_scatter_tensor {op} n={n}")
+
+
+def test_all_to_all_forms(groups):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for n in (0, 1, p + 1, 3000):
+        x = values(r, n * p, torch.int64)
+        a, b = torch.empty(n * p, dtype=torch.int64), torch.empty(n * p, dtype=torch.int64)
+        dist.all_to_all_single(a, x)
+        dist.all_to_all_single(b, x, group=gloo)
+        _same(a, b, f"all_to_all_single n={n}")
+    # uneven: rank r sends (r + k) % 3 rows of 4 to rank k
+    send_rows = [(r + k) % 3 for k in range(p)]
+    recv_rows = [(k + r) % 3 for k in range(p)]
+    x = values(r, 4 * sum(send_rows), torch.float32).reshape(-1, 4)
+    a, b = torch.empty(sum(recv_rows), 4), torch.empty(sum(recv_rows), 4)
+    dist.all_to_all_single(a, x, recv_rows, send_rows)
+    dist.all_to_all_single(b, x, recv_rows, send_rows, group=gloo)
+    _same(a, b, "all_to_all_single uneven")
+    ins = [values(r * p + k, 5, torch.float32) for k in range(p)]
+    outs, refs = [torch.empty(5) for _ in range(p)], [torch.empty(5) for _ in range(p)]
+    dist.all_to_all(outs, ins)
+    dist.all_to_all(refs, ins, group=gloo)
+    for o, f in zip(outs, refs):
+        _same(o, f, "all_to_all list")
+    # uneven tensors (gloo refuses them): rank r sends k+1 elements to rank k
+    ins = [values(r * p + k, k + 1, torch.float32) for k in range(p)]
+    outs = [torch.empty(r + 1) for _ in range(p)]
+    dist.all_to_all(outs, ins)
+    for j, o in enumerate(outs):
+        _same(o, values(j * p + r, r + 1, torch.float32), f"uneven all_to_all from {j}")
+
+
+def test_point_to_point(groups):
+    r, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        pytest.skip("point-to-point needs 2 ranks")
+    right, left = (r + 1) % p, (r - 1) % p
+    got = torch.empty(1000, dtype=torch.float64)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, values(r, 1000, torch.float64), right, tag=3),
+                                   dist.P2POp(dist.irecv, got, left, tag=3)])
+    for q in reqs:
+        q.wait()
+    _same(got, values(left, 1000, torch.float64), "batch_isend_irecv ring")
+    if r == 0:
+        for k in range(1, p):
+            t = torch.empty(2, dtype=torch.int64)
+            sender = dist.recv(t)  # any source
+            _same(t, torch.tensor([sender, sender * 2]), f"recv from any source ({sender})")
+    else:
+        dist.send(torch.tensor([r, r * 2]), 0)
+    if r == 0:
+        w = dist.isend(torch.arange(7.0), p - 1)
+        w.wait()
+    elif r == p - 1:
+        t = torch.empty(7)
+        dist.irecv(t, 0).wait()
+        _same(t, torch.arange(7.0), "isend/irecv")
+
+
+def test_barrier_and_monitored_barrier(groups):
+    dist.barrier()
+    dist.barrier(async_op=True).wait()
+    # torch.distributed.monitored_barrier is reserved for gloo by PyTorch; the group's own method works
+    import datetime
+
+    groups[0].monitored_barrier(datetime.timedelta(seconds=120), True)
+
+
+def test_new_group_subcommunicator(groups):
+    r, p = dist.get_rank(), dist.get_world_size()
+    evens = list(range(0, p, 2))
+    g = dist.new_group(evens)
+    if r in evens:
+        t = values(r, 9, torch.float64)
+        dist.all_reduce(t, group=g)
+        _same(t, sum(values(k, 9, torch.float64) for k in evens), "all_reduce on new_group")
+        assert dist.get_world_size(g) == len(evens) and dist.get_rank(g) == evens.index(r)
+    dist.destroy_process_group(g)
+
+
+def test_errors_name_the_problem(groups):
+    r, p = dist.get_rank(), dist.get_world_size()
+    with pytest.raises(ValueError, match="BAND needs an integer"):
+        dist.all_reduce(torch.ones(3), op=R.BAND)
+    with pytest.raises(ValueError, match="AVG needs a floating-point"):
+        dist.all_reduce(torch.ones(3, dtype=torch.int64), op=R.AVG)
+    with pytest.raises(ValueError, match="times the group size"):
+        dist.all_gather_into_tensor(torch.empty(p * 2 + 1), torch.ones(2))
+    with pytest.raises(ValueError, match="split_sizes"):
+        dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [p + 5] * p)
+    with pytest.raises((ValueError, RuntimeError), match="root|rank|group"):
+        dist.broadcast(torch.ones(1), p + 3)
+    dist.barrier()
+
+
+def test_mismatched_counts_raise_on_every_rank(groups):
+    """A count that differs across ranks is mpicomm's validation error on every rank, not a hang."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        pytest.skip("needs 2 ranks to disagree")
+    from mpicomm import ArgumentError
+
+    with pytest.raises(ArgumentError):
+        dist.all_reduce(torch.ones(3 + (r == 1)))
+    with pytest.raises(ArgumentError):
+        dist.all_reduce(torch.ones(3, dtype=torch.float64 if r == 0 else torch.float32))
+    dist.barrier()
