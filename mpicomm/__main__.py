@@ -92,8 +92,8 @@ def _command(argv: list[str] | None, ranks: int = 1) -> str:
     return ("" if ranks == 1 else f"mpiexec -n {ranks} ") + cli.command_line(PROG, argv)
 
 
-def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[str] | None = None) -> int:
-    """Print every registered algorithm with its restrictions and cost, and the selection table's rules."""
+def algorithm_rows() -> list[tuple[str, str, str, str]]:
+    """(collective, algorithm, restrictions, cost) for every registered algorithm, in the catalogue's order."""
     from mpicomm import registry
     from mpicomm.catalogue import COLLECTIVES
 
@@ -114,10 +114,48 @@ def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[
                 limits.append("host memory only")
             if getattr(algorithm, "blocking_only", False):
                 limits.append("blocking calls only")
+            if getattr(algorithm, "composite", False):
+                limits.append("several nodes (node, then leaders)")
             rows.append((collective, name, ", ".join(limits) or "-", algorithm.cost))
+    return rows
+
+
+def algorithm_markdown() -> str:
+    """The Markdown table of every algorithm (README.md's copy is this, between its algorithm-table markers)."""
+    lines = ["| collective | algorithm | restrictions | cost |", "|---|---|---|---|"]
+    lines += [f"| {c} | {n} | {r} | {cost} |" for c, n, r, cost in algorithm_rows()]
+    return "\n".join(lines)
+
+
+#: README.md's algorithm table lies between these lines (``algorithms --readme README.md`` rewrites it).
+README_MARKERS = ("<!-- algorithm table: python -m mpicomm algorithms --readme README.md -->",
+                  "<!-- end of algorithm table -->")
+
+
+def update_readme(path: str) -> bool:
+    """Rewrite the algorithm table in the Markdown file *path*; True when it changed."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    begin, end = README_MARKERS
+    if begin not in text or end not in text:
+        raise ValueError(f"{path}: no algorithm table markers ({begin!r} … {end!r}); add them where the table goes")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{algorithm_markdown()}\n{end}{tail}"
+    if new != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+    return new != text
+
+
+def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[str] | None = None) -> int:
+    """Print every registered algorithm with its restrictions and cost, and the selection table's rules."""
+    from mpicomm import registry
+    from mpicomm.catalogue import COLLECTIVES
+
+    rows = algorithm_rows()
     if markdown:
-        lines = ["| collective | algorithm | restrictions | cost |", "|---|---|---|---|"]
-        lines += [f"| {c} | {n} | {r} | {cost} |" for c, n, r, cost in rows]
+        lines = [algorithm_markdown()]
     else:
         widths = [max(len(str(row[i])) for row in rows) for i in range(3)]
         lines = [f"{c:<{widths[0]}}  {n:<{widths[1]}}  {r:<{widths[2]}}  {cost}" for c, n, r, cost in rows]
@@ -269,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=sorted(COMMANDS),
                         help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
+    parser.add_argument("--readme", metavar="FILE.md",
+                        help="algorithms: rewrite the algorithm table between its markers in FILE.md (README.md)")
     parser.add_argument("--explain", nargs=2, metavar=("COLLECTIVE", "SIZE"),
                         help="algorithms: why auto picks its algorithm for COLLECTIVE at SIZE bytes (1M, 64K, 8; "
                              "the benchmark's Size): each algorithm allowed or why not, predicted and measured "
@@ -297,6 +337,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"1.5G or 1e6")
             parser.error(reason)
         return explain(collective, size, args.ranks, args.json, argv)
+    if args.readme and args.command != "algorithms":
+        parser.error("--readme goes with the algorithms command: python -m mpicomm algorithms --readme README.md")
+    if args.command == "algorithms" and args.readme:
+        try:
+            changed = update_readme(args.readme)
+        except (OSError, ValueError) as exc:
+            parser.error(str(exc))
+        print(f"{args.readme}: algorithm table {'rewritten' if changed else 'already current'}")
+        return 0
     if args.command == "algorithms":
         return algorithms(args.markdown, args.json, argv)
     return info(args.json, argv)

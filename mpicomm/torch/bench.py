@@ -67,11 +67,11 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
         n = max(1, size // itemsize)
         t = torch.zeros(n, dtype=dtype)  # zeros: repeated in-place sums stay finite
         a = t.numpy()
-        variants = {
-            "gloo": lambda: dist.all_reduce(t, group=gloo),
+        variants = {  # gloo last: its threads may still be busy just after its calls
             "mpicomm": lambda: dist.all_reduce(t),
             "Comm.Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, a),
             "native": lambda: world.Allreduce(MPI.IN_PLACE, a),
+            "gloo": lambda: dist.all_reduce(t, group=gloo),
         }
         count = _iterations(n * itemsize, iters)
         per_round = max(1, count // rounds)

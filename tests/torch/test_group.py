@@ -294,3 +294,26 @@ def test_mismatched_counts_raise_on_every_rank(groups):
     with pytest.raises(ArgumentError):
         dist.all_reduce(torch.ones(3, dtype=torch.float64 if r == 0 else torch.float32))
     dist.barrier()
+
+
+def test_async_work_returns_at_once_and_its_future_completes_without_a_wait(groups):
+    """The call returns before a late peer arrives; the future completes on the progress thread (as DDP needs)."""
+    import time
+
+    from mpi4py import MPI
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    if p == 1:
+        pytest.skip("needs a peer that arrives late")
+    t = values(r, 1000, torch.float64)
+    if r == p - 1:
+        time.sleep(1.0)  # the others call first and must not be held up
+    work = dist.all_reduce(t, async_op=True)
+    pending = not work.is_completed()
+    fut = work.get_future()
+    (value,) = fut.wait()  # blocks in C++: only the progress thread can complete it
+    if r != p - 1:
+        assert pending, "the all-reduce completed before the last rank had called it"
+    _same(value, sum(values(k, 1000, torch.float64) for k in range(p)), "future's value")
+    assert work.is_completed() and work.is_success()
+    MPI.COMM_WORLD.Barrier()
