@@ -74,7 +74,8 @@ def data_path(directory: str, prefix: str, step: int, part: str = "") -> str:
     return os.path.join(directory, f"{prefix}-{step:08d}{'.' + part if part else ''}.bin")
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Make a rename in *directory* durable (``fsync`` of the directory; nothing where that cannot be done)."""
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
     except OSError:
@@ -95,7 +96,7 @@ def commit(tmp: str, final: str) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    _fsync_dir(os.path.dirname(final))
+    fsync_dir(os.path.dirname(final))
 
 
 class _Hashing:
@@ -125,7 +126,7 @@ def write_atomic(path: str, write: Callable[[Any], None]) -> dict[str, Any]:
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -67,9 +67,9 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
         n = max(1, size // itemsize)
         t = torch.zeros(n, dtype=dtype)  # zeros: repeated in-place sums stay finite
         a = t.numpy()
-        variants = {  # gloo last: its threads may still be busy just after its calls
-            "mpicomm": lambda: dist.all_reduce(t),
+        variants = {
             "Comm.Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, a),
+            "mpicomm": lambda: dist.all_reduce(t),
             "native": lambda: world.Allreduce(MPI.IN_PLACE, a),
             "gloo": lambda: dist.all_reduce(t, group=gloo),
         }

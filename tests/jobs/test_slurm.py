@@ -44,7 +44,8 @@ SLURM_SH = os.path.join(JOBS, "cluster", "slurm.sh")
 PROBE = os.path.join(REPO, "tests", "jobs", "nodes_probe.py")
 
 #: The scripts this file submits; test_every_script_is_submitted keeps it equal to jobs/*.sbatch.
-SUBMITTED = ("bench.sbatch", "demo.sbatch", "mapreduce.sbatch", "scaling.sbatch", "stencil.sbatch", "tune.sbatch")
+SUBMITTED = ("bench.sbatch", "demo.sbatch", "mapreduce.sbatch", "scaling.sbatch", "stencil.sbatch", "torchddp.sbatch",
+             "tune.sbatch")
 
 #: What a Slurm cluster on this machine needs, and what two simulated nodes need on top.
 SLURM_COMMANDS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
@@ -410,6 +411,48 @@ class TestOneNode:
         assert re.search(r"\| 1024 +\|", table) and "(ring)" in table
         if _has_matplotlib():
             assert (run / "scaling.png").stat().st_size > 0
+
+    def test_torchddp_transformer_with_check(self, cluster, tmp_path):
+        pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
+                                            "then pip install -e '.[torch]'")
+        args = ["--steps", "12", "--batch", "16", "--seq", "16", "--d-model", "32", "--layers", "1", "--ff", "64",
+                "--checkpoint-every", "6"]
+        job = cluster.submit("torchddp.sbatch", args, submit_dir=str(tmp_path), timeout=240)
+        _ok(job)
+        assert "launch: srun --mpi=pmi2" in job.log
+        assert "Transformer 1 layer (d 32, 4 heads, ff 64)" in job.log and "on 4 ranks, backend mpicomm" in job.log
+        assert "check: PASS" in job.log, job.log
+        run = tmp_path / "runs" / f"torchddp-{job.id}"
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["torchddp.ckpt"]
+        with open(run / "train.json") as f:
+            doc = json.load(f)
+        assert doc["ranks"] == 4 and "mpiexec -n 4 python -m apps.torchddp train --model transformer" in doc["command"]
+        assert doc["environment"]["OMP_NUM_THREADS"] == "1"  # the script's default: one torch thread per task
+        report = doc["results"]["report"]
+        assert report["check"]["passed"] is True and report["steps"] == 12 and report["checkpoint"]
+
+    def test_torchddp_requeued_resumes_from_its_checkpoint(self, cluster, tmp_path):
+        pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
+                                            "then pip install -e '.[torch]'")
+
+        def requeue_after_first_checkpoint(job_id: str) -> None:
+            ckpt = tmp_path / "runs" / f"torchddp-{job_id}" / "checkpoints" / "torchddp.ckpt"
+            deadline = time.monotonic() + 120
+            while not ckpt.exists():
+                assert time.monotonic() < deadline, f"no checkpoint appeared at {ckpt} within 120 s"
+                time.sleep(0.05)
+            out = cluster.run(["scontrol", "requeue", job_id])
+            assert out.returncode == 0, out.stdout + out.stderr
+
+        # A few seconds of steps after the first checkpoint: time enough to requeue the job mid-run.
+        args = ["--steps", "600", "--batch", "16", "--seq", "16", "--d-model", "32", "--layers", "1", "--ff", "64",
+                "--checkpoint-every", "20", "--optimizer", "sgd"]
+        job = cluster.submit("torchddp.sbatch", args, submit_dir=str(tmp_path), timeout=300,
+                             while_running=requeue_after_first_checkpoint)
+        _ok(job)
+        assert "restart 0" in job.log and "restart 1" in job.log, job.log  # one log, appended to on requeue
+        assert re.search(r"resumed from step \d+", job.log), job.log
+        assert "check: PASS" in job.log, job.log
 
 
 @pytest.mark.launches

@@ -56,6 +56,24 @@ def test_all_reduce_matches_gloo(groups, op, kind, dtypes):
             _same(a, b, f"all_reduce {op} {dtype} n={n}")
 
 
+def test_sync_progress_completes_every_call_before_it_returns(groups):
+    """MPICOMM_TORCH_PROGRESS=sync (the default with fewer than 2 cores per rank): no thread, nothing pending."""
+    from mpicomm.torch import engine
+
+    r = dist.get_rank()
+    threaded, engine().threaded = engine().threaded, False
+    try:
+        t = values(r, 100, torch.float32)
+        work = dist.all_reduce(t, async_op=True)
+        assert work.is_completed()
+        (value,) = work.get_future().wait()
+        ref = values(r, 100, torch.float32)
+        dist.all_reduce(ref, group=groups[1])
+        _same(value, ref, "sync progress")
+    finally:
+        engine().threaded = threaded
+
+
 def test_all_reduce_async_and_noncontiguous(groups):
     ours, gloo = groups
     r = dist.get_rank()
@@ -302,16 +320,24 @@ def test_async_work_returns_at_once_and_its_future_completes_without_a_wait(grou
 
     from mpi4py import MPI
 
+    from mpicomm.torch import engine
+
     r, p = dist.get_rank(), dist.get_world_size()
     if p == 1:
         pytest.skip("needs a peer that arrives late")
+    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        pytest.skip("the MPI library gives less than MPI_THREAD_SERIALIZED: no progress thread")
     t = values(r, 1000, torch.float64)
+    threaded, engine().threaded = engine().threaded, True  # the default on a machine with cores to spare
     if r == p - 1:
         time.sleep(1.0)  # the others call first and must not be held up
-    work = dist.all_reduce(t, async_op=True)
-    pending = not work.is_completed()
-    fut = work.get_future()
-    (value,) = fut.wait()  # blocks in C++: only the progress thread can complete it
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        pending = not work.is_completed()
+        fut = work.get_future()
+        (value,) = fut.wait()  # blocks in C++: only the progress thread can complete it
+    finally:
+        engine().threaded = threaded
     if r != p - 1:
         assert pending, "the all-reduce completed before the last rank had called it"
     _same(value, sum(values(k, 1000, torch.float64) for k in range(p)), "future's value")

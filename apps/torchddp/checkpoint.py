@@ -1,0 +1,140 @@
+"""One checkpoint file per run directory, never half-written, never silently wrong.
+
+Layout of ``DIR/torchddp.ckpt``::
+
+    MPICOMM-TORCHDDP-CHECKPOINT 1\\n      the magic line (format and version)
+    {"bytes": N, "sha256": "…", "step": s, "identity": {…}, …}\\n   one JSON line: the header
+    <N bytes>                             the payload: torch.save({"model": …, "optimizer": …})
+
+Writing (:func:`write`): the file is built in a temporary file that
+``tempfile.mkstemp`` creates in DIR exclusively (``O_EXCL``) under an
+unpredictable name, flushed to disk (``fsync``), renamed over the old
+checkpoint (``os.replace``, atomic) and the rename made durable (``fsync`` of
+DIR). A run killed at any moment leaves the previous checkpoint or the new one,
+whole, plus at most a stray ``.torchddp-*.tmp`` file. The checkpoint keeps
+``mkstemp``'s mode, 0600: readable by its owner only.
+
+Reading (:func:`read`) checks the magic line, the header, the payload's length
+and its SHA-256 before anything is unpickled, and the payload is then loaded
+with ``torch.load(weights_only=True)``: tensors and plain containers only, so a
+checkpoint cannot run code. Anything wrong raises :class:`CheckpointError`
+naming the file and the fault. Whether the checkpoint belongs to *this* run
+(same model, optimizer, data...) is :func:`mismatch`'s question.
+
+These functions touch files only; who calls them (rank 0) and how the verdict
+reaches every rank is :mod:`apps.torchddp.train`'s business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from typing import Any
+
+import torch
+
+from apps.checkpoint import fsync_dir
+
+__all__ = ["CheckpointError", "FORMAT", "NAME", "MAGIC", "path_in", "write", "read", "load_payload", "dump_payload",
+           "mismatch"]
+
+#: The format tag in the magic line and the header.
+FORMAT = "mpicomm-torchddp-checkpoint/1"
+#: The checkpoint's file name inside ``--checkpoint DIR``.
+NAME = "torchddp.ckpt"
+MAGIC = b"MPICOMM-TORCHDDP-CHECKPOINT 1\n"
+_HEADER_LIMIT = 1 << 20  # a header longer than this is not ours
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, damaged, of another format or of another run."""
+
+
+def path_in(directory: str) -> str:
+    """``DIR/torchddp.ckpt``."""
+    return os.path.join(directory, NAME)
+
+
+def dump_payload(state: dict[str, Any]) -> bytes:
+    """*state* (state dicts of tensors and plain values) as ``torch.save`` bytes."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def load_payload(payload: bytes) -> dict[str, Any]:
+    """The state :func:`dump_payload` wrote (``weights_only``: no code runs while loading)."""
+    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+
+
+def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
+    """Replace ``DIR/torchddp.ckpt`` atomically with *header* (plus size and SHA-256) and *payload*; its path."""
+    body = {**header, "format": FORMAT, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    line = json.dumps(body, sort_keys=True).encode() + b"\n"
+    final = path_in(directory)
+    fd, tmp = tempfile.mkstemp(prefix=".torchddp-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC)
+            f.write(line)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+    return final
+
+
+def read(path: str) -> tuple[dict[str, Any], bytes]:
+    """The header and the verified payload of a checkpoint file; :class:`CheckpointError` if it is not sound."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(MAGIC))
+            line = f.readline(_HEADER_LIMIT)
+            payload = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path}: cannot read it ({exc.strerror or exc})") from None
+    if magic != MAGIC:
+        raise CheckpointError(f"checkpoint {path}: not an apps.torchddp checkpoint (it does not start with "
+                              f"{MAGIC.decode().strip()!r})")
+    try:
+        header = json.loads(line.decode())
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
+        size, digest = int(header["bytes"]), str(header["sha256"])
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: damaged header ({exc}); the file cannot be trusted") from None
+    if header.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {header.get('format')!r}, this program reads {FORMAT!r}")
+    if len(payload) != size:
+        raise CheckpointError(f"checkpoint {path}: the payload has {len(payload)} bytes, the header says {size} "
+                              f"(cut short or overwritten)")
+    actual = hashlib.sha256(payload).hexdigest()
+    if actual != digest:
+        raise CheckpointError(f"checkpoint {path}: checksum mismatch (sha256 {actual[:16]}…, the header says "
+                              f"{digest[:16]}…): the file is damaged")
+    return header, payload
+
+
+def mismatch(path: str, saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a checkpoint whose header has identity *saved* cannot continue a run of identity *current* (or None)."""
+    keys = sorted(set(saved) | set(current))
+    differ = [k for k in keys if saved.get(k) != current.get(k)]
+    if not differ:
+        return None
+    listed = "; ".join(f"{k}: {_show(current.get(k))} here, {_show(saved.get(k))} in the checkpoint" for k in differ)
+    return (f"checkpoint {path} belongs to another run ({listed}); run with the checkpoint's settings, or use another "
+            f"--checkpoint directory")
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else str(value)

@@ -1,0 +1,120 @@
+"""apps.torchddp.checkpoint: atomic replacement, every kind of damage refused by name, no code run on load."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.apps.torchddp import NO_TORCH
+
+torch = pytest.importorskip("torch", reason=NO_TORCH)
+
+from apps.torchddp import checkpoint as ck  # noqa: E402
+
+pytestmark = pytest.mark.serial
+
+STATE = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "optimizer": {"state": {0: {"step": torch.tensor(3.0)}},
+                                                                        "param_groups": [{"lr": 0.1, "params": [0]}]}}
+
+
+def _write(directory, step=5, **header):
+    return ck.write(str(directory), {"step": step, "identity": {"model": "mlp"}, **header}, ck.dump_payload(STATE))
+
+
+def test_round_trip_and_no_temporary_file_left(tmp_path):
+    path = _write(tmp_path)
+    assert path == str(tmp_path / ck.NAME) and os.listdir(tmp_path) == [ck.NAME]
+    header, payload = ck.read(path)
+    assert header["step"] == 5 and header["format"] == ck.FORMAT and header["bytes"] == len(payload)
+    state = ck.load_payload(payload)
+    assert torch.equal(state["model"]["w"], STATE["model"]["w"])
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.1
+
+
+def test_a_new_checkpoint_replaces_the_old_one_whole(tmp_path):
+    _write(tmp_path, step=1)
+    _write(tmp_path, step=2)
+    assert os.listdir(tmp_path) == [ck.NAME]
+    assert ck.read(str(tmp_path / ck.NAME))[0]["step"] == 2
+
+
+def test_the_temporary_file_is_exclusive_unpredictable_and_removed_on_failure(tmp_path, monkeypatch):
+    seen = []
+    real = ck.tempfile.mkstemp
+
+    def spy(**kw):
+        fd, name = real(**kw)
+        seen.append(name)
+        return fd, name
+
+    monkeypatch.setattr(ck.tempfile, "mkstemp", spy)
+    _write(tmp_path)
+    _write(tmp_path)
+    assert len(seen) == 2 and seen[0] != seen[1]  # a fresh random name each time
+    assert all(os.path.dirname(n) == str(tmp_path) and os.path.basename(n).startswith(".torchddp-") for n in seen)
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck.os, "replace", broken)
+    with pytest.raises(OSError):
+        _write(tmp_path, step=9)
+    assert os.listdir(tmp_path) == [ck.NAME]  # the temporary file is gone, the old checkpoint intact
+    assert ck.read(str(tmp_path / ck.NAME))[0]["step"] == 5
+
+
+def _damage(path, how):
+    data = bytearray(open(path, "rb").read())
+    if how == "flip":
+        data[-10] ^= 0x01
+    elif how == "truncate":
+        data = data[:-7]
+    elif how == "magic":
+        data[:4] = b"XXXX"
+    elif how == "header":
+        start = len(ck.MAGIC)
+        data[start:start + 1] = b"#"
+    elif how == "format":
+        end = data.index(b"\n", len(ck.MAGIC))
+        header = json.loads(data[len(ck.MAGIC):end])
+        header["format"] = "mpicomm-torchddp-checkpoint/0"
+        data[len(ck.MAGIC):end] = json.dumps(header).encode()
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("how,text", [
+    ("flip", "checksum mismatch"), ("truncate", "cut short"), ("magic", "not an apps.torchddp checkpoint"),
+    ("header", "damaged header"), ("format", "format 'mpicomm-torchddp-checkpoint/0'"),
+])
+def test_damage_is_refused_naming_the_file(tmp_path, how, text):
+    path = _write(tmp_path)
+    _damage(path, how)
+    with pytest.raises(ck.CheckpointError, match=text) as info:
+        ck.read(path)
+    assert path in str(info.value)
+
+
+def test_a_missing_file_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(ck.CheckpointError, match="cannot read it"):
+        ck.read(str(tmp_path / ck.NAME))
+
+
+def test_loading_runs_no_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+
+    import pickle
+
+    payload = ck.dump_payload({"model": Evil()})  # torch.save pickles anything; the loader must not run it
+    with pytest.raises(pickle.UnpicklingError):
+        ck.load_payload(payload)
+
+
+def test_mismatch_names_every_difference():
+    assert ck.mismatch("D/x", {"model": "mlp", "seed": 0}, {"model": "mlp", "seed": 0}) is None
+    why = ck.mismatch("D/x", {"model": "mlp", "seed": 0, "hidden": "64"}, {"model": "mlp", "seed": 3})
+    assert why.startswith("checkpoint D/x belongs to another run (")
+    assert "hidden: (unset) here, 64 in the checkpoint" in why and "seed: 3 here, 0 in the checkpoint" in why

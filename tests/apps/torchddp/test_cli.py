@@ -1,0 +1,201 @@
+"""python -m apps.torchddp as users run it, under mpiexec at 2 ranks: --check, bench, checkpoints, bad flags."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.apps.torchddp import NO_TORCH
+
+pytest.importorskip("torch", reason=NO_TORCH)
+
+from mpicomm import cli  # noqa: E402
+from tests import mpirun  # noqa: E402
+
+pytestmark = pytest.mark.launches
+
+TORCHDDP = [sys.executable, "-m", "apps.torchddp"]
+#: A transformer small enough for a few seconds per run, big enough to have every kind of layer.
+TINY_TRANSFORMER = ["--model", "transformer", "--vocab", "64", "--seq", "12", "--d-model", "32", "--heads", "4",
+                    "--layers", "2", "--ff", "64"]
+
+
+def _run(args: list[str], n: int = 2, timeout: float = 180) -> mpirun.Result:
+    out = mpirun.run(n, TORCHDDP + args, timeout=timeout, env={"OMP_NUM_THREADS": "1"})
+    assert not out.timed_out, f"timed out after {timeout} s:\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def _digest(stdout: str) -> str:
+    return re.search(r"parameter digest (\w+)", stdout).group(1)
+
+
+def _document(path) -> dict:
+    """A --json document, checked for the fields every mpicomm command writes."""
+    doc = json.loads(path.read_text())
+    assert {"schema", "schema_version", "command", "machine", "versions", "date", "results"} <= doc.keys()
+    assert doc["schema"] == cli.SCHEMA and doc["schema_version"] == cli.SCHEMA_VERSION
+    return doc
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_train_check_passes_and_reports(model, tmp_path):
+    js = tmp_path / "run.json"
+    args = ["train", "--steps", "12", "--batch", "15", "--check", "--log-every", "4", "--json", str(js)]
+    args += TINY_TRANSFORMER if model == "transformer" else ["--model", "mlp", "--hidden", "64,64"]
+    out = _run(args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "on 2 ranks, backend mpicomm, global batch 15 (7-8 per rank)" in out.stdout
+    assert "float64" in out.stdout  # --check trains in float64
+    assert re.search(r"check: PASS .*max \|Δ\| \S+", out.stdout), out.stdout
+    assert re.search(r"done: 12 steps in .*: [\d.,]+ steps/s, [\d,]+ samples/s", out.stdout), out.stdout
+    assert re.search(r"train loss [\d.]+, accuracy [\d.]+ .* eval loss [\d.]+, accuracy [\d.]+", out.stdout)
+    assert len(re.findall(r"^torchddp train \[\d+/12\] loss", out.stderr, re.M)) == 3, out.stderr  # progress, rank 0
+    doc = _document(js)
+    assert "mpiexec -n 2 python -m apps.torchddp train --steps 12" in doc["command"]
+    assert doc["ranks"] == 2
+    body = doc["results"]
+    assert body["config"]["model"] == model and body["config"]["dtype"] == "float64"
+    assert body["report"]["check"]["passed"] is True and body["report"]["digest"] == _digest(out.stdout)
+    assert body["report"]["steps_per_s"] > 0 and 0 <= body["report"]["eval_accuracy"] <= 1
+
+
+def test_gloo_and_mpicomm_train_the_same_model():
+    args = ["train", "--steps", "6", "--batch", "16", "--quiet", "--hidden", "32"]
+    mpi = _run(args)
+    gloo = _run(args + ["--backend", "gloo"])
+    assert mpi.returncode == 0 and gloo.returncode == 0, mpi.stderr + gloo.stderr
+    assert "backend gloo" in gloo.stdout
+    assert _digest(mpi.stdout) == _digest(gloo.stdout)  # two ranks: every sum is a + b, bit for bit
+
+
+def test_bench_writes_both_backends_rows(tmp_path):
+    js, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    out = _run(["bench", "--rounds", "2", "--steps", "1", "--warmup", "1", "--json", str(js), "--out", str(md)],
+               timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = _document(js)
+    assert doc["command"].endswith(f"mpiexec -n 2 python -m apps.torchddp bench --rounds 2 --steps 1 --warmup 1 "
+                                   f"--json {js} --out {md}")
+    assert "OMP_NUM_THREADS=1 " in doc["command"] and doc["environment"]["OMP_NUM_THREADS"] == "1"
+    assert doc["ranks"] == 2 and doc["steps"] == 1 and doc["rounds"] == 2 and doc["torch"]
+    rows = doc["results"]
+    assert {(r["config"], r["backend"]) for r in rows} == {(c, b) for c in ("mlp", "wide-mlp", "transformer")
+                                                           for b in ("mpicomm", "gloo")}
+    for r in rows:
+        assert {"model", "parameters", "global_batch", "steps_per_s", "steps_per_s_rounds", "samples_per_s", "vs_gloo",
+                "same_parameters", "identical_parameters", "max_abs_diff"} <= r.keys()
+        assert r["steps_per_s"] > 0 and len(r["steps_per_s_rounds"]) == 2
+        assert r["identical_parameters"] is True  # two ranks: the same sums in the same order on both backends
+    text = md.read_text()
+    assert text.startswith("## apps.torchddp bench, 2 ranks (") and f"Command: `{doc['command']}`" in text
+    for name in ("mlp", "wide-mlp", "transformer"):
+        assert re.search(rf"^\| {re.escape(name)} +\|", text, re.M), text
+    assert "Target: mpicomm ≥ 1.5× gloo's steps/s on wide-mlp" in text
+    again = _run(["bench", "--configs", "mlp", "--rounds", "1", "--steps", "1", "--warmup", "1", "--out", str(md)])
+    assert again.returncode == 2 and "exists; add --append" in again.stderr  # a report is never replaced silently
+    assert md.read_text() == text
+
+
+def _checkpointed(tmp_path, steps: int, *more: str) -> mpirun.Result:
+    return _run(["train", *TINY_TRANSFORMER, "--steps", str(steps), "--batch", "8", "--quiet",
+                 "--checkpoint", str(tmp_path / "ck"), *more])
+
+
+def test_resume_continues_bit_identically(tmp_path):
+    straight = _run(["train", *TINY_TRANSFORMER, "--steps", "10", "--batch", "8", "--quiet"])
+    first = _checkpointed(tmp_path, 4, "--checkpoint-every", "2")
+    resumed = _checkpointed(tmp_path, 10, "--checkpoint-every", "2", "--resume")
+    for out in (straight, first, resumed):
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "checkpoint: " in first.stdout and "(step 4)" in first.stdout
+    assert "resumed from step 4" in resumed.stdout
+    assert _digest(resumed.stdout) == _digest(straight.stdout)
+    assert _digest(first.stdout) != _digest(straight.stdout)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["torchddp.ckpt"]  # no temporary file left
+
+
+def _flip_payload_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage,text", [
+    ("flip", "checksum mismatch"),
+    ("truncate", "cut short or overwritten"),
+    ("other-model", "belongs to another run (d_model: 16 here, 32 in the checkpoint)"),
+])
+def test_a_bad_checkpoint_is_refused_on_every_rank(tmp_path, damage, text):
+    first = _checkpointed(tmp_path, 3)
+    assert first.returncode == 0, first.stderr
+    path = tmp_path / "ck" / "torchddp.ckpt"
+    more = ["--resume"]
+    if damage == "flip":
+        _flip_payload_byte(path)
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-100])
+    else:
+        more += ["--d-model", "16"]
+    out = _checkpointed(tmp_path, 6, *more)
+    assert out.returncode == 2, out.stdout + out.stderr
+    for r in range(2):
+        line = f"python -m apps.torchddp train: rank {r} of 2: error: "
+        assert re.search(re.escape(line) + r"checkpoint \S+torchddp\.ckpt.*" + re.escape(text), out.stderr), out.stderr
+    assert "parameter digest" not in out.stdout
+
+
+def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path):
+    assert _checkpointed(tmp_path, 2).returncode == 0
+    before = (tmp_path / "ck" / "torchddp.ckpt").read_bytes()
+    out = _checkpointed(tmp_path, 2)
+    assert out.returncode == 2 and out.stderr.count("already holds a checkpoint") == 2, out.stderr
+    assert (tmp_path / "ck" / "torchddp.ckpt").read_bytes() == before
+
+
+@pytest.mark.parametrize("args,text,every_rank", [
+    (["train", "--model", "cnn"], "invalid choice: 'cnn'", False),
+    (["train", "--steps", "0"], "--steps 0: must be >= 1", False),
+    (["train", "--bucket-mb", "0"], "--bucket-mb 0: must be > 0", False),
+    (["train", "--resume"], "--resume and --checkpoint-every need --checkpoint DIR", False),
+    (["train", "--check", "--dtype", "float32"], "--check compares in float64", False),
+    (["train", "--model", "transformer", "--d-model", "30"], "--d-model 30 is not a multiple of --heads 4", False),
+    (["train", "--hidden", "64,x"], "expected comma-separated layer widths", False),
+    (["train", "--batch", "1"], "--batch 1: the global batch is smaller than the 2 ranks", True),
+    (["bench", "--configs", "mlp,resnet"], "choose from mlp, wide-mlp, transformer", False),
+    (["bench", "--warmup", "0"], "--warmup 0: must be >= 1", False),
+    (["bench", "--force"], "--append and --force need --out FILE.md", False),
+    (["nope"], "invalid choice: 'nope'", False),
+])
+def test_bad_flags_are_usage_errors(args, text, every_rank):
+    out = _run(args, timeout=90)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count(text) >= 2, out.stderr  # said by both ranks
+    if every_rank:
+        for r in range(2):
+            assert f"python -m apps.torchddp {args[0]}: rank {r} of 2: error:" in out.stderr
+    else:
+        assert "usage: python -m apps.torchddp" in out.stderr
+
+
+def test_help_describes_every_option():
+    def help_of(*command: str) -> str:
+        out = subprocess.run(TORCHDDP + [*command, "--help"], capture_output=True, text=True, cwd=mpirun.REPO,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "train" in help_of() and "bench" in help_of() and "examples:" in help_of()
+    train = help_of("train")
+    for option in ("--model", "{mlp,transformer}", "--backend", "{mpicomm,gloo}", "--steps", "--batch", "GLOBAL batch",
+                   "--lr", "--bucket-mb", "--check", "--checkpoint", "--checkpoint-every", "--resume", "--json",
+                   "--log-every", "--threads", "teacher"):
+        assert option in train, option
+    bench = help_of("bench")
+    for option in ("--configs", "wide-mlp", "--rounds", "--steps", "--warmup", "--out", "--append", "--force",
+                   "--json", "gloo"):
+        assert option in bench, option
