@@ -52,6 +52,20 @@ def _same_dtype(tensors: list[torch.Tensor], what: str) -> torch.dtype:
     return next(iter(dtypes))
 
 
+def _concat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' elements, one after another, in a new flat tensor."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _split_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy consecutive pieces of *flat* into *tensors* (the inverse of :func:`_concat`)."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def _moved(t: torch.Tensor) -> torch.Tensor:
     """A tensor's data as moved bit for bit (bfloat16 as int16)."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
@@ -159,7 +173,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         if not tensors:
             return self._submit(lambda blocking: None, None, [], "allreduce_coalesced", opts)
         dtype = _same_dtype(tensors, "all_reduce_coalesced")
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        flat = _concat(tensors)
         staged = Staged(flat, reduce=True)
         red = mpi_op(opts.reduceOp, dtype, self._p)
         comm = self.comm
@@ -176,11 +190,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             if red.scale is not None:
                 staged.scale(red.scale)
             staged.finish()
-            offset = 0
-            with torch.no_grad():
-                for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+            _split_into(flat, tensors)
 
         return self._submit(start, finish, list(tensors), "allreduce_coalesced", opts)
 
@@ -235,7 +245,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         if parts[self.rank()].numel() != out.numel():
             raise ValueError(f"mpicomm backend: reduce_scatter output has {out.numel()} elements but input "
                              f"[{self.rank()}] has {parts[self.rank()].numel()}")
-        flat = Staged(torch.cat([t.detach().reshape(-1) for t in parts]), reduce=True, output=False)
+        flat = Staged(_concat(parts), reduce=True, output=False)
         staged = Staged(out, reduce=True)
         red = mpi_op(opts.reduceOp, out.dtype, self._p)
         counts = [t.numel() for t in parts]
@@ -288,7 +298,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Work:
         """Several ``reduce_scatter_tensor`` calls, completed together."""
-        return self._together([self.reduce_scatter_single(o, i, _async(opts, torch.distributed.ReduceScatterOptions))
+        return self._together([self.reduce_scatter_single(o, i, _async(opts, "ReduceScatterOptions"))
                                for o, i in zip(outputs, inputs)], list(outputs), "reduce_scatter_tensor_coalesced",
                               opts)
 
@@ -346,14 +356,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                              f"has {outs[self.rank()].numel()}")
         flat = _flat(outs, inp.dtype, inp.device)
 
-        def finish() -> None:
-            offset = 0
-            with torch.no_grad():
-                for t in outs:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
-
-        return _array(flat), finish, [list(outs)]
+        return _array(flat), lambda: _split_into(flat, outs), [list(outs)]
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``dist.all_gather_into_tensor``: *output* holds p blocks, block i from rank i."""
@@ -434,7 +437,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             parts = [check_tensor(t, f"scatter input[{i}]") for i, t in enumerate(inputs[0])]
             _same_dtype([out, *parts], "scatter")
             counts = [t.numel() for t in parts]
-            send = _array(torch.cat([t.detach().reshape(-1) for t in parts]))
+            send = _array(_concat(parts))
         else:
             if inputs and any(inputs):
                 raise ValueError(f"mpicomm backend: scatter input lists are for the root (rank {root}) only")
@@ -459,7 +462,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         for i, t in enumerate(inputs):
             check_tensor(t, f"all_to_all input[{i}]")
         dtype = _same_dtype([*outputs, *inputs], "all_to_all")
-        send = _array(torch.cat([t.detach().reshape(-1) for t in inputs]))
+        send = _array(_concat(inputs))
         flat = _flat(outputs, dtype, outputs[0].device)
         recv = _array(flat)
         scounts, rcounts = [t.numel() for t in inputs], [t.numel() for t in outputs]
@@ -469,14 +472,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             call = comm.Alltoallv if blocking else comm.Ialltoallv
             return call([send, (scounts, _displs(scounts))], [recv, (rcounts, _displs(rcounts))])
 
-        def finish() -> None:
-            offset = 0
-            with torch.no_grad():
-                for t in outputs:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
-
-        return self._submit(start, finish, list(outputs), "all_to_all", opts)
+        return self._submit(start, lambda: _split_into(flat, outputs), list(outputs), "all_to_all", opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> Work:
@@ -597,7 +593,7 @@ class _Together(Work):
     """A Work standing for several (coalesced calls): done when each of them is."""
 
     def __init__(self, engine: Engine, works: list[Work], result: Any, name: str):
-        super().__init__(engine, [w for w in works], None, result, name)
+        super().__init__(engine, None, None, result, name)
         self._works = works
 
     def _test(self) -> bool:
@@ -648,9 +644,9 @@ def _options(name: str) -> Any:
     return getattr(torch._C._distributed_c10d, name)()
 
 
-def _async(opts: Any, kind: Any) -> Any:
-    """Options for a part of a coalesced call: the part never blocks (the whole waits once)."""
-    part = kind() if not isinstance(kind, str) else _options(kind)
+def _async(opts: Any, kind: str) -> Any:
+    """Options (class *kind*) for a part of a coalesced call: the part never blocks (the whole waits once)."""
+    part = _options(kind)
     for field in ("reduceOp", "timeout"):
         if opts is not None and hasattr(opts, field) and hasattr(part, field):
             setattr(part, field, getattr(opts, field))
