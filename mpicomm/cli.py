@@ -44,7 +44,7 @@ from .config import describe_cpu
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "US", "parse_size", "size_arg", "parse_sizes", "sizes_arg",
            "format_size", "format_time", "Progress", "add_json", "add_out", "check_out", "command_line",
-           "versions", "document", "write_json"]
+           "versions", "document", "write_json", "pyplot"]
 
 #: The ``schema`` field of every ``--json`` document, and its version (raised when a field changes meaning).
 SCHEMA = "mpicomm-results"
@@ -277,3 +277,19 @@ def _plain(value: Any) -> Any:
 
         return asdict(value)
     return str(value)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend (no display needed), or a ValueError saying how to install it.
+
+    Every ``--plot`` of every command draws through this, so a missing matplotlib is
+    reported the same way everywhere (as a usage error, before any MPI work is lost).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("plots need matplotlib: pip install -e '.[plot]'") from None
+    return plt

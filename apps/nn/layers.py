@@ -8,7 +8,17 @@ communication code can slice into buckets or shards without copying.
 
 ``backward`` *accumulates* (``+=``) parameter gradients, as PyTorch does: a
 batch split into micro-batches sums their gradients, and the model zeroes them
-between steps. Every pass runs on the array module of its input (NumPy or
+between steps.
+
+For pipeline schedules two more things are public:
+
+* ``saved`` names the attributes a forward keeps for its backward;
+  :meth:`Layer.stash` takes them out (a tuple) and :meth:`Layer.unstash` puts
+  them back, so several micro-batches can be in flight through one layer, or
+  their activations parked elsewhere and brought back;
+* ``backward`` = ``backward_input`` (the input gradient, B) then
+  ``backward_weight`` (the parameter gradient, W): zero-bubble schedules run W
+  later, from the same saved input and the output gradient kept for it. Every pass runs on the array module of its input (NumPy or
 CuPy) and keeps the input's dtype; a batch of zero rows is valid.
 """
 
@@ -54,6 +64,9 @@ class Layer:
     the model sets before each forward: ``(seed, layer_index, *model.rng_key)``.
     """
 
+    #: Attributes a training forward sets and the backward reads (see :meth:`stash`).
+    saved: tuple[str, ...] = ()
+
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}
         self.grads: dict[str, Any] = {}
@@ -78,6 +91,28 @@ class Layer:
         gradient may be skipped and ``None`` returned.
         """
         return dy
+
+    def backward_input(self, dy: Any) -> Any:
+        """The input gradient alone (B); parameter gradients are left to :meth:`backward_weight`."""
+        return self.backward(dy, True)
+
+    def backward_weight(self, dy: Any) -> None:
+        """Accumulate the parameter gradients (W) from *dy* and the saved input; nothing for parameterless layers."""
+
+    def stash(self) -> tuple[Any, ...]:
+        """Take the saved activations of the last forward out of the layer (they are cleared here)."""
+        values = tuple(getattr(self, name) for name in self.saved)
+        for name in self.saved:
+            setattr(self, name, None)
+        return values
+
+    def unstash(self, values: tuple[Any, ...]) -> None:
+        """Put back activations taken by :meth:`stash`, so the matching backward can run."""
+        if len(values) != len(self.saved):
+            raise ValueError(f"{type(self).__name__}.unstash got {len(values)} values, expected {len(self.saved)} "
+                             f"({', '.join(self.saved) or 'none'}); pass what stash() returned")
+        for name, value in zip(self.saved, values):
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={v}" for k, v in self.param_shapes().items())
@@ -114,16 +149,21 @@ class Linear(Layer):
             y += _like(self.params["b"], x)
         return y
 
+    saved = ("_x",)
+
     def backward(self, dy: Any, need_input_grad: bool = True) -> Any:
-        x = self._x
+        self.backward_weight(dy)
+        return self.backward_input(dy) if need_input_grad else None
+
+    def backward_input(self, dy: Any) -> Any:
+        return dy @ _like(self.params["W"], dy).T
+
+    def backward_weight(self, dy: Any) -> None:
         gw = self.grads["W"]
-        gw += x.T @ dy
+        gw += self._x.T @ dy
         if self.bias:
             gb = self.grads["b"]
             gb += dy.sum(axis=0)
-        if not need_input_grad:
-            return None
-        return dy @ _like(self.params["W"], dy).T
 
     def __repr__(self) -> str:
         return f"Linear({self.in_features}, {self.out_features}, bias={self.bias})"
@@ -131,6 +171,8 @@ class Linear(Layer):
 
 class ReLU(Layer):
     """``max(x, 0)``; the gradient at 0 is taken as 0."""
+
+    saved = ("_mask",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,6 +196,7 @@ class GELU(Layer):
 
     _C = math.sqrt(2.0 / math.pi)
     _A = 0.044715
+    saved = ("_x", "_t")
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,14 +248,20 @@ class LayerNorm(Layer):
         self._xhat, self._rstd = xhat, rstd
         return xhat * _like(self.params["gamma"], x) + _like(self.params["beta"], x)
 
+    saved = ("_xhat", "_rstd")
+
     def backward(self, dy: Any, need_input_grad: bool = True) -> Any:
-        xhat, rstd = self._xhat, self._rstd
+        self.backward_weight(dy)
+        return self.backward_input(dy) if need_input_grad else None
+
+    def backward_weight(self, dy: Any) -> None:
         gg = self.grads["gamma"]
-        gg += (dy * xhat).sum(axis=0)
+        gg += (dy * self._xhat).sum(axis=0)
         gb = self.grads["beta"]
         gb += dy.sum(axis=0)
-        if not need_input_grad:
-            return None
+
+    def backward_input(self, dy: Any) -> Any:
+        xhat, rstd = self._xhat, self._rstd
         dxhat = dy * _like(self.params["gamma"], dy)
         n = self.features
         # dx = rstd/n · (n·dxhat - Σdxhat - xhat·Σ(dxhat·xhat)), sums over the row
@@ -243,6 +292,8 @@ class Dropout(Layer):
             raise ValueError(f"Dropout p must be in [0, 1), got {p}; use 0 for no dropout")
         self.p = float(p)
         self._mask: Any = None
+
+    saved = ("_mask",)
 
     def mask(self, shape: tuple[int, ...], xp: Any = np, dtype: Any = np.float64) -> Any:
         """The scaled keep-mask (0 or 1/(1-p)) for the current key, on *xp* in *dtype*."""

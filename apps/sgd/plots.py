@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from mpicomm import cli
+
 __all__ = ["curves", "timeline"]
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("plots need matplotlib: pip install -e '.[plot]'") from None
-    return plt
 
 
 def curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str, title: str = "") -> None:
     """Loss and test accuracy against step and against wall time, one line per run."""
-    plt = _pyplot()
+    plt = cli.pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
     for label, rows in runs.items():
         if not rows:
@@ -51,7 +42,7 @@ _COLORS = {"backward": "tab:blue", "bucket": "tab:orange", "wait": "tab:red"}
 
 def timeline(per_rank: Sequence[Sequence[tuple[str, str, float, float]] | None], path: str, title: str = "") -> None:
     """One step per rank: each layer's backward (blue), each bucket's collective from launch to completion (orange)."""
-    plt = _pyplot()
+    plt = cli.pyplot()
     ranks = [r for r in per_rank if r]
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.9 * max(1, len(per_rank))))
     for rank, events in enumerate(per_rank):

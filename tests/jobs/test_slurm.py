@@ -44,8 +44,8 @@ SLURM_SH = os.path.join(JOBS, "cluster", "slurm.sh")
 PROBE = os.path.join(REPO, "tests", "jobs", "nodes_probe.py")
 
 #: The scripts this file submits; test_every_script_is_submitted keeps it equal to jobs/*.sbatch.
-SUBMITTED = ("bench.sbatch", "demo.sbatch", "mapreduce.sbatch", "scaling.sbatch", "stencil.sbatch", "torchddp.sbatch",
-             "tune.sbatch")
+SUBMITTED = ("bench.sbatch", "demo.sbatch", "mapreduce.sbatch", "pipeline.sbatch", "scaling.sbatch", "stencil.sbatch",
+             "torchddp.sbatch", "tune.sbatch")
 
 #: What a Slurm cluster on this machine needs, and what two simulated nodes need on top.
 SLURM_COMMANDS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
@@ -430,6 +430,23 @@ class TestOneNode:
         assert doc["environment"]["OMP_NUM_THREADS"] == "1"  # the script's default: one torch thread per task
         report = doc["results"]["report"]
         assert report["check"]["passed"] is True and report["steps"] == 12 and report["checkpoint"]
+
+    def test_pipeline_two_stages_two_replicas_with_check(self, cluster, tmp_path):
+        args = ["--steps", "6", "--blocks", "4", "--width", "16", "--hidden", "32", "--batch", "32",
+                "--schedule", "zb-h1", "--quiet"]
+        job = cluster.submit("pipeline.sbatch", args, submit_dir=str(tmp_path), timeout=240,
+                             env={"PIPELINE_CHECKPOINT_EVERY": "3"})
+        _ok(job)
+        assert "launch: srun --mpi=pmi2" in job.log
+        assert "zb-h1 on 4 ranks = T 1 x S 2 x D 2" in job.log and " - equal" in job.log, job.log
+        run = tmp_path / "runs" / f"pipeline-{job.id}"
+        names = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert names == ["pipeline-00000003.json", "pipeline-00000003.stage0-t0.bin", "pipeline-00000003.stage1-t0.bin",
+                         "pipeline-00000006.json", "pipeline-00000006.stage0-t0.bin", "pipeline-00000006.stage1-t0.bin"]
+        with open(run / "train.json") as f:
+            doc = json.load(f)
+        assert doc["ranks"] == 4 and len(doc["results"]["losses"]) == 6
+        assert len((run / "train.csv").read_text().splitlines()) == 7
 
     def test_torchddp_requeued_resumes_from_its_checkpoint(self, cluster, tmp_path):
         pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "

@@ -220,3 +220,48 @@ def test_layer_on_cupy():
                                    rtol=1e-10, atol=1e-12)
         for k in host.grads:
             np.testing.assert_allclose(cp.asnumpy(dev.grads[k]), host.grads[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_split_backward_equals_backward(name):
+    """backward_input then backward_weight (zero-bubble's I and W) give what backward gives."""
+    x = np.random.default_rng(3).standard_normal((5, 4)) * np.arange(1, 5)
+    dy_rng = np.random.default_rng(4)
+    whole, split = _bind(LAYERS[name](), seed=1), _bind(LAYERS[name](), seed=1)
+    for layer in (whole, split):
+        layer.key = (0, 0, 0)
+    y = whole.forward(x)
+    split.forward(x)
+    dy = dy_rng.standard_normal(y.shape)
+    dx = whole.backward(dy)
+    dx_split = split.backward_input(dy)
+    split.backward_weight(dy)
+    np.testing.assert_array_equal(dx_split, dx)
+    for k in whole.grads:
+        np.testing.assert_array_equal(split.grads[k], whole.grads[k])
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_stash_and_unstash_keep_two_micro_batches_apart(name):
+    layer = _bind(LAYERS[name](), seed=2)
+    ref = _bind(LAYERS[name](), seed=2)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((3, 4)), rng.standard_normal((2, 4))]
+    dys = [rng.standard_normal((3, ref.forward(xs[0]).shape[1] if name.startswith("linear") else 4)),
+           rng.standard_normal((2, 3 if name.startswith("linear") else 4))]
+    stashes = []
+    for k, x in enumerate(xs):
+        layer.key = (0, 0, k)
+        layer.forward(x)
+        stashes.append(layer.stash())
+        assert all(getattr(layer, n) is None for n in layer.saved)
+    got = []
+    for k in (1, 0):
+        layer.unstash(stashes[k])
+        got.append((k, layer.backward(dys[k])))
+    for k, dx in got:
+        ref.key = (0, 0, k)
+        ref.forward(xs[k])
+        np.testing.assert_array_equal(dx, ref.backward(dys[k]))
+    with pytest.raises(ValueError, match="unstash got 7 values"):
+        layer.unstash((None,) * 7)

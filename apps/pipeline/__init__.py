@@ -1,0 +1,22 @@
+"""Pipeline training: stages on ranks, micro-batches to shrink the bubble, schedules as data.
+
+Modules, from the bottom up (each imports only those above it in this list):
+
+* :mod:`~apps.pipeline.schedules` - pure generators of each rank's actions for
+  naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1, printed as ``"2F0"``;
+* :mod:`~apps.pipeline.timeline` - the validator (static rules and a simulated
+  run that must not deadlock), planned timetables, the bubble formulas;
+* :mod:`~apps.pipeline.tensor` - Megatron's column- and row-parallel Linear;
+* :mod:`~apps.pipeline.model` - the MLP of blocks, its balanced split, its initial values;
+* :mod:`~apps.pipeline.stage` - a stage's layers and the activations of
+  micro-batches in flight (store, recompute, offload);
+* :mod:`~apps.pipeline.engine` - the executor: a rank's row of the schedule
+  with nonblocking point-to-point, sleeping waits, measured events;
+* :mod:`~apps.pipeline.train` - T x S x D ranks, the training loop,
+  checkpoints, the single-process reference;
+* :mod:`~apps.pipeline.plots`, :mod:`~apps.pipeline.bench`,
+  :mod:`~apps.pipeline.cli` - charts, the benchmark table, the command line.
+
+The layers are :mod:`apps.nn`'s (which knows no MPI); communication is
+mpicomm's public API only.
+"""

@@ -1,0 +1,293 @@
+"""The command line of the pipeline application: ``schedule``, ``train`` and ``bench``.
+
+The conventions of :mod:`mpicomm.cli`: ``--json FILE`` writes one document
+(schema, command, machine, versions, date, results); ``--out`` is a benchmark's
+Markdown report (an existing one is kept unless ``--append`` or ``--force``);
+``--plot PNG`` draws. Options that cannot run together exit with status 2 and a
+message naming them, on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mpicomm import cli
+
+PROG = "python -m apps.pipeline"
+
+EXAMPLES = """examples:
+  python -m apps.pipeline schedule --stages 4 --micro 8 --schedule 1f1b --plot 1f1b.png
+  python -m apps.pipeline schedule --stages 4 --micro 8 --schedule interleaved --chunks 2
+  mpiexec -n 2 python -m apps.pipeline train                                  # 1F1B, 2 stages, 8 micro-batches
+  mpiexec -n 4 python -m apps.pipeline train --stages 4 --micro 16 --schedule zb-h1 --plot run.png
+  mpiexec -n 4 python -m apps.pipeline train --stages 2 --tensor 2 --activations recompute   # T x S = 2 x 2
+  mpiexec -n 4 python -m apps.pipeline train --stages 2 --checkpoint-every 5 --checkpoint-dir ckpt [--restart]
+  mpiexec -n 2 python -m apps.pipeline bench --out jobs/results/pipeline-bench.md --json pipeline-bench.json
+"""
+
+
+#: ``bench``'s model: heavy enough that one action (a forward of a stage on one micro-batch) takes
+#: milliseconds, so the bubble measured is the schedule's and not Python's per-message overhead.
+BENCH_MODEL = {"width": 256, "hidden": 1024, "batch": 512, "steps": 10}
+
+
+def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The model, data and optimizer options (shared by ``train`` and ``bench``; *defaults* override)."""
+    from dataclasses import replace
+
+    from apps.pipeline.model import ModelSpec
+    from apps.pipeline.train import Config
+
+    m = replace(ModelSpec(), **{k: v for k, v in defaults.items() if k in ModelSpec.__dataclass_fields__})
+    c = replace(Config(), **{k: v for k, v in defaults.items() if k in Config.__dataclass_fields__})
+    g = p.add_argument_group("model and data")
+    g.add_argument("--blocks", type=int, default=m.blocks,
+                   help=f"MLP blocks (Linear, act, Linear, act) that stages split (default: {m.blocks})")
+    g.add_argument("--width", type=int, default=m.width, help=f"width between blocks (default: {m.width})")
+    g.add_argument("--hidden", type=int, default=m.hidden,
+                   help=f"width inside a block; a multiple of --tensor (default: {m.hidden})")
+    g.add_argument("--features", type=int, default=m.features, help=f"input features (default: {m.features})")
+    g.add_argument("--classes", type=int, default=m.classes, help=f"output classes (default: {m.classes})")
+    g.add_argument("--activation", choices=("relu", "gelu"), default=m.activation, help="(default: relu)")
+    g.add_argument("--batch", type=int, default=c.batch,
+                   help=f"GLOBAL batch per step, split over the D replicas, then into --micro (default: {c.batch})")
+    g.add_argument("--steps", type=int, default=c.steps, help=f"optimizer steps (default: {c.steps})")
+    g.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default=c.optimizer,
+                   help=f"(default: {c.optimizer})")
+    g.add_argument("--lr", type=float, default=c.lr, help=f"learning rate (default: {c.lr:g})")
+    g.add_argument("--dtype", choices=("float32", "float64"), default=c.dtype, help=f"(default: {c.dtype})")
+    g.add_argument("--seed", type=int, default=c.seed, help="initialisation and data (default: 0)")
+
+
+def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False) -> None:
+    from apps.pipeline.schedules import SCHEDULES
+    from apps.pipeline.train import Config
+
+    c = Config()
+    g = p.add_argument_group("schedule")
+    g.add_argument("--stages", type=int, default=c.stages, help=f"pipeline stages S (ranks per pipeline; default: {c.stages})")
+    g.add_argument("--micro", type=int, default=c.micro, help=f"micro-batches M per step (default: {c.micro})")
+    g.add_argument("--schedule", choices=SCHEDULES, default=c.schedule,
+                   help=f"naive: one micro-batch at a time; gpipe: all forwards, then all backwards; 1f1b: "
+                        f"one forward, one backward; interleaved: 1F1B over --chunks model chunks per rank; "
+                        f"zb-h1: zero bubble, backward split into input and weight gradients (default: {c.schedule})")
+    g.add_argument("--chunks", type=int, default=c.chunks, metavar="V",
+                   help="interleaved: model chunks per rank (default: 1; 2 or more to interleave)")
+    if schedule_only:
+        return
+    from apps.pipeline.stage import STRATEGIES
+
+    g.add_argument("--tensor", type=int, default=c.tensor, metavar="T",
+                   help="tensor-parallel ranks per stage (Megatron column/row split of each block; N = T x S x D; "
+                        "default: 1)")
+    g.add_argument("--activations", choices=STRATEGIES, default=c.activations,
+                   help="store: keep them; recompute: keep the stage input, run the forward again in backward; "
+                        "offload: park them in the next rank's RMA window (default: store)")
+    g.add_argument("--balance", choices=("params", "time"), default=c.balance,
+                   help="split blocks by parameter count, or by each block's measured time (default: params)")
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
+                    "interleaved 1F1B and zero-bubble schedules as data, tensor and data parallelism "
+                    "(N = T x S x D ranks), activations stored, recomputed or offloaded; bubbles and memory measured.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{schedule,train,bench}")
+
+    s = sub.add_parser("schedule", help="print and draw a schedule's planned timetable (no MPI)",
+                       description="Each rank's actions (2F0: stage 2, forward, micro-batch 0), validated (each "
+                                   "micro-batch once per stage, F before B, I before W, sends matching receives, no "
+                                   "deadlock in a simulated run), with the planned bubble next to the formula.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_split_options(s, schedule_only=True)
+    s.add_argument("--comms", action="store_true", help="print the sends and receives too")
+    s.add_argument("--plot", metavar="PNG", default=None, help="the planned timetable as a Gantt chart")
+    cli.add_json(s, "the schedule, its timetable and bubbles")
+
+    t = sub.add_parser("train", help="train the MLP split over the ranks (under mpiexec)", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_split_options(t)
+    add_model_options(t)
+    g = t.add_argument_group("run")
+    g.add_argument("--check", action="store_true",
+                   help="also train the unsplit model in one process on the same micro-batches and compare losses "
+                        "and parameters (exit status 1 if they differ by more than 1e-9 relative)")
+    g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (default: never)")
+    g.add_argument("--checkpoint-dir", default="checkpoints", metavar="D", help="(default: ./checkpoints)")
+    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (default: 2)")
+    g.add_argument("--restart", action="store_true", help="resume from the newest valid checkpoint in --checkpoint-dir")
+    g.add_argument("--log", metavar="CSV", default=None, help="loss, accuracy and seconds per step (rank 0)")
+    g.add_argument("--plot", metavar="PNG", default=None, help="the measured Gantt chart of the last step beside the planned one")
+    cli.add_json(g, "the settings, losses and the per-stage measurements")
+    g.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    b = sub.add_parser("bench", help="the benchmark table: bubbles, memory and throughput measured (under mpiexec)",
+                       description="Measured in one run at this job's rank count: GPipe and 1F1B bubbles against the "
+                                   "formula, interleaved and ZB-H1 at the same (S, M), the activation strategies' "
+                                   "memory and time, and S stages against one rank on the same model and batch.")
+    add_model_options(b, **BENCH_MODEL)
+    b.add_argument("--micro", type=int, default=8, help="micro-batches (default: 8)")
+    b.add_argument("--repeat", type=int, default=1, help="runs per row; the one with the median step time is reported "
+                   "(default: 1)")
+    cli.add_out(b)
+    cli.add_json(b, "the table's rows")
+    b.add_argument("--plot", metavar="PNG", default=None, help="planned and measured charts of the 1F1B row")
+    b.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        cli.check_out(b, args)
+    args.argv = list(argv) if argv is not None else None
+    return parser, args
+
+
+def run(argv: list[str] | None = None) -> int:
+    from mpicomm.runtime import exit_together
+
+    try:
+        parser, args = parse(argv)
+    except SystemExit as exc:
+        if exc.code:
+            exit_together(exc.code)
+        raise
+    if args.command == "schedule":
+        from apps.pipeline.schedules import ScheduleError
+
+        try:
+            return _schedule(args)
+        except (ScheduleError, ValueError) as exc:
+            parser.exit(2, f"{PROG} schedule: error: {exc}\n")
+
+    import mpicomm
+    from apps.checkpoint import CheckpointError
+
+    comm = mpicomm.Comm()
+    rank = comm.Get_rank()
+
+    def say(text: str) -> None:
+        if rank == 0:
+            print(text, flush=True)
+
+    try:
+        if args.command == "bench":
+            from apps.pipeline.bench import bench
+
+            return bench(comm, args, say)
+        return _train(comm, args, say)
+    except (ValueError, CheckpointError, OSError) as exc:
+        exit_together(2, f"{PROG} {args.command}: rank {rank} of {comm.Get_size()}: error: {exc}")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from apps.pipeline.schedules import table, splits_backward
+    from apps.pipeline.timeline import FORMULAS, formula, plan
+
+    p, m, v, name = args.stages, args.micro, args.chunks, args.schedule
+    tt = plan(name, p, m, v)
+    rows = table(name, p, m, v, comms=args.comms)
+    print(f"{name}: p={p} stages(ranks), m={m} micro-batches" + (f", v={v} chunks" if v > 1 else "")
+          + " - validated: every micro-batch once per stage, F before B"
+          + (", I before W" if splits_backward(name) else "") + ", sends match receives, no deadlock")
+    for r, row in enumerate(rows):
+        print(f"rank {r}: " + " ".join(row))
+    print()
+    print(f"{'rank':>4}  {'busy':>6}  {'bubble':>7}  {'peak in flight':>14}")
+    for r in range(p):
+        print(f"{r:>4}  {tt.busy(r):>6.1f}  {tt.bubble(r):>7.1%}  {tt.peak_in_flight(r):>14}")
+    f = formula(name, p, m, v)
+    print(f"\nplanned bubble {tt.bubble():.1%} of {p} x {tt.makespan:g} units (F=1, B=2, I=W=1"
+          + (f", chunk costs /{v}" if v > 1 else "") + f"); formula {FORMULAS[name]} = {f:.1%}")
+    if args.plot:
+        from apps.pipeline.plots import gantt
+
+        planned = [[(s.action.op, s.action.mb, s.action.stage, s.start, s.end) for s in row] for row in tt.slots]
+        gantt(args.plot, planned, None, title=f"{name}, p={p}, m={m}" + (f", v={v}" if v > 1 else ""),
+              planned_note=f"bubble {tt.bubble():.1%} (formula {f:.1%})", label_stage=v > 1)
+        print(f"wrote {args.plot}")
+    if args.json:
+        results = {"schedule": name, "p": p, "m": m, "v": v, "rows": table(name, p, m, v, comms=True),
+                   "bubble": tt.bubble(), "formula": f, "makespan": tt.makespan,
+                   "per_rank": [{"rank": r, "busy": tt.busy(r), "bubble": tt.bubble(r),
+                                 "peak_in_flight": tt.peak_in_flight(r)} for r in range(p)]}
+        cli.write_json(args.json, cli.command_line(PROG, args.argv), results)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def config_from(args: argparse.Namespace) -> Any:
+    from apps.pipeline.model import ModelSpec
+    from apps.pipeline.train import Config
+
+    spec = ModelSpec(features=args.features, width=args.width, hidden=args.hidden, blocks=args.blocks,
+                     classes=args.classes, activation=args.activation)
+    return Config(stages=args.stages, micro=args.micro, schedule=args.schedule, chunks=args.chunks,
+                  tensor=args.tensor, activations=args.activations, balance=args.balance, spec=spec,
+                  batch=args.batch, steps=args.steps, optimizer=args.optimizer, lr=args.lr, dtype=args.dtype,
+                  seed=args.seed, log=args.log, checkpoint_every=args.checkpoint_every,
+                  checkpoint_dir=args.checkpoint_dir, keep=args.keep, restart=args.restart,
+                  progress=not args.quiet)
+
+
+def stage_table(summary: dict[str, Any]) -> list[str]:
+    """The per-rank lines of a run's summary (see :func:`apps.pipeline.train.summary`)."""
+    lines = [f"{'rank':>4}  {'stages':<8} {'busy/step':>10}  {'bubble':>7}  {'planned':>7}  {'formula':>7}  "
+             f"{'peak activations':>17}  {'in flight (plan)':>16}"]
+    for r in summary["per_rank"]:
+        stages = ",".join(map(str, r["stages"]))
+        lines.append(f"{r['rank']:>4}  {stages:<8} {cli.format_time(r['busy_s'] / max(summary['steps'], 1)):>10}  "
+                     f"{r['bubble']:>7.1%}  {r['planned']:>7.1%}  {summary['formula']:>7.1%}  "
+                     f"{r['peak_bytes'] / 1024:>13.1f} KiB  {r['peak_micro']:>8} ({r['planned_peak']})")
+    return lines
+
+
+def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
+    import numpy as np
+
+    from apps.pipeline.train import reference, summary, train
+    from apps.pipeline.timeline import FORMULAS
+
+    cfg = config_from(args)
+    topo = cfg.check(comm.Get_size())
+    say(f"apps.pipeline: {cfg.schedule} on {comm.Get_size()} ranks = T {topo.T} x S {topo.S} x D {topo.D}"
+        + (f", {cfg.chunks} chunks per rank" if cfg.chunks > 1 else "")
+        + f"; {cfg.micro} micro-batches of a global batch of {cfg.batch}; activations {cfg.activations}; "
+          f"{cfg.spec.blocks} blocks of {cfg.spec.width}->{cfg.spec.hidden}->{cfg.spec.width}, {cfg.dtype}")
+    result = train(comm, cfg)
+    summ = summary(cfg, result.ranks) if comm.Get_rank() == 0 else {}
+    failed = False
+    if comm.Get_rank() == 0:
+        if summ:
+            say("")
+            for line in stage_table(summ):
+                say(line)
+            say(f"\nbubble measured {summ['bubble']:.1%}, planned {summ['planned']:.1%}, formula "
+                f"{FORMULAS[cfg.schedule]} = {summ['formula']:.1%}; step {cli.format_time(summ['step_s'])}, "
+                f"{summ['samples_per_s']:,.0f} samples/s (steps after the first)")
+        if result.losses:
+            say(f"final loss {result.losses[-1]:.6f}, accuracy {result.accuracy[-1]:.4f}")
+        if args.check:
+            losses, params = reference(cfg, replicas=topo.D, steps=cfg.steps)
+            losses = losses[result.start_step:]
+            lerr = max((abs(a - b) / max(abs(b), 1e-300) for a, b in zip(result.losses, losses)), default=0.0)
+            perr = float(np.max(np.abs(result.full - params)) / max(np.max(np.abs(params)), 1e-300))
+            failed = not (lerr <= 1e-9 and perr <= 1e-9)
+            say(f"check against one process on the same micro-batches: loss relative error {lerr:.2e}, "
+                f"parameters {perr:.2e} - {'FAILED' if failed else 'equal'}")
+    if args.json and comm.Get_rank() == 0:
+        from dataclasses import asdict
+
+        results = {"config": asdict(cfg), "losses": result.losses, "accuracy": result.accuracy, "summary": summ,
+                   "ranks": result.ranks}
+        p = comm.Get_size()
+        cli.write_json(args.json, f"mpiexec -n {p} {cli.command_line(PROG, args.argv)}", results, ranks=p)
+        say(f"wrote {args.json}")
+    if args.plot and comm.Get_rank() == 0:
+        from apps.pipeline.plots import run_chart
+
+        run_chart(args.plot, cfg, result.ranks, summ)
+        say(f"wrote {args.plot}")
+    failed = comm.bcast(failed, root=0)
+    return 1 if failed else 0

@@ -1,0 +1,263 @@
+"""One stage of the pipeline: its layers, their flat parameters, and the activations of micro-batches in flight.
+
+A stage runs ``forward(mb, x)``, ``backward(mb, dy)`` (B), or the split pair
+``backward_input(mb, dy)`` (I) and ``backward_weight(mb)`` (W), for any order
+of micro-batches a schedule gives. Between a micro-batch's forward and its
+backward the layers' saved activations (:meth:`apps.nn.Layer.stash`) are kept
+by one of three strategies (the course notes' three answers to activation
+memory):
+
+``store``
+    keep them, in this rank's memory, until the backward (fastest, most memory);
+``recompute``
+    keep only the stage's input; the backward runs the forward again to rebuild
+    them (about one more forward per micro-batch, least memory; torchgpipe's
+    checkpointing, Megatron's full recompute);
+``offload``
+    pack them into one byte buffer and ``put`` it into a slot of another rank's
+    RMA window (:meth:`mpicomm.Comm.expose`), ``get`` it back for the backward:
+    this rank holds none of them in between. The partner is the next rank of the
+    pipeline; each rank's window holds as many slots as its partner's schedule
+    keeps micro-batches in flight.
+
+For the zero-bubble split, I keeps, per parameter layer, its saved input and
+the gradient of its output until W has used them.
+
+Memory is accounted as the bytes of the arrays each strategy holds for
+micro-batches in flight, with its peak, and the peak number of micro-batches
+in flight; the stage never holds more than the schedule lets in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from apps.nn import Layer, Sequential
+
+__all__ = ["Stage", "STRATEGIES", "Offload"]
+
+#: ``--activations`` choices.
+STRATEGIES = ("store", "recompute", "offload")
+
+
+def _nbytes(values: Any) -> int:
+    if values is None:
+        return 0
+    if isinstance(values, (tuple, list)):
+        return sum(_nbytes(v) for v in values)
+    return int(getattr(values, "nbytes", 0))
+
+
+class Offload:
+    """Park packed activations in slots of a partner rank's window (see the module docstring)."""
+
+    def __init__(self, window: Any, partner: int, slot_bytes: int, slots: int) -> None:
+        self.window, self.partner = window, partner
+        self.slot_bytes, self.slots = int(slot_bytes), int(slots)
+        self._free = list(range(self.slots))
+        self._where: dict[Any, tuple[int, list[tuple[int, np.dtype, tuple[int, ...], int]]]] = {}
+        self.bytes_moved = 0
+
+    def park(self, key: Any, stash: list[tuple[Any, ...]]) -> None:
+        """Pack every array of *stash* into one buffer and put it into a free slot of the partner's window."""
+        if not self._free:
+            raise RuntimeError(f"offload: all {self.slots} slots in use; the schedule keeps more micro-batches in "
+                               f"flight than planned")
+        slot = self._free.pop(0)
+        layout = []
+        parts = []
+        offset = 0
+        for i, values in enumerate(stash):
+            for v in values:
+                if v is None:
+                    layout.append((i, np.dtype(np.uint8), (), -1))
+                    continue
+                a = np.ascontiguousarray(v)
+                layout.append((i, a.dtype, a.shape, offset))
+                parts.append(a.reshape(-1).view(np.uint8))
+                offset += a.nbytes
+        if offset > self.slot_bytes:
+            raise RuntimeError(f"offload: {offset} bytes of activations exceed the {self.slot_bytes}-byte slot")
+        if parts:
+            self.window.put(np.concatenate(parts), self.partner, slot * self.slot_bytes)
+        self.bytes_moved += offset
+        self._where[key] = (slot, layout)
+
+    def fetch(self, key: Any, layers: int) -> list[tuple[Any, ...]]:
+        """Get a parked stash back (and free its slot)."""
+        slot, layout = self._where.pop(key)
+        total = max((off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize for _, dt, shape, off in layout
+                     if off >= 0), default=0)
+        raw = self.window.get(self.partner, slot * self.slot_bytes, total) if total else np.empty(0, np.uint8)
+        self.bytes_moved += total
+        self._free.append(slot)
+        out: list[list[Any]] = [[] for _ in range(layers)]
+        for i, dt, shape, off in layout:
+            if off < 0:
+                out[i].append(None)
+            else:
+                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                out[i].append(raw[off:off + n].view(dt).reshape(shape))
+        return [tuple(v) for v in out]
+
+
+class Stage:
+    """Stage *index*: *layers* (global layer numbers *numbers*) with their own flat parameter and gradient buffers."""
+
+    def __init__(self, index: int, layers: list[Layer], numbers: list[int], values: dict[int, dict[str, np.ndarray]],
+                 *, dtype: Any = np.float64, seed: int = 0, strategy: str = "store") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"--activations {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        self.index = index
+        self.numbers = list(numbers)
+        self.first_layer = self.numbers[0] == 0
+        self.model = Sequential(layers, dtype=dtype, seed=seed)
+        self.layers = self.model.layers
+        flat = np.concatenate([np.asarray(values[n][name], dtype=np.float64).reshape(-1)
+                               for n, layer in zip(self.numbers, self.layers) for name in layer.param_shapes()]
+                              or [np.empty(0)])
+        self.model.load_params(flat)
+        self.seed = seed
+        self.strategy = strategy
+        self.offload: Any = None  # an Offload when the strategy is offload
+        self._kept: dict[int, Any] = {}  # micro-batch -> what the strategy holds
+        self._wgrad: dict[int, list[tuple[int, tuple[Any, ...], Any]]] = {}  # I → W: (layer, stash, dy)
+        self._bytes: dict[int, int] = {}
+        self._in_flight: set[int] = set()
+        self.held = 0
+        self.peak_bytes = 0
+        self.peak_micro = 0
+
+    # ------------------------------------------------------------ accounting
+
+    def _account(self, mb: int, nbytes: int) -> None:
+        self.held += nbytes - self._bytes.get(mb, 0)
+        if nbytes:
+            self._bytes[mb] = nbytes
+        else:
+            self._bytes.pop(mb, None)
+        self.peak_bytes = max(self.peak_bytes, self.held)
+
+    def _live(self, mb: int, alive: bool) -> None:
+        if alive:
+            self._in_flight.add(mb)
+            self.peak_micro = max(self.peak_micro, len(self._in_flight))
+        else:
+            self._in_flight.discard(mb)
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose forward ran here and whose gradient pass (B, or W) has not."""
+        return len(self._in_flight)
+
+    def reset_peaks(self) -> None:
+        self.peak_bytes, self.peak_micro = self.held, len(self._in_flight)
+
+    # ------------------------------------------------------------ passes
+
+    def _run_forward(self, x: Any, key: tuple[int, ...]) -> Any:
+        for n, layer in zip(self.numbers, self.layers):
+            layer.key = (self.seed, n, *key)
+            x = layer.forward(x, True)
+        return x
+
+    def _stash(self) -> list[tuple[Any, ...]]:
+        return [layer.stash() for layer in self.layers]
+
+    def _restore(self, mb: int) -> None:
+        kept = self._kept.pop(mb)
+        if self.strategy == "store":
+            stash = kept
+        elif self.strategy == "recompute":
+            x, key = kept
+            self._run_forward(x, key)
+            return
+        else:
+            stash = self.offload.fetch((self.index, mb), len(self.layers))
+        for layer, values in zip(self.layers, stash):
+            layer.unstash(values)
+
+    def forward(self, mb: int, x: Any, key: tuple[int, ...]) -> Any:
+        """The stage's output for micro-batch *mb*; its activations are kept by the strategy."""
+        y = self._run_forward(x, key)
+        stash = self._stash()
+        if self.strategy == "store":
+            self._kept[mb] = stash
+            self._account(mb, _nbytes(stash))
+        elif self.strategy == "recompute":
+            self._kept[mb] = (x, key)
+            self._account(mb, _nbytes(x))
+        else:
+            if self.offload is None:
+                raise RuntimeError("the offload strategy needs Stage.offload set (the partner's window)")
+            self.offload.park((self.index, mb), stash)
+            self._kept[mb] = None
+        self._live(mb, True)
+        return y
+
+    def backward(self, mb: int, dy: Any, hook: Callable[[int], None] | None = None) -> Any:
+        """B: input and parameter gradients of micro-batch *mb*; ``hook(i)`` after layer i (for gradient buckets)."""
+        self._restore(mb)
+        for i in range(len(self.layers) - 1, -1, -1):
+            need = not (self.first_layer and i == 0)
+            dy = self.layers[i].backward(dy, need)
+            if hook is not None:
+                hook(i)
+        self._account(mb, 0)
+        self._live(mb, False)
+        return dy
+
+    def backward_input(self, mb: int, dy: Any) -> Any:
+        """I: the input gradient only; keeps each parameter layer's input and output gradient for W."""
+        self._restore(mb)
+        keep = []
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            if layer.param_shapes():
+                keep.append((i, layer.stash(), dy))
+                layer.unstash(keep[-1][1])
+            if self.first_layer and i == 0:
+                break
+            dy = layer.backward_input(dy)
+        for layer in self.layers:
+            layer.stash()  # drop what W does not need
+        self._wgrad[mb] = keep
+        self._account(mb, sum(_nbytes(s) + _nbytes(d) for _, s, d in keep))
+        return None if self.first_layer else dy
+
+    def backward_weight(self, mb: int, hook: Callable[[int], None] | None = None) -> None:
+        """W: the parameter gradients of micro-batch *mb* from what I kept; ``hook(i)`` for every layer, n−1 … 0."""
+        keep = {i: (stash, dy) for i, stash, dy in self._wgrad.pop(mb)}
+        for i in range(len(self.layers) - 1, -1, -1):
+            if i in keep:
+                stash, dy = keep[i]
+                self.layers[i].unstash(stash)
+                self.layers[i].backward_weight(dy)
+                self.layers[i].stash()
+            if hook is not None:
+                hook(i)
+        self._account(mb, 0)
+        self._live(mb, False)
+
+    def stash_bytes(self, rows: int, key: tuple[int, ...] = (0,)) -> int:
+        """Bytes of the activations one micro-batch of *rows* rows leaves here (a dry forward; collective with T > 1)."""
+        x = np.zeros((rows, self._in_features()), dtype=self.model.dtype)
+        self._run_forward(x, key)
+        return _nbytes(self._stash())
+
+    def _in_features(self) -> int:
+        first = self.layers[0]
+        return int(getattr(first, "in_features"))
+
+    @property
+    def out_features(self) -> int:
+        for layer in reversed(self.layers):
+            if hasattr(layer, "out_features"):
+                return int(layer.out_features)
+        raise ValueError("a stage needs at least one Linear layer")
+
+    @property
+    def in_features(self) -> int:
+        return self._in_features()

@@ -1,0 +1,142 @@
+"""apps.pipeline.train on this pass's ranks: every split trains exactly as one process on the same micro-batches.
+
+At N ranks every (T, S) with T in {1, 2} and T·S dividing N runs, D = N / (T·S)
+replicas: over the passes at 1-4 ranks that is S = 1..4, T = 1 and 2, D = 1..4.
+Float64, 3 steps of Adam; the losses and the whole model's parameters must equal
+the single-process reference to 1e-12 relative.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicomm
+from apps.checkpoint import CheckpointError
+from apps.pipeline.model import ModelSpec
+from apps.pipeline.schedules import SCHEDULES
+from apps.pipeline.stage import STRATEGIES
+from apps.pipeline.train import Config, ConfigError, reference, train
+
+SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
+BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
+
+
+def _splits(n):
+    for t in (1, 2):
+        for s in range(1, 5):
+            if n % (t * s) == 0:
+                yield t, s
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * float(np.max(np.abs(b))))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("activations", STRATEGIES)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_split_equals_one_process(schedule, activations):
+    if schedule == "zb-h1" and activations == "recompute":
+        pytest.skip("refused by design (see test_bad_options_raise_on_every_rank)")
+    comm = mpicomm.Comm()
+    n = comm.Get_size()
+    for t, s in _splits(n):
+        chunks = 2 if schedule == "interleaved" else 1
+        micro = 2 * s if schedule == "interleaved" else 3  # 3 < S = 4: fewer micro-batches than stages
+        cfg = replace(BASE, stages=s, tensor=t, schedule=schedule, chunks=chunks, micro=micro, activations=activations)
+        result = train(comm, cfg)
+        if comm.Get_rank() == 0:
+            losses, params = reference(cfg, replicas=n // (t * s))
+            _close(np.array(result.losses), np.array(losses))
+            _close(result.full, params)
+
+
+@pytest.mark.mpi
+def test_balance_by_time_trains_the_same_model():
+    comm = mpicomm.Comm()
+    cfg = replace(BASE, stages=comm.Get_size(), micro=4, balance="time", steps=2)
+    result = train(comm, cfg)
+    if comm.Get_rank() == 0:
+        _close(result.full, reference(cfg)[1])
+
+
+@pytest.mark.mpi
+def test_measurements_add_up():
+    comm = mpicomm.Comm()
+    n = comm.Get_size()
+    cfg = replace(BASE, stages=n, micro=4, steps=3, schedule="gpipe")
+    result = train(comm, cfg)
+    stats = result.stats
+    assert stats["busy"] > 0 and stats["steps"] == 2
+    assert stats["peak_micro"] == 4  # GPipe holds every micro-batch on every stage
+    ops = sorted(e[0] for e in stats["events"] if e[0] != "wait")
+    assert ops == ["B"] * 4 + ["F"] * 4
+    if comm.Get_rank() == 0:
+        assert len(result.ranks) == n
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("change,match", [
+    (dict(stages=30), "30 stages but the model has 24 blocks; use --blocks >= 30"),
+    (dict(micro=0), "--micro 0: must be an integer >= 1"),
+    (dict(schedule="interleaved", chunks=2, micro=3, stages=2), r"multiple of the stages \(2\)"),
+    (dict(schedule="interleaved", chunks=5, micro=2, stages=1), r"blocks \(24\) divisible by stages x chunks \(5\)"),
+    (dict(schedule="zb-h1", activations="recompute"), "zb-h1 with --activations recompute is not supported"),
+    (dict(tensor=3), "--hidden 8 is not divisible by --tensor 3"),
+    (dict(schedule="bogus"), "--schedule 'bogus': choose one of"),
+    (dict(batch=2, micro=3), "fewer than --micro 3"),
+])
+def test_bad_options_raise_on_every_rank(change, match):
+    comm = mpicomm.Comm()
+    with pytest.raises(ConfigError, match=match):
+        train(comm, replace(BASE, **{"stages": comm.Get_size(), **change}))
+
+
+@pytest.mark.mpi
+def test_ranks_not_t_times_s_times_d():
+    comm = mpicomm.Comm()
+    n = comm.Get_size()
+    s = n + 1
+    with pytest.raises(ConfigError, match=f"{n} ranks cannot be split into --tensor 1 x --stages {s} x D"):
+        train(comm, replace(BASE, stages=s))
+
+
+@pytest.mark.mpi
+def test_restart_resumes_bit_for_bit():
+    comm = mpicomm.Comm()
+    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-ck-") if comm.Get_rank() == 0 else None, root=0)
+    try:
+        cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=4, checkpoint_dir=directory)
+        straight = train(comm, cfg)
+        train(comm, replace(cfg, steps=2, checkpoint_every=2))
+        resumed = train(comm, replace(cfg, restart=True, checkpoint_every=2))
+        assert resumed.start_step == 2
+        for st, params in straight.params.items():
+            np.testing.assert_array_equal(resumed.params[st], params)
+        assert resumed.losses == straight.losses[2:]
+        # a checkpoint of another split is refused on every rank
+        with pytest.raises(CheckpointError, match="another model or split"):
+            train(comm, replace(cfg, restart=True, spec=replace(SPEC, width=7)))
+        comm.Barrier()
+        if comm.Get_rank() == 0:  # flip one bit of step 4's last data file
+            victim = sorted(f for f in os.listdir(directory) if f.endswith(".bin"))[-1]
+            with open(os.path.join(directory, victim), "r+b") as f:
+                f.seek(-1, 2)
+                byte = f.read(1)
+                f.seek(-1, 2)
+                f.write(bytes([byte[0] ^ 1]))
+        comm.Barrier()
+        again = train(comm, replace(cfg, restart=True))  # step 4 is refused: back to step 2, same result
+        assert again.start_step == 2 and again.losses == straight.losses[2:]
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            for name in os.listdir(directory):
+                os.remove(os.path.join(directory, name))
+            os.rmdir(directory)
