@@ -3,7 +3,9 @@
     mpiexec -n 2 python -m apps.mapreduce bench --size 200M --out jobs/results/mapreduce-wordcount.md
 
 Rank 0 generates the corpus (reused when one with the same arguments is there)
-and reads it once so both contenders find it in the page cache. Then, for each
+in a directory private to the user (:func:`corpus_directory`: never a fixed
+name in the shared temporary directory that someone else could have made or
+linked) and reads it once so both contenders find it in the page cache. Then, for each
 repetition: rank 0 alone counts the files with ``Counter`` (the same tokenizer,
 :func:`.wordcount.count_files`, and ``most_common`` for the top list) while the
 other ranks wait asleep (a polled ``Ibarrier``, so they take no core); then
@@ -26,8 +28,11 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
+import stat
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -35,14 +40,16 @@ from mpicomm import cli
 
 from .inputs import format_size
 
-__all__ = ["add_arguments", "run", "idle_barrier"]
+__all__ = ["add_arguments", "run", "idle_barrier", "private_cache", "corpus_directory"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench sub-command's options."""
     p.add_argument("--size", type=cli.size_arg, default="200M", metavar="SIZE",
                    help="corpus size, e.g. 200M, 64KiB or 1e6 (default: 200M)")
-    p.add_argument("--dir", default=None, help="corpus directory (default: <temp>/mapreduce-corpus-<size>)")
+    p.add_argument("--dir", default=None,
+                   help="corpus directory (default: <temp>/mpicomm-<uid>/mapreduce-corpus-<size>, in a private "
+                        "directory of this user, reused by later runs)")
     p.add_argument("--files", type=int, default=8, help="corpus files (default: 8)")
     p.add_argument("--vocabulary", type=int, default=100_000, help="distinct words in the corpus (default: 100000)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each contender (default: 3)")
@@ -52,6 +59,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cli.add_out(p, "the table")
     cli.add_json(p, "every repetition's times, phases and the medians")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def private_cache() -> str | None:
+    """``<temp>/mpicomm-<uid>``, made 0700 if absent; None unless it is a real directory this user owns, private.
+
+    Why: the system's temporary directory is shared, so a fixed name there can
+    be made in advance by someone else (or be a symbolic link to their
+    directory). The name is only trusted after ``lstat`` shows a directory (not
+    a link) owned by this user with no access for group or others.
+    """
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return None
+    path = os.path.join(tempfile.gettempdir(), f"mpicomm-{getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != getuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def corpus_directory(given: str | None, size: int) -> tuple[str, bool]:
+    """Where the benchmark's corpus goes, and whether it is a throw-away directory to remove afterwards.
+
+    *given* (``--dir``) is used as it is; otherwise ``mapreduce-corpus-<size>``
+    in :func:`private_cache` (reused by later runs), or, when that cannot be
+    trusted, a fresh ``mkdtemp`` directory removed after the run.
+    """
+    if given:
+        return given, False
+    cache = private_cache()
+    if cache is not None:
+        return os.path.join(cache, f"mapreduce-corpus-{size}"), False
+    return tempfile.mkdtemp(prefix=f"mapreduce-corpus-{size}-"), True
 
 
 def idle_barrier(comm: Any) -> None:
@@ -79,22 +128,30 @@ def _machine() -> str:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """The benchmark (every rank; rank 0 reports)."""
-    import tempfile
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    directory, throwaway = corpus_directory(args.dir, args.size) if comm.rank == 0 else (None, False)
+    try:
+        return _run(args, argv, comm, directory)
+    finally:
+        if throwaway:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | None) -> int:
+    """The benchmark proper; *directory*: the corpus's, on rank 0 (None elsewhere)."""
     from collections import Counter
 
     import numpy as np
     from mpi4py import MPI
 
-    import mpicomm
-
     from .corpus import generate
     from .wordcount import count_files, order, word_pattern, wordcount
 
-    comm = mpicomm.Comm()
     p, rank = comm.size, comm.rank
     if args.repeat < 1 or args.top < 1:
         raise SystemExit(f"bench: --repeat {args.repeat} and --top {args.top} must be >= 1")
-    directory = args.dir or os.path.join(tempfile.gettempdir(), f"mapreduce-corpus-{args.size}")
     paths = None
     if rank == 0:
         start = time.perf_counter()

@@ -17,10 +17,13 @@ under :func:`.wordcount.tokenize`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
-from typing import Any
+import stat
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -81,12 +84,43 @@ def corpus_files(directory: str, files: int) -> list[str]:
     return [os.path.join(directory, f"corpus-{i:03d}.txt") for i in range(files)]
 
 
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[BinaryIO]:
+    """Write *path* through a temporary file made exclusively beside it, then rename it into place.
+
+    Why: a corpus directory may be shared or reused, and ``open(path, "wb")``
+    would write through a symbolic link planted under a file's name; ``mkstemp``
+    (``O_EXCL``, unpredictable name) and ``os.replace`` (which replaces a link
+    itself) never touch anything outside the directory.
+    """
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # a corpus is data to read, like any file open() makes
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _regular_size(path: str) -> int | None:
+    """The size of a plain file (not a link); None for anything else."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
 def _write_file(path: str, nbytes: int, words: Sequence[bytes], capitals: Sequence[bytes], cdf: np.ndarray,
                 rng: np.random.Generator, line_words: int) -> int:
     vocab, caps = np.array(words, dtype=object), np.array(capitals, dtype=object)
     seps, ends = np.array(_SEPARATORS, dtype=object), np.array(_LINE_ENDS, dtype=object)
     written = 0
-    with open(path, "wb") as f:
+    with _replacing(path) as f:
         while written < nbytes:
             n = 1 << 18
             idx = np.searchsorted(cdf, rng.random(n), side="right")
@@ -117,7 +151,9 @@ def generate(directory: str, size: int, files: int = 8, vocabulary_size: int = 1
              seed: int = 1, unicode: float = 0.05, line_words: int = 12, reuse: bool = True) -> list[str]:
     """Write the corpus (about *size* bytes over *files* files; each file ends with a whole line).
 
-    With *reuse*, a directory already holding a corpus made with the same
+    Every file is written under a temporary name and renamed into place, so a
+    symbolic link planted under a corpus file's name is replaced, never written
+    through. With *reuse*, a directory already holding a corpus made with the same
     arguments (its stamp file and sizes) is left as it is.
     """
     if size < 0 or files < 1 or line_words < 1 or zipf <= 0:
@@ -127,11 +163,12 @@ def generate(directory: str, size: int, files: int = 8, vocabulary_size: int = 1
                               "seed": seed, "unicode": unicode, "line_words": line_words}
     paths = corpus_files(directory, files)
     stamp = os.path.join(directory, STAMP)
-    if reuse and os.path.exists(stamp):
+    if reuse and _regular_size(stamp) is not None:
         try:
             with open(stamp) as f:
                 old = json.load(f)
-            if old.get("params") == params and all(os.path.getsize(p) == n for p, n in zip(paths, old["sizes"])):
+            if (old.get("params") == params and len(old["sizes"]) == len(paths)
+                    and all(_regular_size(p) == n for p, n in zip(paths, old["sizes"]))):
                 return paths
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -147,6 +184,6 @@ def generate(directory: str, size: int, files: int = 8, vocabulary_size: int = 1
         share = size // files + (1 if i < size % files else 0)
         rng = np.random.default_rng([seed, i])
         sizes.append(_write_file(path, share, encoded, capitals, cdf, rng, line_words))
-    with open(stamp, "w") as f:
-        json.dump({"params": params, "sizes": sizes}, f, indent=1)
+    with _replacing(stamp) as f:
+        f.write(json.dumps({"params": params, "sizes": sizes}, indent=1).encode())
     return paths

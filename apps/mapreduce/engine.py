@@ -32,7 +32,11 @@ Checkpoint. With ``checkpoint_dir``, the map output (the packed runs of every
 rank) is written after map+combine in the format of :mod:`apps.checkpoint` (one
 data file per run and rank, then a manifest by rank 0, last); with ``restart``
 a valid checkpoint of the same job (same inputs, sizes, modification times,
-options) replaces the map phase, even at another rank count.
+options) replaces the map phase, even at another rank count. Rank 0 checks the
+manifest's own checksum and every field of it (ranks, runs, their files,
+column names, dtypes, shapes and offsets) before any rank reads a byte: a
+damaged or edited checkpoint is refused with the reason, on every rank, and
+the map runs again; it is never loaded as wrong pairs.
 """
 
 from __future__ import annotations
@@ -423,8 +427,57 @@ class MapReduce:
             files = [r["record"] for rank_runs in everyone for r in rank_runs]
             checkpoint.save_manifest(manifest, 1, files, job=job, ranks=self.size, runs=everyone,
                                      spec=[self.spec.key, self.spec.value])
+            checkpoint.sweep(directory, self._prefix)  # data files of an older run with more ranks or runs
         self.comm.Barrier()
         self._say(f"checkpoint: map output of {self.size} rank(s) saved in {directory}")
+
+    def _check_manifest(self, manifest: str, body: dict[str, Any]) -> None:
+        """The map-reduce fields of a manifest whose checksum verified: types, ranges, and every run's file.
+
+        Runs on rank 0 before the manifest is shared, so a forged or damaged field
+        is refused with its name (:class:`apps.checkpoint.CheckpointError`) instead
+        of failing later with a bare error or loading wrong pairs.
+        """
+        def bad(what: str) -> checkpoint.CheckpointError:
+            return checkpoint.CheckpointError(f"{manifest}: {what}; refused")
+
+        ranks, runs, spec = body.get("ranks"), body.get("runs"), body.get("spec")
+        if spec != [self.spec.key, self.spec.value]:
+            raise bad(f"spec {spec!r}, this job's is {[self.spec.key, self.spec.value]!r}")
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise bad(f"ranks {ranks!r} is not an integer >= 1")
+        if not isinstance(runs, list) or len(runs) != ranks or not all(isinstance(r, list) for r in runs):
+            raise bad(f"'runs' must be a list of {ranks} lists (one per rank)")
+        files = {rec["file"]: rec for rec in body["files"]}
+        used = set()
+        columns = {name: dtype.str for name, dtype in self.spec.columns} | {"dest": np.dtype(np.int64).str}
+        for q, rank_runs in enumerate(runs):
+            for i, run in enumerate(rank_runs):
+                where = f"run {i} of rank {q}"
+                if not isinstance(run, dict) or not all(k in run for k in ("record", "entries", "count", "nbytes",
+                                                                           "dest_bytes")):
+                    raise bad(f"{where} is not an object with record, entries, count, nbytes and dest_bytes")
+                record = run["record"]
+                name = record.get("file") if isinstance(record, dict) else None
+                if name not in files or files[name] != record or name in used:
+                    raise bad(f"{where}: its record {record!r} is not one of the manifest's files, or is used twice")
+                used.add(name)
+                entries = checkpoint.check_entries(run["entries"], record["bytes"], f"{manifest}: {where}")
+                kinds = {e["name"]: e["dtype"] for e in entries}
+                if kinds != columns:
+                    raise bad(f"{where}: columns {kinds}, this job's are {columns}")
+                shapes = {e["name"]: e["shape"] for e in entries}
+                count, nbytes, dest_bytes = run["count"], run["nbytes"], run["dest_bytes"]
+                if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (count, nbytes)):
+                    raise bad(f"{where}: count {count!r} and nbytes {nbytes!r} must be integers >= 0")
+                if shapes["hash"] != [count] or shapes["dest"] != [ranks + 1]:
+                    raise bad(f"{where}: {shapes['hash']} hashes and {shapes['dest']} offsets, for {count} pairs "
+                              f"over {ranks} ranks")
+                if (not isinstance(dest_bytes, list) or len(dest_bytes) != ranks
+                        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in dest_bytes)):
+                    raise bad(f"{where}: dest_bytes must be {ranks} integers >= 0")
+        if used != set(files):
+            raise bad(f"files {sorted(set(files) - used)} belong to no run")
 
     def _restore(self, directory: str, job: str) -> bool:
         """Load the map output from a valid checkpoint of this job; False (and say why) if there is none."""
@@ -438,8 +491,10 @@ class MapReduce:
                     body = checkpoint.load_manifest(manifest)
                     if body.get("job") != job:
                         body, why = None, f"the checkpoint in {directory} is of another job (inputs or options differ)"
+                    else:
+                        self._check_manifest(manifest, body)
                 except checkpoint.CheckpointError as exc:
-                    why = str(exc)
+                    body, why = None, str(exc)
         body, why = self.comm.bcast((body, why), root=0)
         if body is not None:
             old = body["ranks"]

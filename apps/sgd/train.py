@@ -25,6 +25,7 @@ import csv
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import numpy as np
@@ -303,8 +304,44 @@ def save_checkpoint(comm: Any, cfg: Config, strategy: Any, step: int, signature:
     ck.prune(cfg.checkpoint_dir, PREFIX, cfg.keep)
 
 
-def load_checkpoint(comm: Any, cfg: Config, signature: dict[str, Any]) -> tuple[int, dict[str, np.ndarray] | None]:
+def _check_manifest(body: dict[str, Any]) -> None:
+    """The training loop's own manifest fields: one data file whose arrays lie inside it, ``params`` among them."""
+    if len(body["files"]) != 1:
+        raise ck.CheckpointError(f"{body['path']}: names {len(body['files'])} data files, an sgd checkpoint has one")
+    arrays = ck.check_entries(body.get("arrays"), body["files"][0]["bytes"], body["path"])
+    names = [e["name"] for e in arrays]
+    if "params" not in names or any(n != "params" and not n.startswith("optimizer.") for n in names):
+        raise ck.CheckpointError(f"{body['path']}: arrays {names}: expected 'params' and 'optimizer.*' only")
+
+
+def check_state(path: str, arrays: dict[str, np.ndarray], num_params: int, state: Iterable[str]) -> None:
+    """Refuse a checkpoint whose arrays do not fit this model and optimizer, before anything is loaded.
+
+    *state* names the optimizer's state (``step``, a 0-d integer counter, and
+    per-parameter vectors); :class:`apps.checkpoint.CheckpointError` otherwise.
+    """
+    state = set(state)
+    params = arrays["params"]
+    if params.ndim != 1 or params.size != num_params or params.dtype.kind != "f":
+        raise ck.CheckpointError(f"{path}: params {params.dtype.str} {list(params.shape)}, this model has "
+                                 f"{num_params} floating-point parameters; use the checkpoint's settings or drop "
+                                 f"--restart")
+    saved = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer.")}
+    if set(saved) != set(state):
+        raise ck.CheckpointError(f"{path}: optimizer state {sorted(saved)}, this optimizer keeps {sorted(state)}")
+    for key, value in saved.items():
+        want = [(), (1,)] if key == "step" else [(num_params,)]  # the 0-d counter is stored with shape (1,)
+        if value.shape not in want or value.dtype.kind not in ("i" if key == "step" else "f"):
+            raise ck.CheckpointError(f"{path}: optimizer.{key} is {value.dtype.str} {list(value.shape)}, expected "
+                                     f"shape {list(want[-1])} of {'integers' if key == 'step' else 'floats'}")
+
+
+def load_checkpoint(comm: Any, cfg: Config, signature: dict[str, Any], num_params: int | None = None,
+                    state_names: Iterable[str] = ()) -> tuple[int, dict[str, np.ndarray] | None]:
     """(step, arrays) of the newest valid checkpoint matching this run (every rank), or (0, None).
+
+    With *num_params*, the arrays must also fit a model of that many
+    parameters and an optimizer keeping *state_names* (see :func:`check_state`).
 
     Rank 0 reads and verifies; the outcome - or the error - reaches every rank.
     """
@@ -312,7 +349,7 @@ def load_checkpoint(comm: Any, cfg: Config, signature: dict[str, Any]) -> tuple[
     if comm.Get_rank() == 0:
         try:
             os.makedirs(cfg.checkpoint_dir, exist_ok=True)
-            body, refused = ck.newest_valid(cfg.checkpoint_dir, PREFIX)
+            body, refused = ck.newest_valid(cfg.checkpoint_dir, PREFIX, check=_check_manifest)
             if body is None:
                 if refused:
                     raise ck.CheckpointError("no valid checkpoint in " + cfg.checkpoint_dir + ": " + "; ".join(refused))
@@ -330,7 +367,10 @@ def load_checkpoint(comm: Any, cfg: Config, signature: dict[str, Any]) -> tuple[
                     raise ck.CheckpointError(f"{body['path']}: written with --batch {body.get('batch')}, this run "
                                              f"has --batch {cfg.batch} (the sampler position would not match)")
                 data = os.path.join(cfg.checkpoint_dir, body["files"][0]["file"])
-                outcome = ("resume", body["step"], ck.read_arrays(data, body["arrays"]))
+                arrays = ck.read_arrays(data, body["arrays"])
+                if num_params is not None:
+                    check_state(body["path"], arrays, num_params, state_names)
+                outcome = ("resume", body["step"], arrays)
         except (ck.CheckpointError, OSError, KeyError, ValueError, TypeError) as exc:
             outcome = ("error", str(exc), None)
     kind, value, arrays = comm.bcast(outcome, root=0)
@@ -416,7 +456,9 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
 
     if cfg.checkpoint_every and not cfg.restart:
         _fresh_directory(comm, cfg)
-    start_step, arrays = load_checkpoint(comm, cfg, signature) if cfg.restart else (0, None)
+    state_names = (*optimizer.state_names, "step")
+    start_step, arrays = (load_checkpoint(comm, cfg, signature, model.num_params, state_names) if cfg.restart
+                          else (0, None))
 
     strategy = build(comm, cfg, model, optimizer, total)
     if arrays is not None:

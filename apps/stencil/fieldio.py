@@ -3,11 +3,15 @@
 Checkpoints hold the owned cells of every field in *global* order, written
 collectively with MPI-IO through a subarray file view, so a run restarts on
 any number of ranks and the file does not depend on the decomposition. The
-data file is written under a temporary name; rank 0 then hashes it, renames it
-into place and writes the manifest last (``apps.checkpoint``): a run killed at
-any moment leaves no checkpoint that could be loaded half-written. Loading
-verifies the checksum on rank 0 first and refuses a damaged or partial
-checkpoint with the reason, on every rank.
+data file is written under a temporary name that rank 0 first creates
+exclusively, under an unpredictable name (``O_EXCL|O_NOFOLLOW``); the ranks open
+that file without ``MODE_CREATE``, so a symbolic link planted in the directory
+is never written through. Rank 0 then checks it is still the file it made,
+hashes it, renames it into place and writes the manifest last
+(``apps.checkpoint``): a run killed at any moment leaves no checkpoint that
+could be loaded half-written. Loading verifies the manifest's own checksum,
+every field of it, and the data's checksum on rank 0 first, and refuses a
+damaged, edited or partial checkpoint with the reason, on every rank.
 
 The digest is a checksum of the final fields that is the same whatever the
 decomposition: every cell's bits are mixed with its global index and the
@@ -18,6 +22,7 @@ identical for every N and every halo mode" is one line to compare.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -55,6 +60,13 @@ def _on_rank0(comm: MPI.Intracomm, work, what: str):
     return result
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def prepare(comm: MPI.Intracomm, directory: str, fresh: bool) -> None:
     """Make sure *directory* can take checkpoints before the run starts (collective).
 
@@ -83,14 +95,22 @@ def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: in
     before) are removed, so pruning never drops the one just written.
     """
     comm = grid.cart
-    _on_rank0(comm, lambda: os.makedirs(directory, exist_ok=True), f"--checkpoint-dir {directory}")
     final = checkpoint.data_path(directory, PREFIX, step)
-    tmp = final + ".tmp"
+
+    def create() -> tuple[str, tuple[int, int]]:
+        # Rank 0 creates the temporary file exclusively under an unpredictable name (O_EXCL|O_NOFOLLOW);
+        # the ranks then open that file without MODE_CREATE, so a planted link is never written through.
+        os.makedirs(directory, exist_ok=True)
+        tmp = checkpoint.temporary(final)
+        st = os.lstat(tmp)
+        return tmp, (st.st_dev, st.st_ino)
+
+    tmp, identity = _on_rank0(comm, create, f"--checkpoint-dir {directory}")
     arrays, offset = [], 0
+    failure = None
     try:
-        fh = MPI.File.Open(comm, tmp, MPI.MODE_WRONLY | MPI.MODE_CREATE)
+        fh = MPI.File.Open(comm, tmp, MPI.MODE_WRONLY)
         try:
-            fh.Set_size(0)
             for name, a in fields.items():
                 local = grid.owned_host(a)
                 etype, ftype, gshape = _file_type(grid, local.dtype)
@@ -107,23 +127,48 @@ def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: in
         finally:
             fh.Close()
     except MPI.Exception as exc:
-        raise checkpoint.CheckpointError(f"writing {tmp} with MPI-IO: {exc.Get_error_string()}") from None
-    comm.Barrier()
+        failure = f"writing {tmp} with MPI-IO: {exc.Get_error_string()}"
+    if comm.allreduce(failure is not None, op=MPI.LOR):
+        if comm.Get_rank() == 0:
+            _unlink(tmp)
+        raise checkpoint.CheckpointError(failure or f"writing {tmp} with MPI-IO failed on another rank")
     mpath = checkpoint.manifest_path(directory, PREFIX, step)
 
     def commit() -> None:
-        for later in checkpoint.steps(directory, PREFIX):
-            if later >= step:
-                checkpoint.remove(directory, PREFIX, later)
-        record = checkpoint.file_record(tmp)
-        record["file"] = os.path.basename(final)
-        checkpoint.commit(tmp, final)
+        try:
+            st = os.lstat(tmp)
+            if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != identity:
+                raise checkpoint.CheckpointError(f"{tmp} was replaced while the checkpoint was written; not committed")
+            for later in checkpoint.steps(directory, PREFIX):
+                if later >= step:
+                    checkpoint.remove(directory, PREFIX, later)
+            record = checkpoint.file_record(tmp)
+            record["file"] = os.path.basename(final)
+            checkpoint.commit(tmp, final)
+        except BaseException:
+            _unlink(tmp)
+            raise
         checkpoint.save_manifest(mpath, step, [record], arrays=arrays, **meta)
         checkpoint.prune(directory, PREFIX, keep)
         checkpoint.sweep(directory, PREFIX)
 
     _on_rank0(comm, commit, f"writing checkpoint {mpath}")
     return mpath
+
+
+def _check_manifest(body: dict[str, Any]) -> None:
+    """The stencil's own manifest fields: one data file, its arrays inside it, a numeric residual."""
+    where = body["path"]
+    files = body["files"]
+    if len(files) != 1:
+        raise checkpoint.CheckpointError(f"{where}: names {len(files)} data files, a stencil checkpoint has one")
+    arrays = body.get("arrays")
+    if not isinstance(arrays, list) or not arrays:
+        raise checkpoint.CheckpointError(f"{where}: manifest lacks 'arrays' (the fields stored)")
+    checkpoint.check_entries(arrays, files[0]["bytes"], where)
+    residual = body.get("residual")
+    if residual is not None and (isinstance(residual, bool) or not isinstance(residual, (int, float))):
+        raise checkpoint.CheckpointError(f"{where}: residual {residual!r} is not a number")
 
 
 def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, Any]) -> tuple[dict | None, list[str]]:
@@ -140,11 +185,7 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
     def find():
         if not os.path.isdir(directory):
             return None, [], False
-        body, refused = checkpoint.newest_valid(directory, PREFIX)
-        if body is not None:
-            for key in ("arrays", "files"):
-                if not isinstance(body.get(key), list) or not body[key]:
-                    raise checkpoint.CheckpointError(f"{body['path']}: manifest lacks {key!r}")
+        body, refused = checkpoint.newest_valid(directory, PREFIX, check=_check_manifest)
         return body, refused, bool(checkpoint.steps(directory, PREFIX))
 
     body, refused, any_found = _on_rank0(comm, find, f"reading checkpoints in {directory}")
@@ -165,6 +206,13 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
     if sorted(e["name"] for e in body["arrays"]) != sorted(fields):
         raise checkpoint.CheckpointError(f"{body['path']} holds fields {[e['name'] for e in body['arrays']]}, "
                                          f"this problem has {sorted(fields)}")
+    n = grid.layout.owned[1] - grid.layout.owned[0]
+    for entry in body["arrays"]:
+        want = (np.dtype(fields[entry["name"]].dtype).str, [n] * grid.ndim)
+        if (entry["dtype"], entry["shape"]) != want:
+            raise checkpoint.CheckpointError(
+                f"{body['path']}: field {entry['name']!r} is stored as {entry['dtype']} {entry['shape']}, this run "
+                f"needs {want[0]} {want[1]}; the manifest does not describe this problem's field (refused)")
     try:
         fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
         try:
@@ -174,7 +222,7 @@ def load(grid: Grid, fields: dict[str, Any], directory: str, expect: dict[str, A
                 local = np.empty(grid.size, dtype)
                 etype, ftype, _ = _file_type(grid, dtype)
                 try:
-                    fh.Set_view(int(entry["offset"]), etype, ftype)
+                    fh.Set_view(entry["offset"], etype, ftype)
                     fh.Read_all(local)
                 finally:
                     ftype.Free()

@@ -3,7 +3,8 @@
 Layout of ``DIR/torchddp.ckpt``::
 
     MPICOMM-TORCHDDP-CHECKPOINT 1\\n      the magic line (format and version)
-    {"bytes": N, "sha256": "…", "step": s, "identity": {…}, …}\\n   one JSON line: the header
+    {"bytes": N, "sha256": "…", "step": s, "identity": {…}, …,
+     "header_sha256": "…"}\\n                       one JSON line: the header
     <N bytes>                             the payload: torch.save({"model": …, "optimizer": …})
 
 Writing (:func:`write`): the file is built in a temporary file that
@@ -14,8 +15,12 @@ DIR). A run killed at any moment leaves the previous checkpoint or the new one,
 whole, plus at most a stray ``.torchddp-*.tmp`` file. The checkpoint keeps
 ``mkstemp``'s mode, 0600: readable by its owner only.
 
-Reading (:func:`read`) checks the magic line, the header, the payload's length
-and its SHA-256 before anything is unpickled, and the payload is then loaded
+The header carries the SHA-256 of its own canonical JSON (``header_sha256``),
+so an edited step or identity is refused like a damaged payload.
+
+Reading (:func:`read`) opens the file without following a symbolic link, checks
+the magic line, the header (its checksum, then every field's type), the
+payload's length and its SHA-256 before anything is unpickled, and the payload is then loaded
 with ``torch.load(weights_only=True)``: tensors and plain containers only, so a
 checkpoint cannot run code. Anything wrong raises :class:`CheckpointError`
 naming the file and the fault. Whether the checkpoint belongs to *this* run
@@ -31,6 +36,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import stat
 import tempfile
 from typing import Any
 
@@ -42,11 +49,14 @@ __all__ = ["CheckpointError", "FORMAT", "NAME", "MAGIC", "path_in", "write", "re
            "mismatch"]
 
 #: The format tag in the magic line and the header.
-FORMAT = "mpicomm-torchddp-checkpoint/1"
+FORMAT = "mpicomm-torchddp-checkpoint/2"
 #: The checkpoint's file name inside ``--checkpoint DIR``.
 NAME = "torchddp.ckpt"
 MAGIC = b"MPICOMM-TORCHDDP-CHECKPOINT 1\n"
 _HEADER_LIMIT = 1 << 20  # a header longer than this is not ours
+#: The header key holding the SHA-256 of the header's canonical JSON (without this key).
+HEADER_CHECKSUM = "header_sha256"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
@@ -70,9 +80,16 @@ def load_payload(payload: bytes) -> dict[str, Any]:
     return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
 
 
+def _header_digest(header: dict[str, Any]) -> str:
+    body = {k: v for k, v in header.items() if k != HEADER_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
     """Replace ``DIR/torchddp.ckpt`` atomically with *header* (plus size and SHA-256) and *payload*; its path."""
     body = {**header, "format": FORMAT, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    body = json.loads(json.dumps(body))  # as a reader will see it (tuples as lists)
+    body[HEADER_CHECKSUM] = _header_digest(body)
     line = json.dumps(body, sort_keys=True).encode() + b"\n"
     final = path_in(directory)
     fd, tmp = tempfile.mkstemp(prefix=".torchddp-", suffix=".tmp", dir=directory)
@@ -97,7 +114,12 @@ def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
 def read(path: str) -> tuple[dict[str, Any], bytes]:
     """The header and the verified payload of a checkpoint file; :class:`CheckpointError` if it is not sound."""
     try:
-        with open(path, "rb") as f:
+        # no link followed; O_NONBLOCK: a FIFO planted under the name is refused below, not waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CheckpointError(f"checkpoint {path}: not a regular file (remove it)")
+        with os.fdopen(fd, "rb") as f:
             magic = f.read(len(MAGIC))
             line = f.readline(_HEADER_LIMIT)
             payload = f.read()
@@ -110,11 +132,19 @@ def read(path: str) -> tuple[dict[str, Any], bytes]:
         header = json.loads(line.decode())
         if not isinstance(header, dict):
             raise ValueError("not an object")
-        size, digest = int(header["bytes"]), str(header["sha256"])
+        size, digest = header["bytes"], header["sha256"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path}: damaged header ({exc}); the file cannot be trusted") from None
     if header.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: format {header.get('format')!r}, this program reads {FORMAT!r}")
+    stored = header.get(HEADER_CHECKSUM)
+    if not isinstance(stored, str) or stored != _header_digest(header):
+        raise CheckpointError(f"checkpoint {path}: damaged header (its checksum {HEADER_CHECKSUM} does not match: "
+                              f"edited or damaged); the file cannot be trusted")
+    if (isinstance(size, bool) or not isinstance(size, int) or size < 0 or not isinstance(digest, str)
+            or not _HEX64.match(digest)):
+        raise CheckpointError(f"checkpoint {path}: damaged header (bytes {size!r}, sha256 {digest!r}); the file "
+                              f"cannot be trusted")
     if len(payload) != size:
         raise CheckpointError(f"checkpoint {path}: the payload has {len(payload)} bytes, the header says {size} "
                               f"(cut short or overwritten)")

@@ -219,3 +219,19 @@ def test_the_corpus_takes_any_size_form_and_writes_json(tmp_path):
         results = doc["results"]
         assert results["size"] == expect and len(results["files"]) == 2
         assert abs(results["bytes"] - expect) < 1000  # files end at whole lines
+
+
+def test_the_benchmark_never_writes_through_a_link_planted_in_the_shared_temporary_directory(tmp_path):
+    """The corpus used to go to a fixed <temp>/mapreduce-corpus-<bytes>: anyone could plant a link there first."""
+    planted = tmp_path / "mapreduce-corpus-20480"
+    planted.mkdir()
+    sentinel = tmp_path / "sentinel"
+    sentinel.write_bytes(b"keep me")
+    os.utime(sentinel, ns=(10**18, 10**18))
+    os.symlink(sentinel, planted / "corpus-000.txt")
+    result = mpirun.run(1, [sys.executable, "-m", "apps.mapreduce", "bench", "--size", "20K", "--files", "1",
+                            "--vocabulary", "200", "--repeat", "1", "--quiet"], timeout=60,
+                        env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sentinel.read_bytes() == b"keep me" and sentinel.stat().st_mtime_ns == 10**18
+    assert f"mpicomm-{os.getuid()}" in result.stdout

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from collections import Counter
 
 import pytest
@@ -51,3 +53,70 @@ def test_an_existing_corpus_is_reused_only_when_it_matches(tmp_path):
     assert not open(paths[0], "rb").read().endswith(b"tampered\n")
     with pytest.raises(ValueError, match="files >= 1"):
         generate(d, 10, files=0)
+
+
+def _sentinel(path):
+    with open(path, "wb") as f:
+        f.write(b"keep me")
+    os.utime(path, ns=(10**18, 10**18))
+
+
+def _unchanged(path):
+    assert open(path, "rb").read() == b"keep me" and os.stat(path).st_mtime_ns == 10**18, f"{path} was written"
+
+
+def test_generate_never_writes_through_a_planted_link(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    _sentinel(tmp_path / "sentinel")
+    for name in ("corpus-000.txt", "corpus-001.txt", STAMP):
+        os.symlink(tmp_path / "sentinel", d / name)
+    paths = generate(str(d), 20_000, files=2, vocabulary_size=100)
+    _unchanged(tmp_path / "sentinel")
+    assert all(os.path.isfile(p) and not os.path.islink(p) for p in paths) and not os.path.islink(d / STAMP)
+    assert sorted(os.listdir(d)) == sorted(["corpus-000.txt", "corpus-001.txt", STAMP])  # no temporary left
+    # a link with the right size is not taken for a corpus file either
+    os.replace(paths[0], tmp_path / "moved.txt")
+    os.symlink(tmp_path / "moved.txt", paths[0])
+    again = generate(str(d), 20_000, files=2, vocabulary_size=100)
+    assert not os.path.islink(again[0])
+
+
+def test_the_benchmark_corpus_lives_in_a_private_directory(tmp_path, monkeypatch):
+    from apps.mapreduce.bench import corpus_directory, private_cache
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / "mapreduce-corpus-5000"  # the fixed name the benchmark used before
+    planted.mkdir()
+    _sentinel(tmp_path / "sentinel")
+    os.symlink(tmp_path / "sentinel", planted / "corpus-000.txt")
+    directory, throwaway = corpus_directory(None, 5000)
+    assert not throwaway and os.path.dirname(directory) == private_cache() == str(tmp_path / f"mpicomm-{os.getuid()}")
+    st = os.lstat(private_cache())
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+    generate(directory, 5000, files=1, vocabulary_size=50)
+    _unchanged(tmp_path / "sentinel")
+    assert corpus_directory(str(tmp_path / "mine"), 5000) == (str(tmp_path / "mine"), False)
+
+
+@pytest.mark.parametrize("spoil", ["link", "open-mode", "file"])
+def test_an_untrustworthy_cache_directory_is_not_used(tmp_path, monkeypatch, spoil):
+    from apps.mapreduce.bench import corpus_directory, private_cache
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cache = tmp_path / "tmp" / f"mpicomm-{os.getuid()}"
+    if spoil == "link":
+        (tmp_path / "theirs").mkdir()
+        os.symlink(tmp_path / "theirs", cache)
+    elif spoil == "open-mode":
+        cache.mkdir()
+        os.chmod(cache, 0o777)
+    else:
+        cache.write_bytes(b"")
+    assert private_cache() is None
+    directory, throwaway = corpus_directory(None, 5000)
+    assert throwaway and not directory.startswith(str(cache)) and stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    os.rmdir(directory)
+    if spoil == "link":
+        assert os.listdir(tmp_path / "theirs") == []

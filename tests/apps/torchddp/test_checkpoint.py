@@ -118,3 +118,43 @@ def test_mismatch_names_every_difference():
     why = ck.mismatch("D/x", {"model": "mlp", "seed": 0, "hidden": "64"}, {"model": "mlp", "seed": 3})
     assert why.startswith("checkpoint D/x belongs to another run (")
     assert "hidden: (unset) here, 64 in the checkpoint" in why and "seed: 3 here, 0 in the checkpoint" in why
+
+
+def _rewrite_header(path, change, checksum=False):
+    data = open(path, "rb").read()
+    end = data.index(b"\n", len(ck.MAGIC))
+    header = json.loads(data[len(ck.MAGIC):end])
+    change(header)
+    if checksum:  # forged: the header's own checksum recomputed
+        import hashlib
+
+        body = {k: v for k, v in header.items() if k != ck.HEADER_CHECKSUM}
+        header[ck.HEADER_CHECKSUM] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                                                    .encode()).hexdigest()
+    open(path, "wb").write(data[:len(ck.MAGIC)] + json.dumps(header).encode() + data[end:])
+
+
+@pytest.mark.parametrize("change,checksum", [
+    (lambda h: h.update(step=50), False),
+    (lambda h: h["identity"].update(model="cnn"), False),
+    (lambda h: h.pop(ck.HEADER_CHECKSUM), False),
+    (lambda h: h.update(bytes=str(h["bytes"])), True),
+    (lambda h: h.update(bytes=-1), True),
+    (lambda h: h.update(sha256=None), True),
+])
+def test_an_edited_header_is_refused(tmp_path, change, checksum):
+    """The header protects itself: an edited step or identity is not trusted (it was, before the header checksum)."""
+    path = _write(tmp_path)
+    _rewrite_header(path, change, checksum)
+    with pytest.raises(ck.CheckpointError, match="damaged header") as info:
+        ck.read(path)
+    assert path in str(info.value)
+
+
+def test_a_linked_checkpoint_is_not_read(tmp_path):
+    os.makedirs(tmp_path / "real")
+    os.makedirs(tmp_path / "run")
+    real = _write(tmp_path / "real")
+    os.symlink(real, tmp_path / "run" / ck.NAME)
+    with pytest.raises(ck.CheckpointError, match="cannot read it"):
+        ck.read(str(tmp_path / "run" / ck.NAME))
