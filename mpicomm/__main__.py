@@ -1,4 +1,4 @@
-"""``python -m mpicomm info|algorithms``: what this installation sees, and which algorithms it has.
+"""``python -m mpicomm info|algorithms|cleanup``: what this installation sees, which algorithms it has, and tidying up.
 
 ``info``: the MPI library, CUDA-awareness, GPUs and rank layout. Run it once
 after pointing mpi4py at a cluster's MPI, or under the launcher
@@ -14,13 +14,21 @@ run (and why not), the model's prediction, the measured time where a
 decisions file (``python -m mpicomm.tune --collectives``) has one, and the
 choice with its source (decisions, model or table).
 
+``cleanup``: remove this user's MPICH shared-memory segments in /dev/shm
+(``mpich_shm_*``, 2-4 MiB each) that no live process maps or holds open:
+what jobs ended by Ctrl-C, ``MPI_Abort``, a killed rank or a time limit
+leave behind (:mod:`mpicomm.cleanup`). Segments of running jobs are kept.
+``--dry-run`` lists what it would remove, with sizes; no mpiexec needed.
+
 ``--json FILE`` (every command): the rows printed, as a JSON document
 (:func:`mpicomm.cli.document`: ``schema`` ``mpicomm-results``,
 ``schema_version``, the command, machine, versions and date, then
 ``results``). ``info``: one row per rank, the installation's facts in
 ``installation``; ``algorithms``: one row per (collective, algorithm), the
 selection table's rules in ``selection``; ``--explain``: one row per
-algorithm, the call and the choice in ``call`` and ``choice``.
+algorithm, the call and the choice in ``call`` and ``choice``; ``cleanup``:
+one row per stale segment (``path``, ``bytes``, ``age_s``, ``removed``), the
+totals in ``summary``.
 """
 
 from __future__ import annotations
@@ -292,7 +300,58 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     return 0
 
 
-COMMANDS = {"info": info, "algorithms": algorithms}
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _age(seconds: float) -> str:
+    """``42`` → ``"42 s"``, ``600`` → ``"10 min"``, ``20200`` → ``"5.6 h"``, ``200000`` → ``"2.3 d"``."""
+    for limit, scale, unit, digits in ((120, 1, "s", 0), (7200, 60, "min", 0), (172800, 3600, "h", 1)):
+        if seconds < limit:
+            return f"{seconds / scale:.{digits}f} {unit}"
+    return f"{seconds / 86400:.1f} d"
+
+
+def cleanup(dry_run: bool = False, directory: str | None = None, json_path: str | None = None,
+            argv: list[str] | None = None) -> int:
+    """Remove (or with *dry_run* list) this user's stale MPICH segments; print one line each and a summary.
+
+    Exit status 0 also when nothing was stale; 1 when a segment could not be
+    told apart from a live one's (no /proc) or could not be removed.
+    """
+    from mpicomm import cleanup as shm_cleanup
+
+    where = directory or shm_cleanup.SHM_DIR
+    try:
+        found = shm_cleanup.stale(where)
+    except RuntimeError as exc:
+        print(f"{PROG} cleanup: {exc}", file=sys.stderr)
+        return 1
+    kept = len(shm_cleanup.segments(where)) - len(found)
+    try:
+        removed = [] if dry_run else shm_cleanup.remove(found)
+    except OSError as exc:
+        print(f"{PROG} cleanup: cannot remove a segment: {exc}; check the permissions of {where}",
+              file=sys.stderr)
+        return 1
+    done = {s.path for s in removed}
+    for s in found:
+        verb = "would remove" if dry_run else ("removed" if s.path in done else "gone meanwhile")
+        print(f"{verb:<14} {s.path}  {_mib(s.bytes):>9}  {_age(s.age):>7} old")
+    total = sum(s.bytes for s in (found if dry_run else removed))
+    count = len(found) if dry_run else len(removed)
+    print(f"{'would remove' if dry_run else 'removed'} {count} stale MPICH segment(s), {_mib(total)}, in {where}; "
+          f"kept {kept} in use by live processes")
+    if json_path:
+        rows = [{"path": s.path, "bytes": s.bytes, "age_s": round(s.age, 3), "removed": s.path in done}
+                for s in found]
+        summary = {"directory": where, "dry_run": dry_run, "stale": len(found), "removed": len(removed),
+                   "bytes": total, "kept_in_use": kept}
+        cli.write_json(json_path, _command(argv), rows, summary=summary)
+    return 0
+
+
+COMMANDS = {"info": info, "algorithms": algorithms, "cleanup": cleanup}
 
 
 def _version() -> str:
@@ -305,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"mpicomm {_version()}")
     parser.add_argument("command", choices=sorted(COMMANDS),
-                        help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost")
+                        help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost; "
+                             "cleanup: remove this user's MPICH shared-memory segments in /dev/shm (mpich_shm_*) "
+                             "that no live process maps or holds open - what jobs ended by Ctrl-C, MPI_Abort, a "
+                             "kill or a time limit leave behind (2-4 MiB each); segments of running jobs are kept")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
     parser.add_argument("--readme", metavar="FILE.md",
                         help="algorithms: rewrite the algorithm table between its markers in FILE.md (README.md)")
@@ -316,8 +378,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="with --explain: N ranks on one node (default: the layout of this host's newest "
                              "decisions file, else 2)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="cleanup: list the stale segments with their sizes and ages, remove nothing")
+    parser.add_argument("--dir", metavar="DIR", default=None,
+                        help="cleanup: where the segments live (default: /dev/shm)")
     cli.add_json(parser, "the rows printed")
     args = parser.parse_args(argv)
+    if (args.dry_run or args.dir) and args.command != "cleanup":
+        parser.error("--dry-run and --dir go with the cleanup command: python -m mpicomm cleanup --dry-run")
+    if args.command == "cleanup":
+        if args.markdown or args.readme or args.explain or args.ranks is not None:
+            parser.error("cleanup takes --dry-run, --dir and --json only")
+        return cleanup(args.dry_run, args.dir, args.json, argv)
     if args.ranks is not None and args.ranks < 1:
         parser.error(f"--ranks {args.ranks}: must be >= 1")
     if (args.explain or args.ranks is not None) and args.command != "algorithms":

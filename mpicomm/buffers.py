@@ -53,6 +53,8 @@ __all__ = [
     "mpi_datatype",
     "numpy_dtype",
     "element_view",
+    "byte_range",
+    "overlap",
     "cuda_aware",
     "ArrayOps",
     "ops_for",
@@ -224,6 +226,44 @@ def element_view(x: Any, offset: int, count: int, name: str = "buf"):
         raise ValueError(f"{name} is not C-contiguous, so a flat view of it would be a copy; pass a contiguous array")
     check_span(offset, count, x.size, name)
     return x.reshape(-1)[offset : offset + count]
+
+
+def byte_range(x: Any) -> tuple[int, int]:
+    """``(first byte address, one past the last)`` of contiguous array *x* (host or device memory)."""
+    if isinstance(x, np.ndarray):
+        start = x.__array_interface__["data"][0]
+    else:
+        data = x.data
+        start = data.ptr if hasattr(data, "ptr") else x.__array_interface__["data"][0]
+    return start, start + x.nbytes
+
+
+def overlap(a: Any, b: Any) -> str | None:
+    """How contiguous arrays *a* and *b* share memory: ``"same"`` bytes, ``"partial"``, or None (disjoint).
+
+    MPI forbids a send and a receive buffer that overlap (in place is what
+    ``MPI.IN_PLACE`` is for); mpicomm's algorithms read the input while they
+    write the output, so a partial overlap gives wrong results. Byte ranges
+    are compared, so it works for device memory too, and costs two address
+    reads.
+    """
+    if a is b:
+        return "same" if a is not None and a.size else None
+    if a is None or b is None or a.size == 0 or b.size == 0:
+        return None
+    if type(a) is np.ndarray and type(b) is np.ndarray:  # the common case, cheaply
+        ra, rb = a.base, b.base
+        ra, rb = a if ra is None else ra, b if rb is None else rb  # (NumPy keeps a view's base the owner)
+        if ra is not rb and type(ra) is np.ndarray and type(rb) is np.ndarray and ra.base is None \
+                and rb.base is None:
+            return None  # two arrays that own their memory: disjoint
+        if not np.may_share_memory(a, b):  # bounds only: a yes is checked below
+            return None
+    a0, a1 = byte_range(a)
+    b0, b1 = byte_range(b)
+    if a1 <= b0 or b1 <= a0:
+        return None
+    return "same" if (a0, a1) == (b0, b1) else "partial"
 
 
 # ---------------------------------------------------------------- CUDA-awareness

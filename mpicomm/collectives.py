@@ -100,7 +100,7 @@ def _guard(args: Args, fn: Any) -> Args:
         fn()
     except (TypeError, ValueError) as exc:
         args.fail(exc)
-    return args.check_op()
+    return args.check_overlap().check_op()
 
 
 # ---------------------------------------------------------------- barrier, bcast, reductions

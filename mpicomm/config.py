@@ -7,10 +7,19 @@
 | ``MPICOMM_CUDA_AWARE_RMA`` | ``0``, ``1`` | ``0`` | expose device arrays in RMA windows directly (many CUDA-aware MPIs support point-to-point but not one-sided on device memory); otherwise through a pinned host mirror |
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
-| ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one 32-byte allreduce of a digest; the full descriptions are exchanged only when something differs); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt |
-| ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation and the peers it waits for, then aborts the job |
+| ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one 32-byte allreduce of a digest; the full descriptions are exchanged only when something differs); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt (what is checked either way: :mod:`mpicomm.validate`) |
+| ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation (for a collective: count, element type, op, root), the peers it waits for, which ranks never arrived and each rank's last calls, then aborts the job |
 
-Values are read when used, so a test or a program may change them at run time.
+``MPICOMM_VALIDATE`` and ``MPICOMM_<COLLECTIVE>_ALGORITHM`` change the
+protocol: ranks that differ on them run different message sequences (one
+validates, another does not; one runs ring, another recursive doubling) and
+would hang. Creating a ``Comm`` compares them across its ranks (one small
+allgather, see :func:`protocol` and :func:`protocol_mismatch`) and raises the
+same error on every rank when they differ. The others (device, transfer path,
+timeout, trace) only change what a rank does locally.
+
+Values are read when used, so a test or a program may change them at run time
+(then on every rank alike: a change after a ``Comm`` exists is not compared).
 Reading one costs a dictionary look-up (collectives read several per call), and
 a value already parsed once is not parsed again.
 """
@@ -21,6 +30,7 @@ import os
 
 __all__ = [
     "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "timeout", "check",
+    "protocol", "protocol_mismatch",
 ]
 
 
@@ -148,6 +158,41 @@ def timeout() -> float | None:
             f"environment variable MPICOMM_TIMEOUT={value!r} is not a positive number of seconds; fix or unset it"
         )
     return seconds
+
+
+def protocol() -> tuple[tuple[str, str], ...]:
+    """The settings every rank must share (they change which messages a collective sends), as (variable, value).
+
+    ``MPICOMM_VALIDATE`` as parsed (``1``/``0``, so ``on`` and ``1`` agree)
+    and every ``MPICOMM_<COLLECTIVE>_ALGORITHM`` that is set; read from the
+    environment as it is now.
+    """
+    found = [("MPICOMM_VALIDATE", "1" if validate() else "0")]
+    for name in sorted(os.environ):
+        if name.startswith("MPICOMM_") and name.endswith("_ALGORITHM") and len(name) > len("MPICOMM__ALGORITHM"):
+            value = os.environ[name].strip()
+            if value and value.lower() != "auto":
+                found.append((name, value))
+    return tuple(found)
+
+
+def protocol_mismatch(every: list) -> str | None:
+    """A message naming each protocol setting that differs among the ranks' :func:`protocol` tuples, or None."""
+    names = sorted({name for settings in every for name, _ in settings})
+    parts = []
+    for name in names:
+        values = [dict(settings).get(name, "unset") for settings in every]
+        if len(set(values)) > 1:
+            groups: dict[str, list[int]] = {}
+            for rank, value in enumerate(values):
+                groups.setdefault(value, []).append(rank)
+            shown = ", ".join(f"{value!r} on rank(s) {', '.join(map(str, ranks[:8]))}{', …' if len(ranks) > 8 else ''}"
+                              for value, ranks in groups.items())
+            parts.append(f"{name}: {shown}")
+    if not parts:
+        return None
+    return ("ranks disagree on settings that change the collectives' messages (they would hang or mix up calls): "
+            + "; ".join(parts) + ". Set them alike on every rank (e.g. export them before mpiexec), or unset them")
 
 
 def check() -> None:

@@ -18,6 +18,7 @@ Once MPI is up, :class:`mpicomm.Comm` derives the same values from MPI itself
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Mapping
@@ -46,34 +47,72 @@ class LaunchInfo:
 Env = Mapping[str, str]
 
 
-def _int(env: Env, *names: str) -> int | None:
+#: The largest value a rank, size or count may take: MPI counts ranks in a C ``int``.
+MAX_INT = 2**31 - 1
+#: The most nodes a Slurm task list may describe when no node count bounds it (larger than any machine).
+MAX_NODES = 1 << 20
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _int(env: Env, *names: str, minimum: int = 0) -> int | None:
+    """The first of *names* set in *env*, as an int from *minimum* to :data:`MAX_INT`; None if none is set.
+
+    Only plain decimal digits count: ``int()`` alone would also take ``"-1"``
+    (a rank that indexes from the end), ``"+3"`` or ``"1_0"``.
+    """
     for name in names:
         value = env.get(name)
         if value is None or value == "":
             continue
-        try:
-            return int(value)
-        except ValueError:
+        text = value.strip()
+        if not _DIGITS.fullmatch(text):
             raise ValueError(
-                f"environment variable {name}={value!r} is not an integer; "
-                f"unset it or fix the launcher configuration"
-            ) from None
+                f"environment variable {name}={value!r} is not a non-negative integer; expected a whole number "
+                f"from {minimum} to {MAX_INT}: unset it or fix the launcher configuration"
+            )
+        number = int(text)
+        if not minimum <= number <= MAX_INT:
+            raise ValueError(
+                f"environment variable {name}={value!r} is out of range; expected a whole number from {minimum} "
+                f"to {MAX_INT}: unset it or fix the launcher configuration"
+            )
+        return number
     return None
 
 
-def slurm_tasks_per_node(spec: str) -> list[int]:
-    """Expand Slurm's compressed task list: ``"2(x3),1"`` → ``[2, 2, 2, 1]``."""
-    counts: list[int] = []
+def _slurm_runs(spec: str, name: str = "SLURM_TASKS_PER_NODE", limit: int = MAX_NODES) -> list[tuple[int, int]]:
+    """Slurm's compressed task list as ``(tasks, nodes)`` runs, unexpanded: ``"2(x3),1"`` → ``[(2, 3), (1, 1)]``.
+
+    *limit* bounds the nodes the list may describe in all (the job's node
+    count, else :data:`MAX_NODES`), so a corrupt ``1(x2000000000)`` is an error
+    naming *name*, not a list of two billion entries.
+    """
+    expected = f"expected tasks per node as Slurm writes them, such as '2(x3),1', for at most {limit} node(s)"
+    runs: list[tuple[int, int]] = []
+    total = 0
     for part in spec.split(","):
         part = part.strip()
         if not part:
             continue
-        if "(x" in part:
-            value, repeat = part.rstrip(")").split("(x")
-            counts.extend([int(value)] * int(repeat))
-        else:
-            counts.append(int(part))
-    return counts
+        found = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", part)
+        if not found:
+            raise ValueError(f"environment variable {name}={spec!r}: cannot parse {part!r}; {expected}")
+        tasks, repeat = int(found.group(1)), int(found.group(2) or 1)
+        if tasks > MAX_INT or repeat < 1:
+            raise ValueError(f"environment variable {name}={spec!r}: {part!r} is out of range; {expected}")
+        total += repeat
+        if total > limit:
+            raise ValueError(f"environment variable {name}={spec!r} describes {total} or more nodes; {expected}")
+        runs.append((tasks, repeat))
+    return runs
+
+
+def slurm_tasks_per_node(spec: str, limit: int = MAX_NODES) -> list[int]:
+    """Expand Slurm's compressed task list: ``"2(x3),1"`` → ``[2, 2, 2, 1]`` (at most *limit* entries).
+
+    A list longer than *limit* nodes raises ``ValueError`` before anything is expanded.
+    """
+    return [tasks for tasks, repeat in _slurm_runs(spec, limit=limit) for _ in range(repeat)]
 
 
 #: What each launcher sets, in the order launchers are consulted: the one that started
@@ -97,26 +136,54 @@ LAUNCHERS: dict[str, tuple[tuple[str, ...] | None, ...]] = {
 _FIELDS = ("rank", "size", "local_rank", "local_size", "node", "nodes")
 
 
+#: The smallest value each field may take (sizes and counts are at least 1).
+_MINIMUM = {"rank": 0, "size": 1, "local_rank": 0, "local_size": 1, "node": 0, "nodes": 1}
+
+
 def _read(launcher: str, env: Env) -> dict | None:
     """The fields *launcher* sets in *env*, or None if it did not start this process."""
     names = LAUNCHERS[launcher]
-    if _int(env, *names[0]) is None or (launcher == "torchrun" and "LOCAL_RANK" not in env):
+    if (launcher == "torchrun" and "LOCAL_RANK" not in env) or _int(env, *names[0]) is None:
         return None
-    values = {field: (None if n is None else _int(env, *n)) for field, n in zip(_FIELDS, names)}
+    values = {field: (None if n is None else _int(env, *n, minimum=_MINIMUM[field]))
+              for field, n in zip(_FIELDS, names)}
     if launcher == "slurm":
         values["local_size"] = _slurm_local_size(env, values["node"])
+    for index, total in (("rank", "size"), ("local_rank", "local_size")):
+        if values[index] is not None and values[total] is not None and values[index] >= values[total]:
+            raise ValueError(
+                f"launcher {launcher!r}: {index} {values[index]} ({_named(env, names, index)}) is not below "
+                f"{total} {values[total]} ({_named(env, names, total)}); expected 0 <= {index} < {total}: fix "
+                f"the launcher configuration or unset the stale variables"
+            )
     return values
 
 
+def _named(env: Env, names: tuple[tuple[str, ...] | None, ...], field: str) -> str:
+    """Which variable gave *field* (``NAME='value'``), for error messages."""
+    candidates = names[_FIELDS.index(field)] or ()
+    if field == "local_size" and not candidates:
+        candidates = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+    for name in candidates:
+        if env.get(name):
+            return f"{name}={env[name]!r}"
+    return "unset"
+
+
 def _slurm_local_size(env: Env, node: int | None) -> int | None:
-    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    """Tasks on node *node* from ``SLURM_(STEP_)TASKS_PER_NODE``, found without expanding the list."""
+    name = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    spec = env.get(name)
     if not spec or node is None:
         return None
-    try:
-        per_node = slurm_tasks_per_node(spec)
-    except ValueError:
-        raise ValueError(f"cannot parse SLURM_(STEP_)TASKS_PER_NODE={spec!r}; expected e.g. '2(x3),1'") from None
-    return per_node[node] if node < len(per_node) else None
+    # No task list covers more nodes than the job has (the step's list fewer): the largest count bounds it.
+    counts = [_int(env, n, minimum=1) for n in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")]
+    limit = max([c for c in counts if c is not None], default=MAX_NODES)
+    for tasks, repeat in _slurm_runs(spec, name, limit):
+        if node < repeat:
+            return tasks
+        node -= repeat
+    return None
 
 
 def from_environment(environ: Env | None = None) -> LaunchInfo:

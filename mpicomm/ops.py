@@ -23,6 +23,7 @@ with two fields laid out as MPI's pair types (``pair_dtype(np.float64)`` is
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -161,11 +162,81 @@ def _code_of(name: str) -> int:
     return 1000 + zlib.crc32(name.encode()) % 1_000_000  # user ops: same name, same code on every rank
 
 
+_SIMPLE = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _value_text(value: Any, depth: int = 0) -> str:
+    """A text for *value* that is the same on every rank when the value is (no addresses)."""
+    if isinstance(value, _SIMPLE):
+        return repr(value)[:200]
+    if isinstance(value, (tuple, list, frozenset)) and depth < 3 and len(value) <= 64:
+        return type(value).__name__ + "(" + ",".join(_value_text(v, depth + 1) for v in value) + ")"
+    if isinstance(value, np.ndarray) and value.size <= 64 and value.dtype.kind in "biufc":
+        return f"ndarray({value.dtype.str},{value.shape},{value.tobytes().hex()})"
+    if hasattr(value, "__code__") or _is_ufunc(value):
+        return _fingerprint(value, depth + 1)
+    kind = type(value)
+    return f"<{kind.__module__}.{kind.__qualname__}>"  # its value cannot be compared across ranks
+
+
+def _code_text(code: Any, depth: int) -> str:
+    consts = ",".join(_code_text(c, depth + 1) if hasattr(c, "co_code") else _value_text(c, depth + 1)
+                      for c in code.co_consts)
+    return f"{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}|{code.co_code.hex()}|" \
+           f"{consts}|{','.join(code.co_names)}|{code.co_argcount}"
+
+
+def _fingerprint(fn: Any, depth: int = 0) -> str:
+    """What tells user functions apart across ranks: module, qualname, bytecode, constants, names, and the
+    values it closes over or defaults to (two lambdas both named ``<lambda>`` differ here).
+
+    Callables that hold state Python cannot compare across ranks (an object's
+    attributes, a closed-over object) are told apart by their type and code
+    only: the docstring of :func:`create` says so.
+    """
+    if depth > 4:
+        return "…"
+    if _is_ufunc(fn):
+        return f"ufunc:{fn.__name__}"
+    if isinstance(fn, functools.partial):
+        return (f"partial({_fingerprint(fn.func, depth + 1)};{_value_text(fn.args, depth + 1)};"
+                f"{_value_text(tuple(sorted((k, _value_text(v, depth + 1)) for k, v in fn.keywords.items())))})")
+    func = getattr(fn, "__func__", fn)  # a bound method: its function (and the type it is bound to, below)
+    code = getattr(func, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)
+        kind = type(fn)
+        inner = _fingerprint(call, depth + 1) if hasattr(call, "__code__") else ""
+        return f"{kind.__module__}.{kind.__qualname__}:{inner}"
+    parts = [getattr(func, "__module__", "") or "", getattr(func, "__qualname__", ""), _code_text(code, depth)]
+    closure = getattr(func, "__closure__", None) or ()
+    cells = []
+    for cell in closure:
+        try:
+            cells.append(_value_text(cell.cell_contents, depth + 1))
+        except ValueError:  # an empty cell
+            cells.append("<empty>")
+    parts.append(",".join(cells))
+    parts.append(_value_text(getattr(func, "__defaults__", None) or (), depth + 1))
+    if func is not fn:
+        kind = type(getattr(fn, "__self__", None))
+        parts.append(f"bound to {kind.__module__}.{kind.__qualname__}")
+    return "|".join(parts)
+
+
 def create(fn: Callable, commutative: bool = False, name: str | None = None) -> Op:
     """A user op from *fn*: a binary ufunc (``fn(a, b, out=out)``) or a callable returning ``a ⊕ b``.
 
     *a* holds the lower ranks' contribution. Declare ``commutative=True`` only
     if ``a ⊕ b == b ⊕ a``: algorithms may then reorder operands.
+
+    The op's ``code`` (what validation compares across ranks) covers *name*
+    and the function itself: its module, qualified name, bytecode, constants,
+    the names it uses, and the values it closes over or defaults to when they
+    are plain data (numbers, strings, small arrays). So two different lambdas
+    are two ops. What it cannot see - the state of an object the function
+    calls, a global's value - is not compared: keep such ops the same on
+    every rank.
     """
     if isinstance(fn, Op):
         return fn
@@ -184,7 +255,7 @@ def create(fn: Callable, commutative: bool = False, name: str | None = None) -> 
             if result is not out:
                 out[...] = result
 
-    return Op(label, bool(commutative), combine, _NUMERIC + "b", None, _code_of(label))
+    return Op(label, bool(commutative), combine, _NUMERIC + "b", None, _code_of(label + "\0" + _fingerprint(fn)))
 
 
 def _is_ufunc(fn: Any) -> bool:

@@ -21,8 +21,11 @@ and which peer each request talks to, for the watchdog).
 Progress semantics: there is no progress thread. Any ``Wait``/``Test`` on any
 mpicomm request advances *every* outstanding mpicomm request of the process
 (posting each one's next step as soon as its current step completes), and a
-blocking wait sleeps inside ``MPI_Waitany`` over all their MPI requests, so it
-costs no CPU and no request waits on another one's progress. A request whose
+blocking wait blocks in ``MPI_Waitany`` over all their MPI requests, so no
+request waits on another one's progress. Blocking is not sleeping: MPICH's
+progress engine polls there, taking a core (with more ranks than cores, set
+``MPIR_CVAR_CH4_PROGRESS_THROTTLE=1``, as ``python -m tests`` does, or wait by
+``Test`` and sleep, as the pipeline application's executor does). A request whose
 generator raises completes with that error; ``Wait``/``Test`` re-raise it.
 """
 
@@ -37,8 +40,13 @@ from typing import Any, Generator, Iterable, Sequence
 from mpi4py import MPI
 
 from . import config
+from .runtime import handle_interrupts
 
-__all__ = ["Request", "Step", "Envelope", "Steps", "run", "progress", "outstanding", "barrier", "Watchdog"]
+# Ctrl-C on any rank ends the whole job, also while this process sleeps in an MPI wait below (where
+# Python's own handler would not run until the wait returned: never, if the peer is gone).
+handle_interrupts()
+
+__all__ = ["Request", "Step", "Envelope", "Steps", "run", "progress", "outstanding", "barrier", "Watchdog", "recorder"]
 
 #: A step generator: yields lists of MPI requests, receives their statuses.
 Steps = Generator[Sequence[MPI.Request], list[MPI.Status], Any]
@@ -449,8 +457,12 @@ class Watchdog:
 
     While it is on, blocking waits poll instead of sleeping in MPI; once a wait
     has lasted the timeout, the rank writes which operation it is stuck in (its
-    label: collective, sequence number, algorithm), which step, and which peers
-    never sent what it waits for or never took what it sent - then aborts the
+    label: collective, sequence number, algorithm, and for a collective the
+    count, element type, op and root), which step, and which peers never sent
+    what it waits for or never took what it sent; for a collective, a roll
+    call (:meth:`roll_call`) adds which ranks are in the same call, which are
+    in another one and which never arrived, and every reporting rank's flight
+    recorder (its last few calls on that communicator) - then it aborts the
     whole job, so a mismatched program fails in seconds instead of eating its
     allocation.
     """
@@ -480,21 +492,105 @@ class Watchdog:
                  f"(MPICOMM_TIMEOUT) and aborts the job."]
         for item in stuck:
             lines.append("  " + _describe(item))
+        lines.extend(self.roll_call(stuck))
         os.write(sys.stderr.fileno(), ("\n".join(lines) + "\n").encode())
         self.sleep(0.5)  # let the other stuck ranks write their own reports
         MPI.COMM_WORLD.Abort(3)
+
+    def roll_call(self, stuck: Sequence[Any]) -> list[str]:
+        """Report lines: for each communicator a stuck collective call runs on, who else is stuck where.
+
+        Every stuck rank sends the others (on the communicator's private
+        duplicate, with a tag no collective uses) the call it waits in and its
+        flight recorder - the last few collective calls on that communicator
+        (``State.recent``) - then listens for theirs for a grace period
+        (between 2 and 10 s). A rank that is in the same call *arrived*; one
+        that reports another call is out of step; one that never reports is
+        not waiting in mpicomm with the watchdog on (it never called, is busy
+        elsewhere, or has finished). The call objects are duck-typed (a
+        ``state`` with ``library_comm``, ``watch_tag`` and ``recent``), so this
+        module needs nothing above it.
+        """
+        calls: list[Any] = []
+        for item in stuck:
+            call = _label_of(item)
+            state = getattr(call, "state", None)
+            if state is not None and hasattr(state, "watch_tag") and all(c.state is not state for c in calls):
+                calls.append(call)
+        lines: list[str] = []
+        grace = min(10.0, max(2.0, self.timeout / 2))
+        for call in calls:
+            try:
+                lines.extend(self._roll_call_one(call, grace))
+            except Exception as exc:  # noqa: BLE001 - the report must still be written, and the job aborted
+                lines.append(f"  (roll call on {call} failed: {type(exc).__name__}: {exc})")
+        return lines
+
+    def _roll_call_one(self, call: Any, grace: float) -> list[str]:
+        state = call.state
+        comm, tag = state.library_comm, state.watch_tag
+        rank, p = comm.Get_rank(), comm.Get_size()
+        mine = (call.seq, call.collective, _details(call), recorder(state))
+        sent = [comm.isend(mine, r, tag) for r in range(p) if r != rank]
+        heard: dict[int, tuple] = {}
+        status = MPI.Status()
+        deadline = self.clock() + grace
+        while len(heard) < p - 1 and self.clock() < deadline:
+            if comm.iprobe(MPI.ANY_SOURCE, tag, status):
+                source = status.Get_source()
+                heard[source] = comm.recv(source=source, tag=tag)
+            else:
+                self.sleep(0.01)
+        del sent  # (never waited: the job aborts)
+        same = sorted([rank] + [r for r, (seq, coll, _, _) in heard.items() if (seq, coll) == (call.seq, call.collective)])
+        elsewhere = {r: text for r, (seq, coll, text, _) in heard.items() if (seq, coll) != (call.seq, call.collective)}
+        silent = [r for r in range(p) if r != rank and r not in heard]
+        lines = [f"  roll call on this communicator ({p} ranks; its own rank numbers): in {call.label}: "
+                 f"rank(s) {_ranks(same)}"]
+        for r, text in sorted(elsewhere.items()):
+            lines.append(f"  rank {r} is stuck in another call: {text}")
+        if silent:
+            lines.append(f"  never arrived: rank(s) {_ranks(silent)} (no report within {grace:g} s: not waiting in "
+                         f"a collective on this communicator with MPICOMM_TIMEOUT set - it never called this "
+                         f"collective, waits elsewhere, or has finished)")
+        lines.append(f"  flight recorder, rank {rank} (last calls on this communicator, oldest first): "
+                     + ("; ".join(mine[3]) or "none"))
+        for r in sorted(heard):
+            lines.append(f"  flight recorder, rank {r}: " + ("; ".join(heard[r][3]) or "none"))
+        return lines
+
+
+def recorder(state: Any) -> list[str]:
+    """The flight recorder of a communicator's state: one line per recent collective call, oldest first."""
+    return [f"{_details(c)} [{getattr(c, 'status', '?')}]" for c in list(getattr(state, "recent", ()))]
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:16])) + (", …" if len(ranks) > 16 else "")
+
+
+def _label_of(item: Any) -> Any:
+    """The label object of a stuck request or ``(label, step, requests)`` (a collective's ``Call``, or a string)."""
+    return item._label if isinstance(item, Request) else item[0]
+
+
+def _details(label: Any) -> str:
+    """The label with what the call moves, where the label says (a ``Call``'s ``details``)."""
+    details = getattr(label, "details", None)
+    return details if isinstance(details, str) else str(label)
 
 
 def _describe(item: Any) -> str:
     """What a stuck request or step is and which of its peers it waits for."""
     if isinstance(item, Request):
-        label, step, reqs = item.label, item._step, item._reqs
+        label, step, reqs = _details(item._label), item._step, item._reqs
     else:
-        label, step, reqs = item
+        label, step, reqs = _details(item[0]), item[1], item[2]
     peers = getattr(reqs, "peers", [])
     if any(kind == "all" for kind, _ in peers) and any(bool(r) for r in reqs):
         return (f"stuck in {label}, step {step + 1}: waiting for every rank to enter it "
-                f"(the argument agreement); some rank has not called this collective")
+                f"(the argument agreement): some rank has not called this collective (the roll call below "
+                f"says which)")
     if any(kind == "library" for kind, _ in peers) and any(bool(r) for r in reqs):
         return (f"stuck in {label}, step {step + 1}: in the MPI library's own collective (a buffer spec "
                 f"mpicomm hands on); some rank has not called this collective")

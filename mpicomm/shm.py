@@ -53,8 +53,9 @@ from mpi4py import MPI
 
 from . import config
 from . import requests as _requests
+from .cleanup import remove_own_segments
 from .coll.schedules import block_partition
-from .requests import Steps, barrier, progress
+from .requests import Steps, barrier, progress, run
 from .state import State, as_state
 
 
@@ -97,6 +98,11 @@ class _Window:
         """Order this rank's loads and stores of shared memory around a barrier (``MPI_Win_sync``)."""
         self.win.Sync()
 
+    def export(self, rank: int) -> np.ndarray:
+        """A new array over rank *rank*'s piece; every view of it names it as its base (see :class:`Pool`)."""
+        buf, _ = self.win.Shared_query(rank)
+        return np.frombuffer(buf, np.uint8) if len(buf) else np.empty(0, np.uint8)
+
     def free(self) -> None:
         self.segments = []
         self.win.Unlock_all()
@@ -120,6 +126,13 @@ class Pool:
     every rank - nothing is copied in. Allocation is local and bump-style;
     :meth:`reset` reclaims everything, :meth:`free` (collective) returns the
     memory. Also a context manager.
+
+    An array outlives :meth:`free` safely: the memory is unmapped only once
+    no array (or view of one) from the pool is left on any rank - until then
+    the window is kept, retired, and freed at a later collective call of the
+    communicator's pools (creating or freeing one) where every rank agrees it
+    is unused. Unmapping it earlier, as MPI's ``Win_free`` does, turned a
+    later read of such an array into a segmentation fault.
     """
 
     def __init__(self, comm: Any, nbytes: int):
@@ -130,7 +143,11 @@ class Pool:
         self.comm = comm
         self._rank, self._size = state.rank, state.size
         self._arena = arena(state)
+        self._arena.release()  # collective, like the window: frees retired pools no array uses any more
         self._window: _Window | None = _Window(state.library_comm, _round(int(nbytes)))
+        # Arrays handed out are views of _root: NumPy makes every view's (and view of a view's) base the
+        # first array that does not own its memory, so _root's reference count says whether any is alive.
+        self._root: np.ndarray | None = self._window.export(self._rank)
         self.id = self._arena.add_pool(self)
         self._used = 0
 
@@ -162,7 +179,7 @@ class Pool:
                 f"{self.window.nbytes} left on rank {self._rank}; create the pool larger or reset() it"
             )
         self._used = start + nbytes
-        return self.window.segments[self._rank][start : start + nbytes].view(dtype).reshape(shape)
+        return self._root[start : start + nbytes].view(dtype).reshape(shape)  # type: ignore[index]
 
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
         """Like :meth:`empty`, filled with zeros."""
@@ -184,11 +201,17 @@ class Pool:
         return None
 
     def free(self) -> None:
-        """Return the memory (collective over the pool's communicator)."""
+        """Return the memory (collective over the pool's communicator); the pool allocates no more.
+
+        Arrays from the pool that are still alive on some rank keep the memory
+        mapped until they are gone (see the class docstring): reading them is
+        safe, and the memory is returned at a later pool creation or free.
+        """
         if self._window is not None:
             self._arena.remove_pool(self.id)
-            self._window.free()
-            self._window = None
+            self._arena.retire(self._window, self._root)
+            self._window, self._root = None, None
+            self._arena.release()
 
     def __enter__(self) -> "Pool":
         return self
@@ -232,6 +255,8 @@ class Arena:
         self._scratch: _Window | None = None
         self.pools: dict[int, Pool] = {}
         self._next_pool = 0
+        #: freed pools' windows with their export arrays, in free order (the same on every rank)
+        self.retired: list[tuple[_Window, np.ndarray]] = []
 
     # ------------------------------------------------------------ pools
 
@@ -242,6 +267,25 @@ class Arena:
 
     def remove_pool(self, pool_id: int) -> None:
         self.pools.pop(pool_id, None)
+
+    def retire(self, window: _Window, root: np.ndarray | None) -> None:
+        """Keep a freed pool's *window* until no view of *root* is left on any rank (:meth:`release`)."""
+        self.retired.append((window, np.empty(0, np.uint8) if root is None else root))
+
+    def release(self) -> None:
+        """Free the retired windows no rank has arrays of any more (collective: every rank agrees first)."""
+        if not self.retired:
+            return
+        alive = np.array(_viewed([root for _, root in self.retired]), np.int64)
+        anywhere = np.empty_like(alive)
+        run(_max_everywhere(self.lib, alive, anywhere), label="shared-memory pool free (agreement)")
+        keep = []
+        for (window, root), used in zip(self.retired, anywhere):
+            if used:
+                keep.append((window, root))
+            else:
+                window.free()
+        self.retired = keep
 
     def locate(self, x: Any) -> tuple[int, int] | None:
         """``(pool id, byte offset)`` when array *x* lies in one of this communicator's pools, else None."""
@@ -401,6 +445,7 @@ class Arena:
         _say(f"mpicomm watchdog: rank {MPI.COMM_WORLD.Get_rank()} of MPI_COMM_WORLD waited more than "
              f"{waited:.0f} s (MPICOMM_TIMEOUT) and aborts the job.\n  stuck in {self.what}: waiting in shared "
              f"memory for rank(s) {', '.join(map(str, pending))} of its communicator; they never arrived")
+        remove_own_segments()  # MPI_Abort skips MPI_Finalize, which would have removed them from /dev/shm
         time.sleep(0.5)  # let the other stuck ranks write their own reports
         MPI.COMM_WORLD.Abort(3)
 
@@ -409,9 +454,28 @@ class Arena:
             self.wait(DONE, self.clock, self.others)  # no peer still reads this rank's scratch
         for pool in list(self.pools.values()):
             pool.free()
+        # windows of pools whose arrays are still alive stay mapped (MPI_Finalize reclaims them)
         if self._scratch is not None:
             self._scratch.free()
         self.control.free()
+
+
+def _viewed(roots: list[np.ndarray]) -> list[bool]:
+    """Whether an array from the pool (or a view of one) still refers to each of *roots*.
+
+    *roots* are held by :attr:`Arena.retired` and by the list passed here;
+    their reference counts are compared with a control array's, held by one
+    name here instead of a retired entry, so the interpreter's own temporary
+    references cancel out (and the test suite checks the bookkeeping).
+    """
+    control = np.empty(0, np.uint8)
+    counts = [sys.getrefcount(x) for x in [control, *roots]]
+    return [n > counts[0] + 1 for n in counts[1:]]  # + 1: the retired entry; the caller's list vs the name
+
+
+def _max_everywhere(comm: MPI.Intracomm, mine: np.ndarray, out: np.ndarray) -> Steps:
+    """Steps of an element-wise MAX over every rank of *comm* (for :func:`mpicomm.requests.run`)."""
+    yield [comm.Iallreduce(mine, out, op=MPI.MAX)]
 
 
 def _say(text: str) -> None:

@@ -41,7 +41,7 @@ from mpi4py import MPI
 from .buffers import DTYPES, adopt, array_module
 from .ops import is_pair_dtype
 
-__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable"]
+__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable", "check_disjoint"]
 
 
 class Unsupported(Exception):
@@ -136,8 +136,40 @@ def _typed(buf: Any, datatype: Any, name: str) -> tuple[Any, ModuleType]:
     """*buf* as a flat array of *datatype* elements (its own type when None), and its module."""
     flat, xp = _as_array(buf, name)
     dt = flat.dtype if datatype is None else _datatype_dtype(datatype)
-    _supported(dt)
+    try:
+        _supported(dt)
+    except Unsupported:
+        if datatype is None:
+            _library_can_map(flat, name)
+        raise
     return _retype(flat, dt, name), xp
+
+
+_FORMAT_PREFIX = "@=<>!"
+
+
+def _library_can_map(flat: Any, name: str) -> None:
+    """TypeError unless mpi4py can map *flat*'s own element type to an MPI datatype.
+
+    A spec mpicomm does not run goes to the MPI library, which every rank must
+    then enter; mpi4py maps a bare buffer's element type from its buffer
+    format and raises ``KeyError`` for one it does not know (object arrays,
+    structured dtypes, subarrays). Found here, on the rank that has it, it is
+    an argument problem the agreement raises on every rank, instead of one
+    rank failing while the others wait in the library.
+    """
+    try:
+        fmt = memoryview(flat).format if isinstance(flat, np.ndarray) else flat.dtype.char
+    except (TypeError, ValueError, BufferError):
+        fmt = "?unknown"
+    known = getattr(MPI, "_typedict", None)
+    key = fmt.lstrip(_FORMAT_PREFIX)
+    if known is None or key in known:  # (an mpi4py without the table: the library reports it)
+        return
+    raise TypeError(
+        f"{name} has element type {flat.dtype}, which neither mpicomm nor the MPI library moves without a datatype; "
+        f"convert it with .astype() to a numeric type, or give the MPI datatype: [{name}, MPI.Datatype]"
+    )
 
 
 def _count(value: Any, name: str) -> int:
@@ -283,3 +315,21 @@ def writable(buffer: Buffer, name: str) -> Buffer:
     if not getattr(buffer.array.flags, "writeable", True):
         raise ValueError(f"{name} is read-only; a receive buffer must be writable (pass a copy)")
     return buffer
+
+
+def check_disjoint(counts: Sequence[int], displs: Sequence[int], name: str) -> None:
+    """ValueError if two ranks' non-empty blocks of receive spec *name* overlap.
+
+    MPI calls overlapping receive blocks erroneous: which rank's data a
+    shared element ends with depends on the order messages land, so
+    algorithms (and ranks) would disagree on the result.
+    """
+    blocks = sorted((d, d + c, r) for r, (c, d) in enumerate(zip(counts, displs)) if c)
+    for (_, end, r), (start, _, s) in zip(blocks, blocks[1:]):
+        if start < end:
+            a, b = sorted((r, s))
+            raise ValueError(
+                f"{name}: the blocks of rank {a} (elements [{displs[a]}, {displs[a] + counts[a]})) and rank {b} "
+                f"(elements [{displs[b]}, {displs[b] + counts[b]})) overlap; MPI forbids overlapping receive "
+                f"blocks - give displacements that keep them apart"
+            )

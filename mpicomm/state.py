@@ -19,7 +19,9 @@ are States too. :func:`state_of` returns the State of any intracommunicator
 
 from __future__ import annotations
 
+import collections
 import sys
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +31,10 @@ from mpi4py import MPI
 from . import config, decisions, launcher, model, p2p, registry
 from .requests import barrier
 
-__all__ = ["State", "state_of", "as_state", "job_local_rank", "world_machine", "predict"]
+#: Calls the flight recorder keeps per communicator (the watchdog prints them).
+RECENT = 8
+
+__all__ = ["RECENT", "State", "state_of", "as_state", "job_local_rank", "world_machine", "predict"]
 
 
 class State:
@@ -50,6 +55,10 @@ class State:
     channel: p2p.Channel  #: typed point-to-point messages (``send_array``...)
     tag_ub: int
     tag_modulus: int
+    watch_tag: int  #: tag of the watchdog's roll call on library_comm (no collective uses it)
+    recent: collections.deque  #: flight recorder: the last RECENT collective calls (Call objects), for the watchdog
+    lock: threading.RLock  #: held by the thread running a collective call on it (concurrent use is refused)
+    poisoned: str | None  #: why this communicator refuses every further collective (two threads used it at once)
     collectives: int  #: sequence number of the next collective call (its tag: this modulo tag_modulus)
     defaults: dict[str, str]  #: ``comm.set_algorithm`` choices
     choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
@@ -64,6 +73,9 @@ class State:
         config.check()  # a bad MPICOMM_* value fails here, before any collective
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
         barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
+        mismatch = config.protocol_mismatch(comm.allgather(config.protocol()))
+        if mismatch:  # the same on every rank: each has every rank's settings
+            raise ValueError(mismatch)
         self.comm = comm
         rank = comm.Get_rank()
         self.rank, self.size = rank, comm.Get_size()
@@ -83,7 +95,11 @@ class State:
         self.library_comm = p2p.private_dup(comm)
         self.channel = p2p.Channel(comm)
         self.tag_ub = self.channel.tag_ub
-        self.tag_modulus = min(self.tag_ub + 1, 1 << 20)
+        self.tag_modulus = min(self.tag_ub, 1 << 20)  # collectives' tags: 0 … tag_modulus − 1
+        self.watch_tag = self.tag_modulus  # the watchdog's roll call (never a collective's tag)
+        self.recent = collections.deque(maxlen=RECENT)
+        self.lock = threading.RLock()
+        self.poisoned = None
         self.collectives = 0
         self.defaults = {}
         self.choices = {}

@@ -17,6 +17,10 @@ tests/mpi_harness.py aborts it if a test fails on one rank while others wait,
 pytest-timeout ends a hung test, and every pass has a wall-clock limit. With more
 ranks than cores, MPICH is asked to sleep briefly when it polls without progress
 (MPIR_CVAR_CH4_PROGRESS_THROTTLE=1), which halves the oversubscribed passes.
+
+After each pass, the MPICH shared-memory segments that the jobs it aborted or
+killed on purpose left in /dev/shm are removed (``python -m mpicomm
+cleanup``: only this user's, only those no live process uses).
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ def _layout(text: str) -> tuple[int, int]:
     """``"4"`` → (4, 1): 4 ranks on one node; ``"2x3"`` → (2, 3): 3 nodes of 2 ranks."""
     per_node, _, nodes = text.strip().lower().partition("x")
     return int(per_node), int(nodes or 1)
+
+
+def _cleanup_shm() -> None:
+    """Remove the stale MPICH segments a pass left (tests abort and kill jobs on purpose); never fails the run."""
+    try:
+        result = subprocess.run([sys.executable, "-m", "mpicomm", "cleanup"], cwd=mpirun.REPO,
+                                env=mpirun.clean_env(), capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"shm cleanup: skipped ({exc})", flush=True)
+        return
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    print(f"shm cleanup: {lines[-1] if lines else f'exit status {result.returncode}'}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             result = mpirun.run(n, [sys.executable, "-m", "mpi4py", *pytest_argv], timeout=args.timeout, env=env, capture=False)
             code, timed_out = result.returncode, result.timed_out
         seconds = time.monotonic() - start
+        _cleanup_shm()
         if code != 0:
             for log in sorted(glob.glob(os.path.join(logs, "rank*.log"))):
                 with open(log) as f:

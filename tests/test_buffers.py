@@ -635,3 +635,32 @@ def test_staged_ring_cupy(comm, xp, staged):
     comm.recv_array(buf, source=left, tag=10)
     request.Wait()
     assert np.array_equal(host(buf), host(rank_data(left, 5000, np.float32)))
+
+
+# ---------------------------------------------------------------- overlap of send and receive buffers
+
+
+def test_overlap_tells_disjoint_same_and_partial_apart():
+    big = np.arange(10.0)
+    assert buffers.overlap(big[:4], big[4:8]) is None  # neighbours in one array
+    assert buffers.overlap(big[:4], big[2:6]) == "partial"
+    assert buffers.overlap(big[:4], big[:4].view()) == "same"
+    assert buffers.overlap(big, big) == "same"
+    assert buffers.overlap(np.zeros(3), np.zeros(3)) is None  # two owners
+    assert buffers.overlap(big[:0], big) is None and buffers.overlap(None, big) is None  # empty: nothing shared
+    shared = np.frombuffer(bytearray(80))  # not its own memory owner: compared by address
+    assert buffers.overlap(shared[:4], shared[3:7]) == "partial"
+    assert buffers.overlap(big.view(np.uint8)[:9], big[1:2]) == "partial"  # byte ranges, not elements
+
+
+def test_byte_range_is_the_arrays_bytes():
+    x = np.arange(6, dtype=np.int32)
+    start, end = buffers.byte_range(x[2:5])
+    assert start == x.__array_interface__["data"][0] + 8 and end - start == 12
+
+
+def test_overlap_on_the_device(xp):
+    if xp is np:
+        pytest.skip("the device case (NumPy is covered above)")
+    big = xp.arange(10.0)
+    assert buffers.overlap(big[:4], big[2:6]) == "partial" and buffers.overlap(big[:4], big[4:8]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,68 @@ def test_environment_agrees_with_mpi(comm):
         assert info.node == comm.node
     if info.nodes is not None:
         assert info.nodes == comm.nodes
+
+
+# ---------------------------------------------------------------- corrupt or hostile values: errors, never huge lists
+
+
+@pytest.mark.parametrize("spec", ["1(x2000000000)", "4(x99999999999999999999)", "2(x3)," * 2 + "1(x1048576)"])
+def test_huge_slurm_repetition_is_a_value_error_not_a_memory_error(spec):
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0", "SLURM_NNODES": "2",
+           "SLURM_TASKS_PER_NODE": spec}
+    with pytest.raises(ValueError, match=r"SLURM_TASKS_PER_NODE='.*' describes \d+ or more nodes.*at most 2 node"):
+        from_environment(env)
+    with pytest.raises(ValueError, match="at most 1048576 node"):
+        slurm_tasks_per_node("1(x2000000000)")
+
+
+def test_slurm_task_list_is_bounded_by_the_job_node_count_not_expanded():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_TASKS_PER_NODE": "1,3(x2)"}
+    assert from_environment(env).local_size == 3
+    env["SLURM_TASKS_PER_NODE"] = "1(x4)"
+    with pytest.raises(ValueError, match=r"SLURM_TASKS_PER_NODE='1\(x4\)' describes 4 or more nodes"):
+        from_environment(env)
+
+
+@pytest.mark.parametrize("spec", ["2(x0)", "2(x)", "x2", "2(x3", "-1", "2(x-3)", "1(x2)x"])
+def test_malformed_slurm_task_lists_name_the_variable_and_the_form(spec):
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": spec}
+    with pytest.raises(ValueError, match=r"SLURM_STEP_TASKS_PER_NODE=.*such as '2\(x3\),1'"):
+        from_environment(env)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("SLURM_NODEID", "-1"), ("SLURM_PROCID", "-2"), ("SLURM_LOCALID", "-1"), ("SLURM_NTASKS", "0"),
+    ("SLURM_NNODES", "0"), ("SLURM_NTASKS", "+4"), ("SLURM_NODEID", "1_0"), ("SLURM_NTASKS", str(2**31)),
+])
+def test_negative_zero_or_odd_slurm_numbers_are_named_with_what_is_expected(name, value):
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+           "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    env[name] = value
+    with pytest.raises(ValueError, match=rf"{name}='{re.escape(value)}'.*expected a whole number from [01] to 2147483647"):
+        from_environment(env)
+
+
+def test_a_negative_node_id_no_longer_counts_from_the_end():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_NODEID": "-1", "SLURM_NNODES": "2",
+           "SLURM_TASKS_PER_NODE": "1,2"}
+    with pytest.raises(ValueError, match="SLURM_NODEID='-1'"):
+        from_environment(env)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PMI_RANK": "4", "PMI_SIZE": "4"}, r"rank 4 \(PMI_RANK='4'\) is not below size 4 \(PMI_SIZE='4'\)"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, r"local_rank 2 \(OMPI_COMM_WORLD_LOCAL_RANK='2'\) is not below local_size 2"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3", "SLURM_NODEID": "0",
+      "SLURM_TASKS_PER_NODE": "2(x2)"}, r"local_rank 3 \(SLURM_LOCALID='3'\) is not below local_size 2 "
+                                        r"\(SLURM_TASKS_PER_NODE='2\(x2\)'\)"),
+])
+def test_a_rank_outside_its_size_is_named(env, message):
+    with pytest.raises(ValueError, match=message):
+        from_environment(env)
+
+
+def test_a_lone_non_numeric_RANK_is_not_torchrun_and_not_an_error():
+    assert from_environment({"RANK": "worker-3"}).launcher == "none"

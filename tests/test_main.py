@@ -121,3 +121,36 @@ def test_info_json_holds_a_row_per_rank(tmp_path):
     for row in doc["results"]:  # the same rows as printed
         assert re.search(rf"^\s+{row['rank']}\s+{row['local_rank']}/{row['local_size']}\s+{row['node']}\s+"
                          rf"{re.escape(row['host'])}\s", result.stdout, re.M), result.stdout
+
+
+# ---------------------------------------------------------------- cleanup (mpicomm.cleanup; more in tests/test_cleanup.py)
+
+
+@pytest.mark.serial
+def test_cleanup_removes_stale_segments_and_keeps_other_files(tmp_path, capsys):
+    stale = tmp_path / "mpich_shm_deadbeef_0"
+    stale.write_bytes(b"\0" * (3 << 20))
+    (tmp_path / "not_mpich").write_bytes(b"x")
+    assert cli.main(["cleanup", "--dir", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^would remove\s+{re.escape(str(stale))}\s+3\.0 MiB\s+\d+ s old$", out, re.M), out
+    assert out.splitlines()[-1] == f"would remove 1 stale MPICH segment(s), 3.0 MiB, in {tmp_path}; kept 0 in use " \
+                                   f"by live processes"
+    assert stale.exists()
+    path = tmp_path / "cleanup.json"
+    assert cli.main(["cleanup", "--dir", str(tmp_path), "--json", str(path)]) == 0
+    assert not stale.exists() and (tmp_path / "not_mpich").exists()
+    doc = read(path)
+    assert doc["command"] == f"python -m mpicomm cleanup --dir {tmp_path} --json {path}"
+    assert [(r["path"], r["bytes"], r["removed"]) for r in doc["results"]] == [(str(stale), 3 << 20, True)]
+    assert doc["summary"]["removed"] == 1 and doc["summary"]["dry_run"] is False
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("argv, message", [(["info", "--dry-run"], "go with the cleanup command"),
+                                           (["algorithms", "--dir", "x"], "go with the cleanup command"),
+                                           (["cleanup", "--markdown"], "cleanup takes --dry-run, --dir and --json")])
+def test_cleanup_options_go_with_cleanup_only(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert message in capsys.readouterr().err

@@ -724,3 +724,22 @@ def test_watchdog_setting_is_checked(monkeypatch):
         config.timeout()
     monkeypatch.setenv("MPICOMM_TIMEOUT", "0.5")
     assert config.timeout() == 0.5
+
+
+def test_watchdog_names_a_collectives_count_and_type_and_prints_the_flight_recorder():
+    from mpicomm.requests import _describe, recorder
+
+    class Call:  # what the watchdog reads of a collective's label (duck-typed: requests.py sits below coll)
+        details = "allreduce #7 (ring): 1000 × float64, op sum"
+        status = "entered"
+
+        def __str__(self) -> str:
+            return "allreduce #7 (ring)"
+
+    class State:
+        recent = [Call()]
+
+    line = _describe((Call(), 2, Step([], peers=[])))
+    assert line.startswith("stuck in allreduce #7 (ring): 1000 × float64, op sum, step 3"), line
+    assert recorder(State()) == ["allreduce #7 (ring): 1000 × float64, op sum [entered]"]
+    assert _describe(("irecv_array", 0, Step([], peers=[]))).startswith("stuck in irecv_array, step 1")

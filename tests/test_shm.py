@@ -212,7 +212,9 @@ def test_a_peer_failing_inside_the_call_raises_everywhere_instead_of_hanging(com
     rank = comm.rank
 
     def add_but_fail_on_rank_1(a, b):
-        if rank == 1:
+        # The rank is looked up when the op runs, not captured: a closure over `rank` would make the ops
+        # differ between ranks, which validation refuses before the call (the same op everywhere, as MPI asks).
+        if MPI.COMM_WORLD.Get_rank() == 1:
             raise ZeroDivisionError("rank 1's op fails")
         return a + b
 
@@ -234,3 +236,71 @@ def test_a_peer_failing_inside_the_call_raises_everywhere_instead_of_hanging(com
     R.assert_matches(got, want, "ring after the failure")
     comm.Allreduce(x, got, algorithm="shm")  # and shared memory on another communicator
     R.assert_matches(got, want, "shm on another communicator")
+
+
+# ---------------------------------------------------------------- arrays that outlive their pool
+
+
+def test_free_keeps_the_memory_while_arrays_of_the_pool_live(comm):
+    """free() with arrays still alive retires the window; a later pool creation frees it once they are gone."""
+    import gc
+
+    one_node(comm)
+    a = shm.arena(comm)
+    retired = lambda: [w for w, _ in a.retired]  # noqa: E731 (the old code had no such list: it unmapped at free)
+    pool = shm.Pool(comm, 4096)
+    window = pool.window
+    assert window not in retired()
+    x = pool.empty(16, np.int64)
+    x[:] = comm.rank + 1
+    view = x[4:8]
+    pool.free()
+    assert window in retired(), "an array of the pool is alive: its memory must stay mapped"
+    with pytest.raises(ValueError, match="freed"):
+        pool.empty(1)
+    assert pool.offset(x) is None  # no longer a pool array: collectives copy it like any other
+    del x
+    gc.collect()
+    shm.Pool(comm, 64).free()
+    assert window in retired(), "a view of the array is still alive"
+    assert np.array_equal(view, np.full(4, comm.rank + 1))
+    view[:] = 0  # writable too
+    del view
+    gc.collect()
+    shm.Pool(comm, 64).free()  # collective: every rank agrees nothing uses it, then frees it
+    assert window not in retired()
+    with shm.Pool(comm, 64) as unused:
+        unused.zeros(2)  # dropped at once: free() itself unmaps the window
+        window = unused.window
+    assert window not in retired()
+
+
+@pytest.mark.launches
+def test_reading_an_array_after_its_pool_is_freed_never_crashes():
+    """Another job (the old code died of SIGSEGV here): read and write arrays after free() and after other
+    pools were created and freed over the same address range, on 2 ranks."""
+    import sys
+
+    from tests import mpirun
+
+    code = (
+        "import numpy as np, mpicomm\n"
+        "from mpicomm import shm\n"
+        "comm = mpicomm.Comm()\n"
+        "pool = shm.Pool(comm, 1 << 22)\n"
+        "a = pool.empty(1 << 19)\n"
+        "a[:] = comm.rank + 1\n"
+        "view = a[10:20]\n"
+        "pool.free()\n"
+        "for _ in range(3):\n"
+        "    with shm.Pool(comm, 1 << 20) as other:\n"
+        "        other.zeros(10)\n"
+        "assert a.sum() == (comm.rank + 1) * (1 << 19) and view.sum() == 10 * (comm.rank + 1)\n"
+        "a[:] = 2\n"
+        "comm.Barrier()\n"
+        "print('read after free: ok', flush=True)\n"
+    )
+    result = mpirun.run(2, [sys.executable, "-c", code], timeout=60)
+    assert not result.timed_out
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("read after free: ok") == 2

@@ -167,13 +167,20 @@ def test_unsupported_specs_say_why():
         simple(MPI.BOTTOM, "sendbuf")
     with pytest.raises(Unsupported, match=r"\(count, displacement\)"):
         simple([np.zeros(4), (2, 1), MPI.DOUBLE], "sendbuf")
-    with pytest.raises(Unsupported, match="element type <U3 is not one mpicomm moves"):
-        simple(np.zeros(3, "U3"), "sendbuf")
-    with pytest.raises(Unsupported, match="is not one mpicomm moves"):
-        simple(np.zeros(3, [("a", "f8"), ("b", "f8")]), "sendbuf")
-    with pytest.raises(Unsupported, match="not one mpicomm moves"):
-        simple(np.zeros(3, [("value", "f8"), ("index", "i4")]), "sendbuf")  # packed: not MPI's pair layout
+    with pytest.raises(Unsupported, match="element type <U1 is not one mpicomm moves"):
+        simple(np.zeros(3, "U1"), "sendbuf")  # mpi4py maps it: the library takes it
+    with pytest.raises(Unsupported, match="MPI_DOUBLE_INT is not contiguous"):
+        simple([np.zeros(6), MPI.DOUBLE_INT], "sendbuf")  # a datatype given: the library takes it
     assert issubclass(Unsupported, Exception) and not issubclass(Unsupported, (TypeError, ValueError))
+
+
+@pytest.mark.parametrize("dtype", ["U3", "S2", "O", [("a", "f8"), ("b", "f8")], [("value", "f8"), ("index", "i4")]])
+def test_element_types_nobody_maps_are_an_argument_error(dtype):
+    """Neither mpicomm nor mpi4py moves them without a datatype: a problem on this rank, not a library call
+    (which raised ``KeyError`` on that rank only, while the others waited in the library)."""
+    with pytest.raises(TypeError, match=r"neither mpicomm nor the MPI library moves without a datatype; "
+                                        r"convert it with \.astype\(\) to a numeric type, or give the MPI datatype"):
+        simple(np.zeros(3, dtype), "sendbuf")
 
 
 def test_a_contiguous_derived_type_with_a_numpy_equivalent_is_run():

@@ -222,7 +222,7 @@ def _disagreements(call: Call, args: Args, rows: list) -> list[str]:
     if c in ROOTED:
         checks.append((_W_ROOT, "the root", lambda r, v: f"root {v}"))
     if c in REDUCING:
-        checks.append((_W_OP, "the op", lambda r, v: rows[r][1][2]))
+        checks.append((_W_OP, "the op", lambda r, v: rows[r][1][2] + (f" (user function #{v})" if v >= 1000 else "")))
         checks.append((_W_COMM, "the op's commutativity", lambda r, v: "commutative" if v else "non-commutative"))
     if native:
         unable = [r for r, (words, _, _) in enumerate(rows) if not words[_W_CAN_NATIVE]]

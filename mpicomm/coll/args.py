@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..buffers import overlap
 from ..catalogue import CATALOGUE
 from ..ops import Op
 
@@ -90,6 +91,26 @@ class Args:
         return self
 
 
+    def check_overlap(self) -> "Args":
+        """Record a problem if the send and receive buffers partly overlap (not in place, not the same bytes).
+
+        MPI calls aliased send and receive buffers erroneous (``MPI.IN_PLACE``
+        says in place); mpicomm's algorithms read the input while they write
+        the output, so a partial overlap silently gives wrong results.
+        Buffers over exactly the same bytes stay accepted, as before (the
+        algorithms copy or combine in place then).
+        """
+        if self.problem is None and not self.in_place and self.collective not in _NO_SEND:
+            send, recv = self.send, self.recv
+            if send is not None and recv is not None and send is not recv and overlap(send, recv) == "partial":
+                self.fail(ValueError(
+                    f"{self.collective}: the send buffer ({send.nbytes} bytes) and the receive buffer "
+                    f"({recv.nbytes} bytes) partly overlap in memory; MPI forbids aliased buffers: use "
+                    f"separate arrays, or MPI.IN_PLACE for an in-place call"))
+        return self
+
+
+_NO_SEND = frozenset({"bcast", "barrier"})  # one buffer only
 _OP_FITS: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs already found defined
 
 

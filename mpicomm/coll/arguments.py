@@ -40,7 +40,7 @@ def read(collective: str, comm: "Comm", *positional: Any, **keywords: Any) -> Ar
         args.unsupported = str(exc)
     except (TypeError, ValueError) as exc:
         args.fail(exc)
-    return args.check_op()
+    return args.check_overlap().check_op()
 
 
 def _native_keywords(keywords: dict) -> dict:
@@ -141,10 +141,16 @@ def _equal(block: int, p: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (block,) * p, tuple(i * block for i in range(p))
 
 
-def _layout(spec: Any, name: str, p: int, v: bool) -> tuple[specs.Buffer, tuple[int, ...], tuple[int, ...]]:
-    """A v-spec (per-rank counts and displacements) or a block spec (p equal blocks), read."""
+def _layout(spec: Any, name: str, p: int, v: bool, receive: bool = False
+            ) -> tuple[specs.Buffer, tuple[int, ...], tuple[int, ...]]:
+    """A v-spec (per-rank counts and displacements) or a block spec (p equal blocks), read.
+
+    A receive v-spec's blocks must not overlap (block specs are packed).
+    """
     if v:
         buffer = specs.vector(spec, name, p)
+        if receive:
+            specs.check_disjoint(buffer.counts, buffer.displs, name)
         return buffer, buffer.counts, buffer.displs
     buffer, block = specs.block(spec, name, p)
     return (buffer, *_equal(block, p))
@@ -154,7 +160,7 @@ def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0,
     p, rank = comm.Get_size(), comm.Get_rank()
     is_root = _root(args, comm, root)
     if is_root:
-        recv, counts, displs = _layout(recvbuf, "recvbuf", p, v)
+        recv, counts, displs = _layout(recvbuf, "recvbuf", p, v, receive=True)
         _take(args, specs.writable(recv, "recvbuf"))
         args.recv, args.recvcounts, args.recvdispls = recv.array, counts, displs
         if specs.is_in_place(sendbuf):
@@ -200,7 +206,7 @@ def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0
 
 def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
-    recv, counts, displs = _layout(recvbuf, "recvbuf", p, v)
+    recv, counts, displs = _layout(recvbuf, "recvbuf", p, v, receive=True)
     _take(args, specs.writable(recv, "recvbuf"))
     args.recv, args.recvcounts, args.recvdispls = recv.array, counts, displs
     if specs.is_in_place(sendbuf):
@@ -214,7 +220,7 @@ def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = F
 
 def _alltoall(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p = comm.Get_size()
-    recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", p, v)
+    recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", p, v, receive=True)
     _take(args, specs.writable(recv, "recvbuf"))
     args.recv, args.recvcounts, args.recvdispls = recv.array, rcounts, rdispls
     if specs.is_in_place(sendbuf):

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..buffers import recv_buffer, send_buffer, transfer_path
+from ..catalogue import ROOTED as _ROOTED
 from ..ops import Op
 from ..requests import Step
 
@@ -64,7 +65,7 @@ class Call:
     """One collective call: who, with what, and how to move and reduce its arrays."""
 
     __slots__ = ("state", "lib", "rank", "p", "tag", "seq", "collective", "algorithm", "source", "blocking", "xp",
-                 "dtype", "op", "root", "_device", "_direct", "scratch", "_scratch_next")
+                 "dtype", "op", "root", "_device", "_direct", "scratch", "_scratch_next", "count", "status")
 
     def __init__(self, state: "State", collective: str, xp: ModuleType, dtype: np.dtype,
                  op: Op | None = None, root: int = 0, device: Any = None):
@@ -87,6 +88,8 @@ class Call:
         self._direct: bool | None = None  # NumPy views go to MPI as they are (decided at the first one)
         self.scratch: list | None = None  # a plan's scratch arrays, reused by every run of it (see empty())
         self._scratch_next = 0
+        self.count = -1  # the call's count, for reports (-1: per-rank counts)
+        self.status = "entered"  # for the flight recorder: entered, done or failed
 
     def for_bytes(self) -> "Call":
         """A copy of this call that moves host bytes (same communicator, tag and sequence number).
@@ -112,6 +115,16 @@ class Call:
 
     def __str__(self) -> str:
         return self.label
+
+    @property
+    def details(self) -> str:
+        """``"allreduce #12 (ring): 1000 × float64, op sum"``: the label and what was moved (for the watchdog)."""
+        what = f"{self.count} × {self.dtype}" if self.count >= 0 else f"per-rank counts of {self.dtype}"
+        if self.op is not None:
+            what += f", op {self.op.name}"
+        if self.collective in _ROOTED:
+            what += f", root {self.root}"
+        return f"{self.label}: {what}"
 
     # ------------------------------------------------------------ messages
 

@@ -45,9 +45,12 @@ dispatcher copies the input first.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
+import mpi4py
 import numpy as np
+from mpi4py import MPI
 
 from .. import config, registry
 from .. import trace as _trace
@@ -145,15 +148,29 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
     """
     if type(state) is not State:
         state = as_state(state)
+    lock = state.lock
+    if not lock.acquire(False):  # another thread is inside a call on this communicator
+        raise _concurrent(state)
+    try:
+        return _start(state, args, algorithm, blocking)
+    finally:
+        lock.release()
+
+
+def _start(state: State, args: Args, algorithm: str | None, blocking: bool) -> Any:
     began = _trace.now() if _trace.ON else 0.0
     chosen: registry.Algorithm | None = None
     source = "?"
+    if state.poisoned is not None:
+        args.fail(RuntimeError(state.poisoned))
     try:
         chosen, source = _choose(state, args, algorithm, blocking)
     except ValueError as exc:
         args.fail(exc)
     call = _call(state, args, chosen, source)
     call.blocking = blocking
+    call.count = args.count
+    state.recent.append(call)  # the flight recorder (the watchdog prints it)
     if chosen is None:
         call.algorithm = str(algorithm)
     elif blocking:
@@ -163,6 +180,7 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
         steps = _validated(call, args, chosen)
     else:
         if args.problem is not None:
+            call.status = "failed"
             raise args.problem
         if args.unsupported is not None:
             return _native_now(call, args, blocking, began)
@@ -170,9 +188,40 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
     if _trace.ON:
         steps = _traced(call, args, steps, began)
     if blocking:
-        run(steps, label=call)
+        try:
+            run(steps, label=call)
+        except BaseException:
+            call.status = "failed"
+            raise
+        if state.poisoned is not None:  # another thread tried to enter meanwhile: this call's pairing is suspect
+            call.status = "failed"
+            raise RuntimeError(state.poisoned)
+        call.status = "done"
         return args.result()
-    return Request(_then(steps, args.result), call)
+    return Request(_then(steps, args.result, call), call)
+
+
+def _concurrent(state: State) -> RuntimeError:
+    """The error for a second thread entering a collective on *state*; poisons the communicator.
+
+    Two threads calling collectives on one communicator pair up their calls
+    differently on each rank (whichever thread comes first takes the next
+    sequence number), so results silently mix. This thread's call is refused
+    before it takes a sequence number; every later call on the communicator
+    fails too (with validation on, the same error on every rank at the next
+    call), since a call already paired may belong to the other thread.
+    """
+    level = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+    message = (f"collectives on one communicator from two threads at once (rank {state.rank}: thread "
+               f"{threading.current_thread().name!r} entered while another was inside a call): each rank would "
+               f"pair the threads' calls differently and results would mix. Use one communicator per thread "
+               f"(comm.Dup() for each thread, created in the same order on every rank), or one lock around "
+               f"every call. This communicator now refuses further collectives. (mpi4py requested "
+               f"{mpi4py.rc.thread_level!r}; the MPI library provides {level.get(MPI.Query_thread(), '?')})")
+    if state.poisoned is None:
+        state.poisoned = message
+    return RuntimeError(message)
 
 
 _PLANS_KEPT = 32  # blocking-call signatures whose scratch a communicator keeps (emptied when full)
@@ -197,8 +246,13 @@ def _scratch(state: State, args: Args, chosen: registry.Algorithm) -> list:
     return kept
 
 
-def _then(steps: Steps, result: Callable[[], Any]) -> Steps:
-    yield from steps
+def _then(steps: Steps, result: Callable[[], Any], call: Call) -> Steps:
+    try:
+        yield from steps
+    except BaseException:
+        call.status = "failed"
+        raise
+    call.status = "done"
     return result()
 
 
@@ -210,6 +264,7 @@ def _native_now(call: Call, args: Args, blocking: bool, began: float) -> Any:
     args.library = True
     if blocking:
         request.Wait()
+        call.status = "done"
         if _trace.ON:
             _event(call, args, began, set())
         return None
