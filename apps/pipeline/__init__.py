@@ -9,11 +9,16 @@ Modules, from the bottom up (each imports only those above it in this list):
 * :mod:`~apps.pipeline.tensor` - Megatron's column- and row-parallel Linear;
 * :mod:`~apps.pipeline.model` - the MLP of blocks, its balanced split, its initial values;
 * :mod:`~apps.pipeline.stage` - a stage's layers and the activations of
-  micro-batches in flight (store, recompute, offload);
+  micro-batches in flight (store, recompute, offload), with the rank's memory meter;
+* :mod:`~apps.pipeline.offload` - activations parked in another rank's RMA window;
+* :mod:`~apps.pipeline.config` - the options, checked once, and the T x S x D layout;
+* :mod:`~apps.pipeline.data` - the data each rank makes, micro-batches, the
+  single-process reference;
 * :mod:`~apps.pipeline.engine` - the executor: a rank's row of the schedule
   with nonblocking point-to-point, sleeping waits, measured events;
-* :mod:`~apps.pipeline.train` - T x S x D ranks, the training loop,
-  checkpoints, the single-process reference;
+* :mod:`~apps.pipeline.measure` - busy, bubble and memory per rank and per run;
+* :mod:`~apps.pipeline.checkpoints` - per-stage checkpoints, agreed across ranks;
+* :mod:`~apps.pipeline.train` - sub-communicators, stages and the training loop;
 * :mod:`~apps.pipeline.plots`, :mod:`~apps.pipeline.bench`,
   :mod:`~apps.pipeline.cli` - charts, the benchmark table, the command line.
 

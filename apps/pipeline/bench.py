@@ -32,7 +32,9 @@ from mpicomm import cli
 from .engine import wait_sleeping
 from .model import ModelSpec
 from .timeline import FORMULAS
-from .train import Config, summary, train
+from .config import Config
+from .measure import summary
+from .train import train
 
 __all__ = ["bench", "ROWS"]
 

@@ -14,9 +14,11 @@ every message and the tags are fixed once; each training step then runs
   communicator, so the order in which neighbours post them does not matter.
 
 Waiting sleeps instead of spinning: a rank that waits polls its request with
-``Test`` and sleeps between polls (20 µs, doubling to at most 200 µs), so with
-more ranks than cores an idle stage gives its core to a computing one (MPI's own
-``Wait`` would busy-poll and steal it). Every compute action and every wait is
+``Test`` and sleeps between polls (20 µs, then 40, then 50 µs), so with
+more ranks than cores an idle stage gives its core to a computing one. (A
+blocking wait inside MPI does not: MPICH's progress engine polls in
+``MPI_Waitany``, at full speed unless ``MPIR_CVAR_CH4_PROGRESS_THROTTLE`` asks it
+to nap.) Every compute action and every wait is
 recorded as an :class:`Event` (start and end on this rank's clock, measured from
 the step's start), and goes to ``MPICOMM_TRACE`` when tracing is on.
 """
@@ -29,7 +31,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-import mpicomm
 from mpicomm import trace
 
 from .schedules import Action
@@ -73,7 +74,7 @@ def wait_sleeping(request: Any) -> Any:
         if done:
             return value
         time.sleep(delay)
-        delay = min(delay * 2, 2e-4)
+        delay = min(delay * 2, 5e-5)
 
 
 class Executor:
@@ -83,9 +84,15 @@ class Executor:
                  shapes: Callable[[str, int, int], tuple[int, ...]], dtype: Any, *, split: bool,
                  lookahead: int = 2, hooks: dict[int, Callable[[int], None]] | None = None,
                  on_last_backward: Callable[[int], None] | None = None) -> None:
+        if lookahead < 0:
+            raise ValueError(f"lookahead {lookahead}: must be >= 0 (compute actions ahead of which receives are posted)")
+        meters = {id(st.meter) for st in stages.values()}
+        if len(meters) > 1:
+            raise ValueError("a rank's stages must share one Meter (pass meter= to each Stage)")
         self.comm = comm
         self.row = list(row)
         self.stages = stages
+        self.meter = next(iter(stages.values())).meter
         self.last_stage = last_stage
         self.shapes = shapes  # (kind "F"/"B", stage, mb) -> shape of the array that arrives
         self.dtype = np.dtype(dtype)
@@ -122,6 +129,7 @@ class Executor:
         rec = StepRecord()
         for stage in self.stages.values():
             stage.reset_peaks()
+        self.meter.reset()
         posted: dict[int, Any] = {}
         sends: list[Any] = []
         outputs: dict[tuple[int, int], Any] = {}  # (stage, mb) -> activation to send, or input gradient
@@ -181,13 +189,12 @@ class Executor:
                 stage.backward_weight(a.mb, hook)
             end = time.perf_counter()
             note(op, a.mb, a.stage, start, end)
-            rec.peak_bytes = max(rec.peak_bytes, sum(s.held for s in self.stages.values()))
-            rec.peak_micro = max(rec.peak_micro, sum(s.in_flight for s in self.stages.values()))
             if sends:
                 sends = [s for s in sends if not s.Test()]
             if i in self._final and self.on_last_backward is not None:
                 self.on_last_backward(a.stage)
         for s in sends:
             wait_sleeping(s)
+        rec.peak_bytes, rec.peak_micro = self.meter.peak_bytes, self.meter.peak_micro
         rec.elapsed = time.perf_counter() - t0
         return rec

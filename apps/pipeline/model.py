@@ -92,6 +92,8 @@ def block_params(spec: ModelSpec) -> list[int]:
 def partition(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
     """Contiguous ``[lo, hi)`` runs of *costs*, one per part, minimising the largest run's sum (exact, O(n²·parts))."""
     n = len(costs)
+    if parts < 1:
+        raise ModelError(f"cannot split into {parts} stages; use at least 1")
     if parts > n:
         raise ModelError(f"{parts} stages but only {n} blocks to split; use --blocks >= {parts} or fewer stages")
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=float))])
@@ -121,6 +123,8 @@ def block_ranges(spec: ModelSpec, stages: int, *, equal: bool = False,
     Else balanced by *costs* (per block; default :func:`block_params`).
     """
     spec.check()
+    if stages < 1:
+        raise ModelError(f"cannot split into {stages} stages; use at least 1")
     if stages > spec.blocks:
         raise ModelError(f"{stages} stages but the model has {spec.blocks} blocks; use --blocks >= {stages} "
                          f"or fewer --stages/--chunks")
@@ -135,6 +139,8 @@ def block_ranges(spec: ModelSpec, stages: int, *, equal: bool = False,
 
 def stage_layers(spec: ModelSpec, lo: int, hi: int, tp: Any = None) -> tuple[list[Layer], list[int]]:
     """Layers of the stage holding blocks [lo, hi) (plus embed/head at the ends), and their global layer indices."""
+    if not 0 <= lo < hi <= spec.blocks:
+        raise ModelError(f"blocks [{lo}, {hi}) are not a non-empty run of the model's {spec.blocks} blocks")
     units = list(range(lo + 1, hi + 1))
     if lo == 0:
         units.insert(0, 0)

@@ -78,4 +78,4 @@ def run_chart(path: str, cfg: Any, ranks: Sequence[dict[str, Any]], summary: dic
     gantt(path, planned, measured, title=f"{cfg.schedule}, S={cfg.stages}, M={cfg.micro}"
           + (f", V={cfg.chunks}" if cfg.chunks > 1 else "") + f", activations {cfg.activations}",
           planned_note=f"bubble {tt.bubble():.1%}",
-          measured_note=f"last step; bubble {summary.get('bubble', 0):.1%} over the run", label_stage=cfg.chunks > 1)
+          measured_note=f"last step; bubble {summary.get('bubble', 0):.1%} (median over the steps)", label_stage=cfg.chunks > 1)

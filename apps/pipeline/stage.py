@@ -24,8 +24,10 @@ For the zero-bubble split, I keeps, per parameter layer, its saved input and
 the gradient of its output until W has used them.
 
 Memory is accounted as the bytes of the arrays each strategy holds for
-micro-batches in flight, with its peak, and the peak number of micro-batches
-in flight; the stage never holds more than the schedule lets in flight.
+micro-batches in flight, with its peak (for recompute: the inputs kept plus the
+rebuilt activations of the micro-batch whose backward runs), and the peak
+number of micro-batches in flight; the stage never holds more than the schedule
+lets in flight.
 """
 
 from __future__ import annotations
@@ -36,80 +38,61 @@ import numpy as np
 
 from apps.nn import Layer, Sequential
 
-__all__ = ["Stage", "STRATEGIES", "Offload"]
+__all__ = ["Stage", "STRATEGIES", "Meter"]
 
 #: ``--activations`` choices.
 STRATEGIES = ("store", "recompute", "offload")
 
 
-def _nbytes(values: Any) -> int:
-    if values is None:
-        return 0
-    if isinstance(values, (tuple, list)):
-        return sum(_nbytes(v) for v in values)
-    return int(getattr(values, "nbytes", 0))
+def _nbytes(*values: Any) -> int:
+    """Bytes of the distinct arrays in *values* (nested tuples/lists; an array held twice counts once)."""
+    seen: dict[int, int] = {}
+
+    def walk(v: Any) -> None:
+        if isinstance(v, (tuple, list)):
+            for item in v:
+                walk(item)
+        elif v is not None:
+            seen[id(v)] = int(getattr(v, "nbytes", 0))
+
+    walk(values)
+    return sum(seen.values())
 
 
-class Offload:
-    """Park packed activations in slots of a partner rank's window (see the module docstring)."""
+class Meter:
+    """Activation memory of one rank over all its stages: bytes held and micro-batches in flight, with peaks.
 
-    def __init__(self, window: Any, partner: int, slot_bytes: int, slots: int) -> None:
-        self.window, self.partner = window, partner
-        self.slot_bytes, self.slots = int(slot_bytes), int(slots)
-        self._free = list(range(self.slots))
-        self._where: dict[Any, tuple[int, list[tuple[int, np.dtype, tuple[int, ...], int]]]] = {}
-        self.bytes_moved = 0
+    Every :class:`Stage` of a rank reports to the same meter, so an interleaved
+    rank's peak is that of its chunks together, transients included.
+    """
 
-    def park(self, key: Any, stash: list[tuple[Any, ...]]) -> None:
-        """Pack every array of *stash* into one buffer and put it into a free slot of the partner's window."""
-        if not self._free:
-            raise RuntimeError(f"offload: all {self.slots} slots in use; the schedule keeps more micro-batches in "
-                               f"flight than planned")
-        slot = self._free.pop(0)
-        layout = []
-        parts = []
-        offset = 0
-        for i, values in enumerate(stash):
-            for v in values:
-                if v is None:
-                    layout.append((i, np.dtype(np.uint8), (), -1))
-                    continue
-                a = np.ascontiguousarray(v)
-                layout.append((i, a.dtype, a.shape, offset))
-                parts.append(a.reshape(-1).view(np.uint8))
-                offset += a.nbytes
-        if offset > self.slot_bytes:
-            raise RuntimeError(f"offload: {offset} bytes of activations exceed the {self.slot_bytes}-byte slot")
-        if parts:
-            self.window.put(np.concatenate(parts), self.partner, slot * self.slot_bytes)
-        self.bytes_moved += offset
-        self._where[key] = (slot, layout)
+    def __init__(self) -> None:
+        self.held = self.peak_bytes = self.live = self.peak_micro = 0
 
-    def fetch(self, key: Any, layers: int) -> list[tuple[Any, ...]]:
-        """Get a parked stash back (and free its slot)."""
-        slot, layout = self._where.pop(key)
-        total = max((off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize for _, dt, shape, off in layout
-                     if off >= 0), default=0)
-        raw = self.window.get(self.partner, slot * self.slot_bytes, total) if total else np.empty(0, np.uint8)
-        self.bytes_moved += total
-        self._free.append(slot)
-        out: list[list[Any]] = [[] for _ in range(layers)]
-        for i, dt, shape, off in layout:
-            if off < 0:
-                out[i].append(None)
-            else:
-                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                out[i].append(raw[off:off + n].view(dt).reshape(shape))
-        return [tuple(v) for v in out]
+    def add(self, delta: int) -> None:
+        self.held += delta
+        self.peak_bytes = max(self.peak_bytes, self.held)
+
+    def count(self, delta: int) -> None:
+        self.live += delta
+        self.peak_micro = max(self.peak_micro, self.live)
+
+    def reset(self) -> None:
+        """Start new peaks from what is held now (at a step's start)."""
+        self.peak_bytes, self.peak_micro = self.held, self.live
 
 
 class Stage:
     """Stage *index*: *layers* (global layer numbers *numbers*) with their own flat parameter and gradient buffers."""
 
     def __init__(self, index: int, layers: list[Layer], numbers: list[int], values: dict[int, dict[str, np.ndarray]],
-                 *, dtype: Any = np.float64, seed: int = 0, strategy: str = "store") -> None:
+                 *, dtype: Any = np.float64, seed: int = 0, strategy: str = "store", meter: Meter | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--activations {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        if not layers or len(numbers) != len(layers):
+            raise ValueError(f"a stage needs at least one layer and one global number per layer, got {len(layers)} "
+                             f"layers and {len(numbers)} numbers")
+        self.meter = meter if meter is not None else Meter()
         self.index = index
         self.numbers = list(numbers)
         self.first_layer = self.numbers[0] == 0
@@ -133,7 +116,9 @@ class Stage:
     # ------------------------------------------------------------ accounting
 
     def _account(self, mb: int, nbytes: int) -> None:
-        self.held += nbytes - self._bytes.get(mb, 0)
+        delta = nbytes - self._bytes.get(mb, 0)
+        self.held += delta
+        self.meter.add(delta)
         if nbytes:
             self._bytes[mb] = nbytes
         else:
@@ -141,11 +126,13 @@ class Stage:
         self.peak_bytes = max(self.peak_bytes, self.held)
 
     def _live(self, mb: int, alive: bool) -> None:
-        if alive:
+        if alive and mb not in self._in_flight:
             self._in_flight.add(mb)
-            self.peak_micro = max(self.peak_micro, len(self._in_flight))
-        else:
+            self.meter.count(1)
+        elif not alive and mb in self._in_flight:
             self._in_flight.discard(mb)
+            self.meter.count(-1)
+        self.peak_micro = max(self.peak_micro, len(self._in_flight))
 
     @property
     def in_flight(self) -> int:
@@ -173,9 +160,12 @@ class Stage:
         elif self.strategy == "recompute":
             x, key = kept
             self._run_forward(x, key)
+            # the rebuilt activations are held until this backward ends: count them in the peak
+            self._account(mb, _nbytes(x, [[getattr(layer, n) for n in layer.saved] for layer in self.layers]))
             return
         else:
             stash = self.offload.fetch((self.index, mb), len(self.layers))
+            self._account(mb, _nbytes(stash))  # fetched back: held here until this backward ends
         for layer, values in zip(self.layers, stash):
             layer.unstash(values)
 

@@ -189,6 +189,8 @@ def formula(name: str, p: int, m: int, v: int = 1) -> float:
     bubble relative to ideal time shrinks by v); ZB-H1 with F = B = W:
     (p−1)/(3m+p−1), about a third of 1F1B's.
     """
+    if min(p, m, v) < 1:
+        raise ScheduleError(f"formula needs p, m, v >= 1, got p={p}, m={m}, v={v}")
     if name == "naive":
         return (p - 1) / p
     if name in ("gpipe", "1f1b"):

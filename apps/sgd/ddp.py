@@ -181,8 +181,12 @@ class Reducer:
         """Start the bucket's collective (here: the in-place all-reduce of the averaged gradients)."""
         return mpicomm.iallreduce(wire, out=wire, algorithm=self.algorithm, comm=self.comm)
 
-    def finish(self) -> float:
-        """Launch what is left, wait for every bucket in order, cast back; return seconds spent waiting."""
+    def finish(self, wait: Any = None) -> float:
+        """Launch what is left, wait for every bucket in order, cast back; return seconds spent waiting.
+
+        *wait(request)*, when given, replaces ``request.Wait()`` (a pipeline stage waits sleeping,
+        so that an idle rank leaves its core to a computing one).
+        """
         for bucket in self.buckets[self._launched:]:
             self._launch(bucket)
         waited = 0.0
@@ -190,7 +194,10 @@ class Reducer:
             t0 = time.perf_counter()
             done_before = request.Test()
             if not done_before:
-                request.Wait()
+                if wait is None:
+                    request.Wait()
+                else:
+                    wait(request)
             t1 = time.perf_counter()
             waited += t1 - t0
             self.timings.append((bucket.index, start, t1))

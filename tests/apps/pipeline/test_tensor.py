@@ -22,7 +22,9 @@ def test_pair_equals_unsplit_layers_forward_and_backward():
     w1, b1 = whole.layers[0].params["W"], whole.layers[0].params["b"]
     w2, b2 = whole.layers[2].params["W"], whole.layers[2].params["b"]
     np.testing.assert_array_equal(split.layers[0].params["W"], w1[:, lo:hi])  # same init, sliced
+    np.testing.assert_array_equal(split.layers[0].params["b"], b1[lo:hi])
     np.testing.assert_array_equal(split.layers[2].params["W"], w2[lo:hi, :])
+    np.testing.assert_array_equal(split.layers[2].params["b"], b2)  # the row-parallel bias is whole
     x = np.random.default_rng(5).standard_normal((9, a)) * (1 + np.arange(a))  # depends on row and column
     dy = np.random.default_rng(6).standard_normal((9, a))
     y_split, y_whole = split.forward(x), whole.forward(x)

@@ -14,14 +14,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mpicomm
 from apps.checkpoint import CheckpointError
 from apps.pipeline.model import ModelSpec
 from apps.pipeline.schedules import SCHEDULES
 from apps.pipeline.stage import STRATEGIES
-from apps.pipeline.train import Config, ConfigError, reference, train
+from apps.pipeline.config import Config, ConfigError
+from apps.pipeline.data import reference
+from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
 BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
@@ -121,7 +122,7 @@ def test_restart_resumes_bit_for_bit():
             np.testing.assert_array_equal(resumed.params[st], params)
         assert resumed.losses == straight.losses[2:]
         # a checkpoint of another split is refused on every rank
-        with pytest.raises(CheckpointError, match="another model or split"):
+        with pytest.raises(CheckpointError, match="another model, split or run"):
             train(comm, replace(cfg, restart=True, spec=replace(SPEC, width=7)))
         comm.Barrier()
         if comm.Get_rank() == 0:  # flip one bit of step 4's last data file
@@ -134,6 +135,53 @@ def test_restart_resumes_bit_for_bit():
         comm.Barrier()
         again = train(comm, replace(cfg, restart=True))  # step 4 is refused: back to step 2, same result
         assert again.start_step == 2 and again.losses == straight.losses[2:]
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            for name in os.listdir(directory):
+                os.remove(os.path.join(directory, name))
+            os.rmdir(directory)
+
+
+@pytest.mark.mpi
+def test_unwritable_log_is_an_error_on_every_rank_even_with_offload():
+    comm = mpicomm.Comm()
+    cfg = replace(BASE, stages=comm.Get_size(), micro=3, activations="offload", log="/nonexistent-dir/x.csv")
+    with pytest.raises(ConfigError, match="--log /nonexistent-dir/x.csv"):
+        train(comm, cfg)
+
+
+@pytest.mark.mpi
+def test_activation_memory_store_recompute_offload():
+    """1F1B on rank 0: store holds every in-flight micro-batch's activations; recompute its inputs plus one
+    rebuilt micro-batch; offload only the one fetched back - and the next rank hosts what it parks."""
+    comm = mpicomm.Comm()
+    n = comm.Get_size()
+    peaks = {}
+    for activations in ("store", "recompute", "offload"):
+        cfg = replace(BASE, stages=n, micro=4, steps=2, spec=replace(SPEC, blocks=4, width=16, hidden=32),
+                      activations=activations)
+        peaks[activations] = train(comm, cfg).stats
+    store, recompute, offload = (peaks[a]["peak_bytes"] for a in ("store", "recompute", "offload"))
+    planned = peaks["store"]["planned_peak"]  # 1F1B: p - rank micro-batches in flight
+    assert planned == min(n - comm.Get_rank(), 4)
+    assert peaks["store"]["peak_micro"] == planned == peaks["offload"]["peak_micro"] == peaks["recompute"]["peak_micro"]
+    if n > 1 and comm.Get_rank() == 0:  # rank 0 keeps n micro-batches in flight: one is what recompute rebuilds
+        assert recompute < store and offload < store
+    assert peaks["offload"]["hosted_bytes"] > 0
+
+
+@pytest.mark.mpi
+def test_balance_by_time_restarts_on_the_split_it_saved():
+    comm = mpicomm.Comm()
+    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-bt-") if comm.Get_rank() == 0 else None, root=0)
+    try:
+        cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=2, balance="time", checkpoint_every=1,
+                      checkpoint_dir=directory)
+        first = train(comm, cfg)
+        resumed = train(comm, replace(cfg, steps=3, restart=True))  # measuring again could pick another split
+        assert resumed.start_step == 2 and len(resumed.losses) == 1
+        assert first.stats["stages"] == resumed.stats["stages"]
     finally:
         comm.Barrier()
         if comm.Get_rank() == 0:
