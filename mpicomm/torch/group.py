@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..buffers import byte_range, overlap
 from ..comm import Comm
 from .tensors import Staged, check_tensor, finisher, mpi_op, stage
 from .work import Engine, Work, engine
@@ -32,6 +33,31 @@ __all__ = ["ProcessGroup", "BACKEND"]
 #: The name the backend is registered under (``dist.init_process_group("mpicomm")``).
 BACKEND = "mpicomm"
 
+
+
+def _unaliased(send: np.ndarray, recv: np.ndarray) -> np.ndarray:
+    """*send*, or a copy where it shares memory with *recv*.
+
+    PyTorch lets a collective's input alias its output; MPI, and mpicomm's
+    validation, refuse partly overlapping buffers (the algorithms read the input
+    while they write the output). A copy is what gloo's semantics need here.
+    """
+    return send if overlap(send, recv) is None else send.copy()
+
+
+def _gather_source(send: np.ndarray, recv: np.ndarray, rank: int) -> Any:
+    """All-gather's send buffer: ``MPI.IN_PLACE`` when *send* IS this rank's block of *recv*.
+
+    FSDP gathers a shard that already lives at its place in the output
+    (``all_gather_into_tensor(out, out.chunk(p)[rank])``): that is MPI's in-place
+    all-gather, with nothing to copy. Any other overlap is copied first.
+    """
+    if overlap(send, recv) is None:
+        return send
+    n = send.size
+    if byte_range(recv.reshape(-1)[rank * n:(rank + 1) * n]) == byte_range(send):
+        return MPI.IN_PLACE
+    return send.copy()
 
 def _blocking(opts: Any) -> bool:
     """True when the caller waits at once (``async_op=False``): the blocking mpicomm call is cheaper."""
@@ -285,7 +311,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             if red.premul is not None:
                 send.scale(red.premul)
             call = comm.Reduce_scatter_block if blocking else comm.Ireduce_scatter_block
-            return call(send.array, staged.array, red.op)
+            return call(_unaliased(send.array, staged.array), staged.array, red.op)
 
         def after() -> None:
             if red.scale is not None:
@@ -372,7 +398,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         def start(blocking: bool) -> Any:
             call = comm.Allgather if blocking else comm.Iallgather
-            return call(send.array, staged.array)
+            return call(_gather_source(send.array, staged.array, self.rank()), staged.array)
 
         return self._submit(start, finisher([staged]), [out], "all_gather_into_tensor", opts)
 
@@ -491,14 +517,15 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
             def start(blocking: bool) -> Any:
                 call = comm.Alltoall if blocking else comm.Ialltoall
-                return call(send.array, staged.array)
+                return call(_unaliased(send.array, staged.array), staged.array)
         else:
             scounts = self._split_counts(inp, input_split_sizes, "input")
             rcounts = self._split_counts(out, output_split_sizes, "output")
 
             def start(blocking: bool) -> Any:
                 call = comm.Alltoallv if blocking else comm.Ialltoallv
-                return call([send.array, (scounts, _displs(scounts))], [staged.array, (rcounts, _displs(rcounts))])
+                return call([_unaliased(send.array, staged.array), (scounts, _displs(scounts))],
+                            [staged.array, (rcounts, _displs(rcounts))])
 
         return self._submit(start, finisher([staged]), [out], "all_to_all_single", opts)
 

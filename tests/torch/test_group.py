@@ -206,6 +206,32 @@ def test_reduce_scatter_forms(groups, op):
         _same(a, b, f"reduce_scatter_tensor {op} n={n}")
 
 
+def test_inputs_that_alias_their_outputs_as_fsdp_passes_them(groups):
+    """FSDP gathers a shard that lives at its place in the output, and torch allows any aliasing: the result
+    must be gloo's (in-place all-gather; a copy of the input elsewhere), not a refusal of overlapping buffers."""
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    for n in _counts(p):
+        if n == 0:
+            continue
+        big, ref = torch.empty(p * n), torch.empty(p * n)
+        big.view(p, n)[r] = values(r, n, torch.float32)
+        ref.view(p, n)[r] = values(r, n, torch.float32)
+        dist.all_gather_into_tensor(big, big.view(p, n)[r])  # the shard is the output's own block
+        dist.all_gather_into_tensor(ref, ref.view(p, n)[r].clone(), group=gloo)
+        _same(big, ref, f"in-place all_gather_into_tensor n={n}")
+        flat = torch.cat([values(r + 7 * k, n, torch.float32) for k in range(p)])
+        expected = torch.empty(n)
+        dist.reduce_scatter_tensor(expected, flat.clone(), group=gloo)
+        dist.reduce_scatter_tensor(flat[:n], flat)  # the output is the input's first block
+        _same(flat[:n], expected, f"aliased reduce_scatter_tensor n={n}")
+        x = values(r, p * n, torch.float32)
+        want = torch.empty(p * n)
+        dist.all_to_all_single(want, x.clone(), group=gloo)
+        dist.all_to_all_single(x, x)  # the same tensor in and out
+        _same(x, want, f"aliased all_to_all_single n={n}")
+
+
 def test_all_to_all_forms(groups):
     ours, gloo = groups
     r, p = dist.get_rank(), dist.get_world_size()
