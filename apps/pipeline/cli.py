@@ -32,7 +32,7 @@ CHECK_TOLERANCE = {"float64": 1e-12, "float32": 1e-4}
 
 #: ``bench``'s model: heavy enough that one action (a forward of a stage on one micro-batch) takes
 #: milliseconds, so the bubble measured is the schedule's and not Python's per-message overhead.
-BENCH_MODEL = {"width": 256, "hidden": 1024, "batch": 2048, "steps": 12}
+BENCH_MODEL = {"width": 256, "hidden": 1024, "batch": 2048, "steps": 20}
 
 
 def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
