@@ -7,12 +7,12 @@ Layout of ``DIR/torchddp.ckpt``::
      "header_sha256": "…"}\\n                       one JSON line: the header
     <N bytes>                             the payload: torch.save({"model": …, "optimizer": …})
 
-Writing (:func:`write`): the file is built in a temporary file that
-``tempfile.mkstemp`` creates in DIR exclusively (``O_EXCL``) under an
-unpredictable name, flushed to disk (``fsync``), renamed over the old
+Writing (:func:`write`) goes through :func:`apps.checkpoint.write_atomic`: the
+file is built in a temporary file created in DIR exclusively (``O_EXCL``) under
+an unpredictable name, flushed to disk (``fsync``), renamed over the old
 checkpoint (``os.replace``, atomic) and the rename made durable (``fsync`` of
 DIR). A run killed at any moment leaves the previous checkpoint or the new one,
-whole, plus at most a stray ``.torchddp-*.tmp`` file. The checkpoint keeps
+whole, plus at most a stray ``torchddp.ckpt.tmp*`` file. The checkpoint keeps
 ``mkstemp``'s mode, 0600: readable by its owner only.
 
 The header carries the SHA-256 of its own canonical JSON (``header_sha256``),
@@ -38,12 +38,11 @@ import json
 import os
 import re
 import stat
-import tempfile
 from typing import Any
 
 import torch
 
-from apps.checkpoint import fsync_dir
+from apps.checkpoint import write_atomic
 
 __all__ = ["CheckpointError", "FORMAT", "NAME", "MAGIC", "path_in", "write", "read", "load_payload", "dump_payload",
            "mismatch"]
@@ -92,22 +91,13 @@ def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
     body[HEADER_CHECKSUM] = _header_digest(body)
     line = json.dumps(body, sort_keys=True).encode() + b"\n"
     final = path_in(directory)
-    fd, tmp = tempfile.mkstemp(prefix=".torchddp-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC)
-            f.write(line)
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(directory)
+
+    def put(f: Any) -> None:
+        f.write(MAGIC)
+        f.write(line)
+        f.write(payload)
+
+    write_atomic(final, put)
     return final
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import pytest
 
@@ -42,18 +43,18 @@ def test_a_new_checkpoint_replaces_the_old_one_whole(tmp_path):
 
 def test_the_temporary_file_is_exclusive_unpredictable_and_removed_on_failure(tmp_path, monkeypatch):
     seen = []
-    real = ck.tempfile.mkstemp
+    real = tempfile.mkstemp
 
     def spy(**kw):
         fd, name = real(**kw)
         seen.append(name)
         return fd, name
 
-    monkeypatch.setattr(ck.tempfile, "mkstemp", spy)
+    monkeypatch.setattr(tempfile, "mkstemp", spy)
     _write(tmp_path)
     _write(tmp_path)
     assert len(seen) == 2 and seen[0] != seen[1]  # a fresh random name each time
-    assert all(os.path.dirname(n) == str(tmp_path) and os.path.basename(n).startswith(".torchddp-") for n in seen)
+    assert all(os.path.dirname(n) == str(tmp_path) and os.path.basename(n).startswith("torchddp.ckpt.tmp") for n in seen)
 
     def broken(src, dst):
         raise OSError(28, "No space left on device")
