@@ -9,6 +9,7 @@ the single-process reference to 1e-12 relative.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import replace
 
@@ -26,6 +27,17 @@ from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
 BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
+
+
+@pytest.fixture
+def shared_dir():
+    """A fresh directory every rank of the pass uses (rank 0 makes it and removes it afterwards)."""
+    comm = mpicomm.Comm()
+    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-ck-") if comm.Get_rank() == 0 else None, root=0)
+    yield directory
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(directory)
 
 
 def _splits(n):
@@ -112,38 +124,31 @@ def test_ranks_not_t_times_s_times_d():
 
 
 @pytest.mark.mpi
-def test_restart_resumes_bit_for_bit():
+def test_restart_resumes_bit_for_bit(shared_dir):
     comm = mpicomm.Comm()
-    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-ck-") if comm.Get_rank() == 0 else None, root=0)
-    try:
-        cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=4, checkpoint_dir=directory)
-        straight = train(comm, cfg)
-        train(comm, replace(cfg, steps=2, checkpoint_every=2))
-        resumed = train(comm, replace(cfg, restart=True, checkpoint_every=2))
-        assert resumed.start_step == 2
-        for st, params in straight.params.items():
-            np.testing.assert_array_equal(resumed.params[st], params)
-        assert resumed.losses == straight.losses[2:]
-        # a checkpoint of another split is refused on every rank
-        with pytest.raises(CheckpointError, match="another model, split or run"):
-            train(comm, replace(cfg, restart=True, spec=replace(SPEC, width=7)))
-        comm.Barrier()
-        if comm.Get_rank() == 0:  # flip one bit of step 4's last data file
-            victim = sorted(f for f in os.listdir(directory) if f.endswith(".bin"))[-1]
-            with open(os.path.join(directory, victim), "r+b") as f:
-                f.seek(-1, 2)
-                byte = f.read(1)
-                f.seek(-1, 2)
-                f.write(bytes([byte[0] ^ 1]))
-        comm.Barrier()
-        again = train(comm, replace(cfg, restart=True))  # step 4 is refused: back to step 2, same result
-        assert again.start_step == 2 and again.losses == straight.losses[2:]
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            for name in os.listdir(directory):
-                os.remove(os.path.join(directory, name))
-            os.rmdir(directory)
+    directory = shared_dir
+    cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=4, checkpoint_dir=directory)
+    straight = train(comm, cfg)
+    train(comm, replace(cfg, steps=2, checkpoint_every=2))
+    resumed = train(comm, replace(cfg, restart=True, checkpoint_every=2))
+    assert resumed.start_step == 2
+    for st, params in straight.params.items():
+        np.testing.assert_array_equal(resumed.params[st], params)
+    assert resumed.losses == straight.losses[2:]
+    # a checkpoint of another split is refused on every rank
+    with pytest.raises(CheckpointError, match="another model, split or run"):
+        train(comm, replace(cfg, restart=True, spec=replace(SPEC, width=7)))
+    comm.Barrier()
+    if comm.Get_rank() == 0:  # flip one bit of step 4's last data file
+        victim = sorted(f for f in os.listdir(directory) if f.endswith(".bin"))[-1]
+        with open(os.path.join(directory, victim), "r+b") as f:
+            f.seek(-1, 2)
+            byte = f.read(1)
+            f.seek(-1, 2)
+            f.write(bytes([byte[0] ^ 1]))
+    comm.Barrier()
+    again = train(comm, replace(cfg, restart=True))  # step 4 is refused: back to step 2, same result
+    assert again.start_step == 2 and again.losses == straight.losses[2:]
 
 
 @pytest.mark.mpi
@@ -175,19 +180,11 @@ def test_activation_memory_store_recompute_offload():
 
 
 @pytest.mark.mpi
-def test_balance_by_time_restarts_on_the_split_it_saved():
+def test_balance_by_time_restarts_on_the_split_it_saved(shared_dir):
     comm = mpicomm.Comm()
-    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-bt-") if comm.Get_rank() == 0 else None, root=0)
-    try:
-        cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=2, balance="time", checkpoint_every=1,
-                      checkpoint_dir=directory)
-        first = train(comm, cfg)
-        resumed = train(comm, replace(cfg, steps=3, restart=True))  # measuring again could pick another split
-        assert resumed.start_step == 2 and len(resumed.losses) == 1
-        assert first.stats["stages"] == resumed.stats["stages"]
-    finally:
-        comm.Barrier()
-        if comm.Get_rank() == 0:
-            for name in os.listdir(directory):
-                os.remove(os.path.join(directory, name))
-            os.rmdir(directory)
+    cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=2, balance="time", checkpoint_every=1,
+                  checkpoint_dir=shared_dir)
+    first = train(comm, cfg)
+    resumed = train(comm, replace(cfg, steps=3, restart=True))  # measuring again could pick another split
+    assert resumed.start_step == 2 and len(resumed.losses) == 1
+    assert first.stats["stages"] == resumed.stats["stages"]
