@@ -33,45 +33,12 @@ import mpicomm
 from mpicomm import config
 
 from . import mpirun
+from .coll.reference import expect_everywhere as everywhere
+from .coll.reference import outcome
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
 P = MPI.COMM_WORLD.Get_size()
-
-
-def outcome(call: Callable[[], Any]) -> tuple[str, bool, str]:
-    """(exception type, whether it is an ArgumentError, message) of *call* on this rank ("" if it returned)."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - every rank reports what it got, so none waits alone
-        return type(exc).__name__, isinstance(exc, mpicomm.ArgumentError), str(exc)
-    return "", False, ""
-
-
-def body(message: str) -> str:
-    """The message after its ``"allreduce #12: "`` label."""
-    return message.partition(": ")[2]
-
-
-def still_works(comm) -> None:
-    """A correct collective after the failed one gives the library's result."""
-    x = np.arange(5, dtype=np.int64) + 10 * comm.Get_rank()
-    out, expected = np.empty_like(x), np.empty_like(x)
-    comm.Allreduce(x, out)
-    MPI.COMM_WORLD.Allreduce(x, expected)
-    assert np.array_equal(out, expected)
-
-
-def everywhere(comm, call: Callable[[], Any], *fragments: str) -> str:
-    """*call* raises an ArgumentError with one message on every rank, naming *fragments*; return it."""
-    everyone = MPI.COMM_WORLD.allgather(outcome(call))
-    message = everyone[MPI.COMM_WORLD.Get_rank()][2]
-    assert all(is_argument_error for _, is_argument_error, _ in everyone), f"not an ArgumentError everywhere: {everyone}"
-    assert len({body(m) for _, _, m in everyone}) == 1, f"messages differ across ranks: {everyone}"
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    still_works(comm)
-    return message
 
 
 # ---------------------------------------------------------------- element types only the library could take

@@ -9,14 +9,20 @@
 * :data:`MATMUL` / :func:`native_matmul` - a non-commutative op (products of
   2×2 integer matrices packed in 4 int64s; integer arithmetic wraps but stays
   associative, so results are bit-exact) for mpicomm and for MPI;
-* :func:`native` - mpi4py's ``MPI.COMM_WORLD`` (the library's own collectives).
+* :func:`native` - mpi4py's ``MPI.COMM_WORLD`` (the library's own collectives);
+* :func:`outcome`, :func:`expect_everywhere`, :func:`still_works` - what the
+  validation and reliability tests assert of a wrong call: the same
+  ArgumentError on every rank, and the communicator still working after it.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 from mpi4py import MPI
 
+import mpicomm
 import mpicomm.ops
 
 from ..conftest import host, rank_data
@@ -153,3 +159,41 @@ def layouts(counts: list[int]) -> dict[str, tuple[list[int], int]]:
 def unfilled(size: int, dtype, xp=np):
     """A receive buffer of SENTINELs."""
     return xp.full(size, SENTINEL, dtype)
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, bool, str]:
+    """(exception type, is it an ArgumentError, message) of *call* on this rank ("" when it returned)."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - every rank reports whatever it got, so none waits alone
+        return type(exc).__name__, isinstance(exc, mpicomm.ArgumentError), str(exc)
+    return "", False, ""
+
+
+def body(message: str) -> str:
+    """The message after its ``"allreduce #12 (ring): "`` label."""
+    return message.partition(": ")[2]
+
+
+def still_works(comm) -> None:
+    """A normal collective after a failed one gives the library's result (nothing was left half-done)."""
+    x = data(comm.Get_rank(), 7, np.int64)
+    out, expected = np.empty_like(x), np.empty_like(x)
+    comm.Allreduce(x, out, algorithm="recursive_doubling")
+    native().Allreduce(x, expected)
+    assert_matches(out, expected, "allreduce after a failed collective")
+    buf = data(comm.Get_rank(), 3, np.float64)
+    comm.Bcast(buf, root=comm.Get_size() - 1)
+    assert_matches(buf, data(comm.Get_size() - 1, 3, np.float64), "bcast after a failed collective")
+
+
+def expect_everywhere(comm, call: Callable[[], Any], *fragments: str) -> str:
+    """*call* raises an ArgumentError on every rank, with one message naming the problem; return it."""
+    everyone = MPI.COMM_WORLD.allgather(outcome(call))
+    message = everyone[MPI.COMM_WORLD.Get_rank()][2]
+    assert all(a for _, a, _ in everyone), f"not an ArgumentError on every rank: {everyone}"
+    assert len({body(m) for _, _, m in everyone}) == 1, f"messages differ across ranks: {everyone}"
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    still_works(comm)
+    return message

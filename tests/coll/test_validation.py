@@ -22,6 +22,7 @@ from mpicomm import registry
 from mpicomm.catalogue import REDUCING
 
 from . import reference
+from .reference import body, expect_everywhere, outcome, still_works
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
@@ -30,44 +31,6 @@ P = MPI.COMM_WORLD.Get_size()
 
 def data(rank: int, n: int, dtype=np.float64) -> np.ndarray:
     return reference.data(rank, n, dtype)
-
-
-def outcome(call: Callable[[], Any]) -> tuple[str, bool, str]:
-    """(exception type, is it an ArgumentError, message) of *call* on this rank ("" when it returned)."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - every rank reports whatever it got, so none waits alone
-        return type(exc).__name__, isinstance(exc, mpicomm.ArgumentError), str(exc)
-    return "", False, ""
-
-
-def body(message: str) -> str:
-    """The message after its ``"allreduce #12 (ring): "`` label."""
-    return message.partition(": ")[2]
-
-
-def still_works(comm) -> None:
-    """A normal collective after a failed one gives the library's result (nothing was left half-done)."""
-    x = data(comm.Get_rank(), 7, np.int64)
-    out, expected = np.empty_like(x), np.empty_like(x)
-    comm.Allreduce(x, out, algorithm="recursive_doubling")
-    reference.native().Allreduce(x, expected)
-    reference.assert_matches(out, expected, "allreduce after a failed collective")
-    buf = data(comm.Get_rank(), 3)
-    comm.Bcast(buf, root=comm.Get_size() - 1)
-    reference.assert_matches(buf, data(comm.Get_size() - 1, 3), "bcast after a failed collective")
-
-
-def expect_everywhere(comm, call: Callable[[], Any], *fragments: str) -> str:
-    """*call* raises an ArgumentError on every rank, with one message naming the problem; return it."""
-    everyone = MPI.COMM_WORLD.allgather(outcome(call))
-    message = everyone[MPI.COMM_WORLD.Get_rank()][2]
-    assert all(a for _, a, _ in everyone), f"not an ArgumentError on every rank: {everyone}"
-    assert len({body(m) for _, _, m in everyone}) == 1, f"messages differ across ranks: {everyone}"
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    still_works(comm)
-    return message
 
 
 # ---------------------------------------------------------------- the cases
