@@ -74,8 +74,9 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
     """Run the rows (collective); rank 0 prints and writes the table."""
     world, rank = comm.Get_size(), comm.Get_rank()
     rows: list[dict[str, Any]] = []
-    plans = [r for r in ROWS if _runnable(_config(args, world, *r), world) is None]
-    skipped = [(r, _runnable(_config(args, world, *r), world)) for r in ROWS if r not in plans]
+    why = {r: _runnable(_config(args, world, *r), world) for r in ROWS}
+    plans = [r for r in ROWS if why[r] is None]
+    skipped = [(r, why[r]) for r in ROWS if why[r] is not None]
     progress = cli.Progress(len(plans) + 2, "bench", show=rank == 0 and not args.quiet)
     train(comm, _config(args, world, "1f1b", 1, "store"))  # warm-up: caches, BLAS, MPI connections
     progress.step("warm-up")

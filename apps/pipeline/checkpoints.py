@@ -15,6 +15,7 @@ left waiting in the next step while another has failed.
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,6 @@ PREFIX = "pipeline"  # the checkpoint series' name
 
 def signature(cfg: Any, bounds: list[tuple[int, int]]) -> dict[str, Any]:
     """What a checkpoint must match to be resumed by this run."""
-    from dataclasses import asdict
-
     return {"spec": asdict(cfg.spec), "stages": cfg.stages, "chunks": cfg.chunks, "tensor": cfg.tensor,
             "bounds": [list(b) for b in bounds], "optimizer": cfg.optimizer, "lr": cfg.lr, "seed": cfg.seed,
             "dtype": cfg.dtype, "batch": cfg.batch}

@@ -127,8 +127,6 @@ class Executor:
              key: Callable[[int], tuple[int, ...]]) -> StepRecord:
         """Run the row once. *inputs(mb)*: the first stage's input; *loss(mb, logits)* → (loss×rows, correct, dlogits)."""
         rec = StepRecord()
-        for stage in self.stages.values():
-            stage.reset_peaks()
         self.meter.reset()
         posted: dict[int, Any] = {}
         sends: list[Any] = []

@@ -16,18 +16,18 @@ memory):
 ``offload``
     pack them into one byte buffer and ``put`` it into a slot of another rank's
     RMA window (:meth:`mpicomm.Comm.expose`), ``get`` it back for the backward:
-    this rank holds none of them in between. The partner is the next rank of the
-    pipeline; each rank's window holds as many slots as its partner's schedule
-    keeps micro-batches in flight.
+    this rank holds none of them in between (:mod:`apps.pipeline.offload`: the
+    partner is the next rank of the pipeline, and the parking rank's planned
+    peak in flight sets the number of slots).
 
 For the zero-bubble split, I keeps, per parameter layer, its saved input and
 the gradient of its output until W has used them.
 
-Memory is accounted as the bytes of the arrays each strategy holds for
-micro-batches in flight, with its peak (for recompute: the inputs kept plus the
-rebuilt activations of the micro-batch whose backward runs), and the peak
-number of micro-batches in flight; the stage never holds more than the schedule
-lets in flight.
+Memory is accounted, per rank in a :class:`Meter` all its stages report to, as
+the bytes of the arrays each strategy holds for micro-batches in flight, with
+its peak (for recompute: the inputs kept plus the rebuilt activations of the
+micro-batch whose backward runs; for offload: the micro-batch fetched back),
+and the peak number of micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -109,21 +109,15 @@ class Stage:
         self._wgrad: dict[int, list[tuple[int, tuple[Any, ...], Any]]] = {}  # I → W: (layer, stash, dy)
         self._bytes: dict[int, int] = {}
         self._in_flight: set[int] = set()
-        self.held = 0
-        self.peak_bytes = 0
-        self.peak_micro = 0
 
     # ------------------------------------------------------------ accounting
 
     def _account(self, mb: int, nbytes: int) -> None:
-        delta = nbytes - self._bytes.get(mb, 0)
-        self.held += delta
-        self.meter.add(delta)
+        self.meter.add(nbytes - self._bytes.get(mb, 0))
         if nbytes:
             self._bytes[mb] = nbytes
         else:
             self._bytes.pop(mb, None)
-        self.peak_bytes = max(self.peak_bytes, self.held)
 
     def _live(self, mb: int, alive: bool) -> None:
         if alive and mb not in self._in_flight:
@@ -132,15 +126,16 @@ class Stage:
         elif not alive and mb in self._in_flight:
             self._in_flight.discard(mb)
             self.meter.count(-1)
-        self.peak_micro = max(self.peak_micro, len(self._in_flight))
+
+    @property
+    def held(self) -> int:
+        """Bytes this stage holds for its micro-batches in flight (the meter sums the rank's stages)."""
+        return sum(self._bytes.values())
 
     @property
     def in_flight(self) -> int:
         """Micro-batches whose forward ran here and whose gradient pass (B, or W) has not."""
         return len(self._in_flight)
-
-    def reset_peaks(self) -> None:
-        self.peak_bytes, self.peak_micro = self.held, len(self._in_flight)
 
     # ------------------------------------------------------------ passes
 

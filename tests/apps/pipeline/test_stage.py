@@ -37,7 +37,7 @@ def test_interleaved_micro_batches_equal_one_at_a_time(strategy):
     st = _stage(strategy)
     for k in range(3):
         st.forward(k, _data(k)[0], (0, k))
-    assert st.in_flight == 3 and st.peak_micro == 3
+    assert st.in_flight == 3 and st.meter.peak_micro == 3
     for k in (1, 0, 2):
         st.backward(k, _data(k)[1])
     assert st.in_flight == 0 and st.held == 0
