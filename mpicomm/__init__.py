@@ -20,10 +20,42 @@ Main names:
 * :func:`algorithms` - registered algorithm names per collective, and
   :func:`predict` - the cost model's time for one of them
   (:func:`mpicomm.state.predict`; ``comm.machine`` is a communicator's fit);
+* :func:`register_algorithm` and :func:`register_cost` - bring your own
+  algorithm: a schedule function and its cost, registered like the built-in
+  ones (``MPICOMM_ALGORITHM_MODULES=pkg.mod`` makes every process of a job
+  import the module; see :mod:`mpicomm.registry` and
+  ``docs/examples/torus_allreduce.py``);
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI;
 * :mod:`mpicomm.cli` - the command-line conventions every mpicomm and
   application command follows (sizes, ``--json``, ``--out``, progress lines),
   public for programs built on mpicomm.
+
+The package, layer by layer (a module imports only its own layer and those
+below; ``tests/test_imports.py`` checks it). A collective call walks down once:
+
+* **front** - what programs use: :mod:`.comm`, :mod:`.collectives`, push and
+  pull (:mod:`.p2p`, :mod:`.rma`, :mod:`.rendezvous`), :mod:`.shm` pools,
+  each communicator's :mod:`.state`; :mod:`.front` reads a call's arguments
+  (:mod:`.front.readers`), asks the selection, gets the plan and runs it
+  (:mod:`.front.dispatch`, :mod:`.front.persistent`);
+* **plan** - :mod:`.plan.compile` binds an algorithm's schedule to a call's
+  buffers once (prepared requests, scratch, reductions), with the validation
+  inside its messages (:mod:`.plan.agreement`);
+* **algorithms** - :mod:`.coll`: each algorithm describes a schedule
+  (:mod:`.schedule`), with its cost;
+* **selection** - :mod:`.registry` (the table of algorithms, their
+  restrictions and costs, and which one runs), :mod:`.rules` (the default
+  and the measured rules, one format), :mod:`.model` (α-β-γ predictions);
+* **engine** - :mod:`.engine`: one executor runs every plan, blocking,
+  nonblocking and persistent alike; per communicator a queue, and a
+  progress thread; requests; the hang watchdog;
+* **transport** - :mod:`.transport`: how arrays reach MPI (device staging),
+  buffer specs, node-shared memory;
+* **floor** - facts and settings: :mod:`.catalogue`, :mod:`.config`,
+  :mod:`.ops`, :mod:`.schedule`, :mod:`.launcher`, :mod:`.device`...
+
+Tools stand on top: ``python -m mpicomm`` (:mod:`.__main__`, :mod:`.verify`),
+:mod:`.bench`, :mod:`.tune`, and the PyTorch backend :mod:`.torch`.
 """
 
 from __future__ import annotations
@@ -35,18 +67,20 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Comm": ("mpicomm.comm", "Comm"),
-    "Request": ("mpicomm.requests", "Request"),
-    "Prequest": ("mpicomm.coll.persistent", "Prequest"),
-    "progress": ("mpicomm.requests", "progress"),
+    "Request": ("mpicomm.engine.requests", "Request"),
+    "Prequest": ("mpicomm.front.persistent", "Prequest"),
+    "progress": ("mpicomm.engine.requests", "progress"),
     "Window": ("mpicomm.rma", "Window"),
     "Rendezvous": ("mpicomm.rendezvous", "Rendezvous"),
     "RemoteError": ("mpicomm.p2p", "RemoteError"),
     "algorithms": ("mpicomm.registry", "algorithms"),
+    "register_algorithm": ("mpicomm.registry", "register"),
+    "register_cost": ("mpicomm.registry", "cost"),
     "predict": ("mpicomm.state", "predict"),
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),
-    "ArgumentError": ("mpicomm.coll.dispatch", "ArgumentError"),
+    "ArgumentError": ("mpicomm.plan.args", "ArgumentError"),
     "ops": ("mpicomm.ops", None),
     "cli": ("mpicomm.cli", None),
 }

@@ -1,4 +1,4 @@
-"""``python -m mpicomm info|algorithms|cleanup``: what this installation sees, which algorithms it has, and tidying up.
+"""``python -m mpicomm info|algorithms|verify|cleanup``: what this installation sees, its algorithms, checking one, tidying up.
 
 ``info``: the MPI library, CUDA-awareness, GPUs and rank layout. Run it once
 after pointing mpi4py at a cluster's MPI, or under the launcher
@@ -14,6 +14,29 @@ run (and why not), the model's prediction, the measured time where a
 decisions file (``python -m mpicomm.tune --collectives``) has one, and the
 choice with its source (decisions, model or table).
 
+``algorithms --schedule COLLECTIVE ALGORITHM -p P [--count N] [--counts a,b,...]
+[--rank R] [--root R] [--nodes K] [--dtype T] [--plot OUT.png]``: what the
+algorithm does on every rank (or rank R) of one call, without MPI - its
+rounds of sends and receives, then copies and combines, counter waits and
+nested calls (:func:`mpicomm.schedule.describe` of
+:func:`mpicomm.plan.preview.schedules_for`) - and the pair check
+(:func:`mpicomm.schedule.check_pairs`): every message must meet a receive of
+the same size on its peer, in order; exit 1 where one does not. ``--plot``
+draws a space-time diagram (:func:`draw_schedules`).
+
+``verify COLLECTIVE ALGORITHM -p 2..7 [--quick] [--timeout S]``: the algorithm
+against the MPI library's own collective at each p (a range 2..7, a list
+2,3,5 or one), in MPI jobs this command starts (:mod:`mpicomm.verify`): counts
+0, 1, p−1, p+1 and 10⁵ (not with ``--quick``), int64 and float64 sums and a
+non-commutative op, every root, in place, blocking, nonblocking and
+persistent, and the pair check of its schedules. One line per p, a summary;
+exit 1 on any failure.
+
+``--module PKG.MOD[,PKG.MOD2]`` (algorithms, verify): import modules of user
+algorithms first (``mpicomm.register_algorithm``) and pass them on to every
+job started, through ``MPICOMM_ALGORITHM_MODULES`` (see
+``docs/examples/torus_allreduce.py``).
+
 ``cleanup``: remove this user's MPICH shared-memory segments in /dev/shm
 (``mpich_shm_*``, 2-4 MiB each) that no live process maps or holds open:
 what jobs ended by Ctrl-C, ``MPI_Abort``, a killed rank or a time limit
@@ -28,7 +51,11 @@ leave behind (:mod:`mpicomm.cleanup`). Segments of running jobs are kept.
 selection table's rules in ``selection``; ``--explain``: one row per
 algorithm, the call and the choice in ``call`` and ``choice``; ``cleanup``:
 one row per stale segment (``path``, ``bytes``, ``age_s``, ``removed``), the
-totals in ``summary``.
+totals in ``summary``; ``--schedule``: one row per rank printed (its lines and
+its rounds as data), the call in ``call``, the pair check in ``pairs``;
+``verify``: one row per p, the totals in ``summary``. ``--out FILE.md``
+(``--schedule``, ``verify``): the lines printed as a Markdown report (an
+existing file is kept unless ``--append`` or ``--force``).
 """
 
 from __future__ import annotations
@@ -51,7 +78,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
     import mpi4py
 
     import mpicomm
-    from mpicomm import buffers, config, device
+    from mpicomm import config, device
+    from mpicomm.transport import buffers
     from mpicomm.launcher import from_environment
 
     launch = from_environment()  # before MPI starts, as a program would
@@ -187,12 +215,13 @@ def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[
 
 
 def _explain_layout(host: str, ranks: int | None) -> tuple[int, int, int]:
-    """(p, nodes, ppn) to explain: *ranks* on one node; else the newest decisions file's layout; else 2 on one node."""
-    from mpicomm import decisions
+    """(p, nodes, ppn) to explain: *ranks* on one node; else the layout of this host's newest measured rules; else
+    2 on one node."""
+    from mpicomm import rules
 
     if ranks is not None:
         return ranks, 1, ranks
-    for layout in decisions.saved_layouts(host):
+    for layout in rules.saved_layouts(host):
         found = re.fullmatch(r"p(\d+)-(\d+)x(\d+)", layout)
         if found:
             p, nodes, ppn = map(int, found.groups())
@@ -201,7 +230,7 @@ def _explain_layout(host: str, ranks: int | None) -> tuple[int, int, int]:
 
 
 def _tune_advice(p: int, nodes: int) -> str:
-    """What writes the decisions of a layout of *p* ranks on *nodes* node(s): a command ``tune`` accepts."""
+    """What writes the measured rules of a layout of *p* ranks on *nodes* node(s): a command ``tune`` accepts."""
     from mpicomm.tune import MIN_RANKS, tune_command
 
     if p < MIN_RANKS:
@@ -213,8 +242,10 @@ def _tune_advice(p: int, nodes: int) -> str:
 
 def explain(collective: str, size: int, ranks: int | None = None, json_path: str | None = None,
             argv: list[str] | None = None) -> int:
-    """Print why ``auto`` picks its algorithm for *collective* at *size* bytes (see the module docstring)."""
-    from mpicomm import decisions, model, registry
+    """Print why ``auto`` picks its algorithm for *collective* at *size* bytes (see the module docstring): each
+    algorithm allowed or why not, the model's prediction, the measured time where the measured rules have one,
+    and the rule that chose."""
+    from mpicomm import model, registry, rules
     from mpicomm.bench.metrics import COLLECTIVES, layout
 
     known = registry.table()
@@ -239,21 +270,23 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
              f"selection size {nbytes if nbytes is not None else '-'} B, float64{' sum' if op else ''}), "
              f"p = {p} on {nodes} node(s), "
              f"up to {ppn} per node (layout {key}), host {host}"]
-    path = decisions.path_for(host, key)
+    path = rules.path_for(host, key)
     try:
-        measured = decisions.load_for(host, key, registry.algorithms)
-    except (OSError, decisions.DecisionsError) as exc:
+        measured = rules.load_for(host, key, registry.algorithms)
+    except (OSError, rules.RulesError) as exc:
         measured = None
-        lines.append(f"decisions: ignored: {exc}")
+        lines.append(f"measured rules: ignored: {exc}")
     else:
-        lines.append(f"decisions: {path} (measured {measured.measured or '?'})" if measured is not None
-                     else f"decisions: none for this layout ({path}; {_tune_advice(p, nodes)})")
+        lines.append(f"measured rules: {measured.path} (measured {measured.measured or '?'})" if measured is not None
+                     else f"measured rules: none for this layout ({path}; {_tune_advice(p, nodes)})")
+    lines.append(f"default rules: {registry.DEFAULT.path or 'built in'}")
     fitted = model.load(host, key, quiet=True)
     machine = fitted if fitted is not None else replace(model.NOMINAL, ppn=ppn, nodes=nodes, host=host)
-    lines.append(f"model: fitted {model.path_for(host, key)}" if fitted is not None
-                 else f"model: nominal (no fit saved for this layout: {model.path_for(host, key)})")
+    lines.append((f"model: fitted {model.path_for(host, key)}" if fitted is not None
+                  else f"model: nominal (no fit saved for this layout: {model.path_for(host, key)})")
+                 + "; it predicts, the rules choose")
     facts = {"p": p, "bytes": nbytes, "count": count, "commutative": True, "op": op, "nodes": nodes, "ppn": ppn,
-             "device": False, "machine": fitted, "decisions": measured, "blocking": True}
+             "device": False, "rules": measured, "blocking": True}
     point = measured.measured_at(collective, nbytes) if measured is not None else None
     at = "" if point is None else f" at {point.get('bytes')} B" if point.get("bytes") != nbytes else ""
     rows = [("algorithm", "allowed", f"model ({cli.US})", f"measured ({cli.US}){at}")]
@@ -273,10 +306,12 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines.append("")
     call = {"collective": collective, "size": size, "selection_bytes": nbytes, "p": p, "nodes": nodes, "ppn": ppn,
-            "layout": key, "host": host, "decisions": path if measured is not None else None,
+            "layout": key, "host": host, "rules": measured.path if measured is not None else None,
+            "default_rules": registry.DEFAULT.path or None,
             "model": model.path_for(host, key) if fitted is not None else "nominal"}
     try:
-        table_pick = registry.auto(collective, facts).name
+        table_pick, _, table_rule = registry.auto_rule(collective, {**facts, "rules": None})
+        picked, _, rule = registry.auto_rule(collective, facts)
         chosen, source = registry.choose(collective, None, None, facts)
     except ValueError as exc:
         print("\n".join(lines + [f"no algorithm can run: {exc}"]))
@@ -286,18 +321,267 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     lines += [f"{'*' if r[0] == chosen.name else ' '} {r[0]:<{widths[0]}}  {r[2]:>{widths[2]}}  "
               f"{r[3]:>{widths[3]}}  {r[1]}" for r in rows]
     lines.append("")
-    lines.append(f"table: {table_pick}")
-    why = {"decisions": f"measured fastest for this size ({path})", "model": "least predicted time",
-           "table": "first matching rule of the static table (no decision covers this size, no fitted model)",
-           "environment": f"MPICOMM_{collective.upper()}_ALGORITHM is set"}.get(source, source)
+    lines.append(f"table: {table_pick.name} ({table_rule})")
+    if source in ("rules", "table"):
+        why = rule
+    elif source == "environment":
+        why = f"MPICOMM_{collective.upper()}_ALGORITHM is set; without it auto would pick {picked.name} ({rule})"
+        rule = ""
+    else:
+        why, rule = source, ""
     lines.append(f"auto (*): {chosen.name} (from the {source}: {why})")
     print("\n".join(lines))
     if json_path:
         for row in table:
             row["chosen"] = row["algorithm"] == chosen.name
         cli.write_json(json_path, _command(argv), table, call=call,
-                       choice={"algorithm": chosen.name, "source": source, "why": why, "table": table_pick})
+                       choice={"algorithm": chosen.name, "source": source, "why": why, "rule": rule or None,
+                               "table": table_pick.name})
     return 0
+
+
+# ---------------------------------------------------------------- algorithms --schedule (mpicomm.plan.preview)
+
+
+def _round_row(s: Any, index: int, r: Any) -> dict[str, Any]:
+    """One round of a schedule as plain data (the ``--json`` document of ``--schedule``)."""
+
+    def message(peer: int, v: Any) -> dict[str, Any]:
+        return {"peer": peer, "buffer": repr(v).split("[")[0], "start": v.start, "stop": v.stop,
+                "bytes": v.size * s.buffers[v.buf][1].itemsize}
+
+    return {"round": index, "pre": [str(x) for x in r.pre], "recvs": [message(peer, v) for peer, v in r.recvs],
+            "sends": [message(peer, v) for peer, v in r.sends], "waits": [str(x) for x in r.syncs],
+            "nested": [str(x) for x in r.nested], "library": [str(x) for x in r.library],
+            "ops": [str(x) for x in r.ops]}
+
+
+def _pair_line(scheds: list[Any], problems: list[str]) -> list[str]:
+    """The pair check's lines: every message meets its receive, or what does not."""
+    from mpicomm.schedule import message_count
+
+    messages = sum(message_count(s)[0] for s in scheds)
+    unchecked = []
+    if any(r.syncs for s in scheds for r in s.rounds):
+        unchecked.append("counter waits in shared memory")
+    if any(r.nested for s in scheds for r in s.rounds):
+        unchecked.append("nested calls (checked as calls of their own)")
+    if any(r.library for s in scheds for r in s.rounds):
+        unchecked.append("the MPI library's own requests")
+    if any(s.then is not None for s in scheds):
+        unchecked.append("rounds built at run time")
+    note = f"; not checked: {', '.join(unchecked)}" if unchecked else ""
+    if not problems:
+        return [f"pair check: ok - each of the {messages} message(s) meets a receive of the same size on its peer, "
+                f"in order{note}" if messages else f"pair check: ok - no messages between ranks{note}"]
+    return [f"pair check: FAILED - {len(problems)} problem(s){note}:"] + [f"  {problem}" for problem in problems]
+
+
+def schedule(collective: str, algorithm: str, p: int, *, count: int = 8, counts: list[int] | None = None,
+             rank: int | None = None, root: int = 0, nodes: int = 1, dtype: str = "float64",
+             json_path: str | None = None, plot: str | None = None, out: str | None = None, append: bool = False,
+             argv: list[str] | None = None) -> int:
+    """Print every rank's schedule of *algorithm* (or rank *rank*'s) and the pair check; 1 when messages do
+    not meet, 2 when the algorithm refuses the call (its schedule function raised ValueError)."""
+    from mpicomm.catalogue import CATALOGUE
+    from mpicomm.plan.preview import Layout, schedules_for
+    from mpicomm.schedule import check_pairs, describe, message_count
+
+    try:
+        scheds = schedules_for(collective, algorithm, p, count, root=root, counts=counts, dtype=dtype,
+                               layout=Layout.even(p, nodes))
+    except ValueError as exc:
+        print(f"{PROG} algorithms --schedule: {collective}/{algorithm} cannot describe this call: {exc}",
+              file=sys.stderr)
+        return 2
+    problems = check_pairs(scheds)
+    what = (f"counts {','.join(map(str, counts))}" if counts is not None else f"count {count}") + f" x {dtype}"
+    head = (f"{collective} ({algorithm}): p = {p} on {nodes} node(s), {what}"
+            + (f", root {root}" if CATALOGUE[collective].rooted else ""))
+    lines = [head, ""]
+    shown = scheds if rank is None else [scheds[rank]]
+    for s in shown:
+        lines += describe(s) + [""]
+    lines += _pair_line(scheds, problems)
+    print("\n".join(lines))
+    if plot:
+        draw_schedules(plot, scheds, head, problems)
+    if json_path:
+        rows = [{"rank": s.rank, "lines": describe(s), "messages": message_count(s)[0],
+                 "rounds_communicating": message_count(s)[1], "scratch_bytes": s.scratch_bytes(), "gated": s.gated,
+                 "built_at_run_time": s.then is not None,
+                 "rounds": [_round_row(s, i, r) for i, r in enumerate(s.rounds)]} for s in shown]
+        call = {"collective": collective, "algorithm": algorithm, "p": p, "count": count, "counts": counts,
+                "root": root, "nodes": nodes, "dtype": dtype, "rank": rank}
+        cli.write_json(json_path, _command(argv), rows, call=call,
+                       pairs={"ok": not problems, "problems": problems,
+                              "messages": sum(message_count(s)[0] for s in scheds)})
+    if out:
+        from mpicomm.verify import markdown_report
+
+        markdown_report(out, append, f"schedule of {collective}/{algorithm}, p = {p}", _command(argv), lines,
+                        plot)
+    return 1 if problems else 0
+
+
+def _matched(scheds: list[Any]) -> tuple[list[tuple[int, int, int, int, int]], list[tuple[int, int, int, bool]]]:
+    """Messages matched in order per pair of ranks, as MPI matches them: ``(sender, its round, receiver, its
+    round, bytes)``; and the unmatched ones: ``(rank, round, peer, is a send)``."""
+    sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for s in scheds:
+        for k, r in enumerate(s.rounds):
+            for peer, v in r.sends:
+                sends.setdefault((s.rank, peer), []).append((k, v.size * s.buffers[v.buf][1].itemsize))
+            for peer, _ in r.recvs:
+                recvs.setdefault((peer, s.rank), []).append(k)
+    matched, unmatched = [], []
+    for (a, b) in sorted(set(sends) | set(recvs)):
+        out, into = sends.get((a, b), []), recvs.get((a, b), [])
+        for (ka, nbytes), kb in zip(out, into):
+            matched.append((a, ka, b, kb, nbytes))
+        unmatched += [(a, ka, b, True) for ka, _ in out[len(into):]]
+        unmatched += [(b, kb, a, False) for kb in into[len(out):]]
+    return matched, unmatched
+
+
+def timeline(scheds: list[Any]) -> list[list[int]]:
+    """The step at which each rank's rounds are drawn: one after the rank's previous round, and no earlier than
+    the rounds that send what it receives (so every message goes forward in time, or straight down)."""
+    matched, _ = _matched(scheds)
+    waits: list[list[list[tuple[int, int]]]] = [[[] for _ in s.rounds] for s in scheds]
+    for a, ka, b, kb, _ in matched:
+        if 0 <= b < len(scheds):
+            waits[b][kb].append((a, ka))
+    t = [list(range(len(s.rounds))) for s in scheds]
+    for _ in range(sum(len(s.rounds) for s in scheds) + 1):  # a fixed point (or as far as a broken schedule allows)
+        changed = False
+        for r, rounds in enumerate(waits):
+            for k, deps in enumerate(rounds):
+                want = max([t[r][k - 1] + 1 if k else 0] + [t[a][ka] for a, ka in deps if a < len(t)])
+                if want != t[r][k]:
+                    t[r][k], changed = want, True
+        if not changed:
+            break
+    return t
+
+
+_ARRIVE = 0.45  # where in its step a round's messages have arrived (they leave at its start)
+
+#: Colours of the space-time diagram.
+_COLOURS = {"message": "tab:blue", "copy": "0.6", "combine": "tab:orange", "local": "tab:purple",
+            "wait": "tab:red", "nested": "lightsteelblue", "library": "khaki", "unmatched": "crimson"}
+
+
+def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str] | None = None) -> None:
+    """A space-time diagram of one call's schedules, written to *path* (PNG, SVG, PDF: by the extension).
+
+    One lane per rank, steps along x (:func:`timeline`); a round is a black bar
+    from posting its messages to their completion; an arrow per message from
+    the start of the sender's round to the end of the receiver's, labelled
+    with its size; after a round, a box for its local work (copies grey, combines orange, named local
+    steps purple); a red diamond for a wait on shared-memory counters; a
+    hatched box for a nested call (its collective and communicator size) or a
+    request of the MPI library's own; red stubs for messages that do not meet.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+
+    from mpicomm.schedule import Combine, Copy
+
+    plt = cli.pyplot()
+    p = len(scheds)
+    t = timeline(scheds)
+    steps = max((x + 1 for row in t for x in row), default=1)
+    fig, ax = plt.subplots(figsize=(min(40.0, max(6.0, 1.2 * steps + 2.5)), max(2.6, 0.75 * p + 1.6)))
+    for r in range(p):
+        ax.axhline(r, color="0.85", lw=1, zorder=0)
+    seen: set[str] = set()
+    for s in scheds:
+        r = s.rank
+        for k, rd in enumerate(s.rounds):
+            x = t[r][k]
+            if rd.sends or rd.recvs:
+                ax.plot([x, x + _ARRIVE], [r, r], "-", color="black", lw=2.2, solid_capstyle="butt", zorder=3)
+            for when, ops in ((-0.45, rd.pre), (_ARRIVE + 0.05, rd.ops)):
+                if not ops:
+                    continue
+                kinds = {"combine" if type(op) is Combine else "copy" if type(op) is Copy else "local" for op in ops}
+                kind = next(k for k in ("combine", "local", "copy") if k in kinds)
+                seen.add(kind)
+                ax.add_patch(Rectangle((x + when, r - 0.14), 0.4, 0.28, facecolor=_COLOURS[kind],
+                                       edgecolor="0.3", lw=0.5, zorder=2))
+                if len(ops) > 1:
+                    ax.text(x + when + 0.2, r, str(len(ops)), ha="center", va="center", fontsize=6, zorder=4)
+            if rd.syncs:
+                seen.add("wait")
+                ax.plot([x], [r], "D", color=_COLOURS["wait"], ms=6, zorder=4)
+                names = sorted({sync.name or f"counter {sync.word}" for sync in rd.syncs})
+                ax.text(x, r - 0.2, "wait " + ", ".join(names), ha="center", va="bottom", fontsize=6,
+                        color=_COLOURS["wait"])
+            for kind, items in (("nested", rd.nested), ("library", rd.library)):
+                for item in items:
+                    seen.add(kind)
+                    ax.add_patch(Rectangle((x - 0.1, r - 0.3), _ARRIVE + 0.2, 0.6, facecolor=_COLOURS[kind],
+                                           hatch="//", edgecolor="0.3", lw=0.6, zorder=2))
+                    text = (f"{item.collective}\n{getattr(item.comm, 'size', '?')} ranks" if kind == "nested"
+                            else "library")
+                    ax.text(x + _ARRIVE / 2, r, text, ha="center", va="center", fontsize=6, zorder=4)
+    matched, unmatched = _matched(scheds)
+    label = len(matched) <= 200
+    for a, ka, b, kb, nbytes in matched:
+        if not (0 <= b < p):
+            continue
+        seen.add("message")
+        start, end = (t[a][ka], a), (t[b][kb] + _ARRIVE, b)
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=9, lw=0.8,
+                                     color=_COLOURS["message"], zorder=3, shrinkA=1, shrinkB=1))
+        if label:
+            at = 0.3 if abs(b - a) == 1 else 0.3 / abs(b - a)  # near the sender, where arrows do not cross yet
+            ax.text(start[0] + at * (end[0] - start[0]) + 0.03, a + at * (b - a), cli.format_size(nbytes),
+                    fontsize=6, color=_COLOURS["message"], ha="left", va="center",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.8}, zorder=4)
+    for r, k, peer, is_send in unmatched:
+        seen.add("unmatched")
+        x = t[r][k]
+        dy = 0.35 if peer > r else -0.35
+        ax.annotate("", xy=(x + (0.35 if is_send else -0.35), r + dy), xytext=(x if is_send else x + _ARRIVE, r),
+                    arrowprops={"arrowstyle": "-|>" if is_send else "<|-", "color": _COLOURS["unmatched"]})
+        ax.text(x, r + dy, f"{'to' if is_send else 'from'} {peer}?", fontsize=6, color=_COLOURS["unmatched"])
+    ax.set_yticks(range(p))
+    ax.set_yticklabels([f"rank {r}" for r in range(p)])
+    ax.set_ylim(p - 0.4, -0.6)
+    ax.set_xlim(-0.6, steps + 0.1)
+    ax.set_xlabel("step: a round posts its messages (black bar), they arrive by its end, then its local work runs")
+    status = "" if problems is None else (" - pair check ok" if not problems else f" - {len(problems)} pair problem(s)")
+    ax.set_title(title + status, fontsize=9, color="crimson" if problems else "black")
+    names = {"message": "message (size)", "copy": "copy", "combine": "combine", "local": "local step",
+             "wait": "counter wait", "nested": "nested call", "library": "library request",
+             "unmatched": "unmatched message"}
+    handles = [Line2D([], [], color=_COLOURS[k], lw=1.2, label=names[k]) if k in ("message", "unmatched")
+               else Line2D([], [], marker="D", ls="", color=_COLOURS[k], label=names[k]) if k == "wait"
+               else Patch(facecolor=_COLOURS[k], edgecolor="0.3", hatch="//" if k in ("nested", "library") else None,
+                          label=names[k]) for k in names if k in seen]
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, len(handles)),
+                  fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- verify (mpicomm.verify)
+
+
+def verify(collective: str, algorithm: str, ps: list[int], *, quick: bool = False, modules: str | None = None,
+           timeout: float | None = None, json_path: str | None = None, out: str | None = None,
+           append: bool = False, argv: list[str] | None = None) -> int:
+    """Check *algorithm* against the MPI library's collective at each p of *ps* (:func:`mpicomm.verify.verify`)."""
+    from mpicomm import verify as checker
+
+    return checker.verify(collective, algorithm, ps, quick=quick, modules=modules,
+                          timeout=timeout or checker.DEFAULT_TIMEOUT, json_path=json_path, out=out, append=append,
+                          command=_command(argv))
 
 
 def _mib(n: int) -> str:
@@ -351,7 +635,7 @@ def cleanup(dry_run: bool = False, directory: str | None = None, json_path: str 
     return 0
 
 
-COMMANDS = {"info": info, "algorithms": algorithms, "cleanup": cleanup}
+COMMANDS = {"info": info, "algorithms": algorithms, "cleanup": cleanup, "verify": verify}
 
 
 def _version() -> str:
@@ -360,14 +644,112 @@ def _version() -> str:
     return mpicomm.__version__
 
 
+#: Options of one mode only: (option, attribute, where it goes) - a usage error anywhere else.
+_SCHEDULE_ONLY = (("--count", "count"), ("--counts", "counts"), ("--rank", "rank"), ("--root", "root"),
+                  ("--nodes", "nodes"), ("--dtype", "dtype"), ("--plot", "plot"))
+_VERIFY_ONLY = (("--quick", "quick"), ("--timeout", "timeout"))
+
+
+def _given(args: argparse.Namespace, attribute: str) -> bool:
+    value = getattr(args, attribute)
+    return value not in (None, False)
+
+
+def _use_modules(parser: argparse.ArgumentParser, text: str) -> str:
+    """Import the user algorithm modules of ``--module`` and pass them on (``MPICOMM_ALGORITHM_MODULES``)."""
+    import os
+
+    from mpicomm import registry
+
+    try:
+        registry.import_modules(text, "--module")
+    except (ImportError, ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    names = registry.module_names(os.environ.get(registry.MODULES_VARIABLE, "")) + registry.module_names(text)
+    value = ",".join(dict.fromkeys(names))
+    os.environ[registry.MODULES_VARIABLE] = value  # every job these commands start imports them too
+    return value
+
+
+def _algorithm(parser: argparse.ArgumentParser, what: str, collective: str, algorithm: str) -> None:
+    """A usage error naming the known collectives or algorithms, unless *collective*/*algorithm* is registered."""
+    from mpicomm import registry
+
+    try:
+        registry.lookup(collective, algorithm)
+    except (ValueError, ImportError) as exc:
+        parser.error(f"{what} {collective} {algorithm}: {exc}")
+
+
+def _schedule_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The checked keyword arguments of :func:`schedule` (usage errors for anything out of range)."""
+    import numpy as np
+
+    from mpicomm.catalogue import CATALOGUE
+
+    collective, algorithm = args.schedule
+    _algorithm(parser, "--schedule", collective, algorithm)
+    spec = CATALOGUE[collective]
+    if args.p is None:
+        parser.error(f"--schedule needs -p P, the number of ranks: {PROG} algorithms --schedule {collective} "
+                     f"{algorithm} -p 4")
+    try:
+        p = int(args.p)
+    except ValueError:
+        parser.error(f"-p {args.p}: --schedule takes one number of ranks (e.g. -p 4)")
+    if p < 1:
+        parser.error(f"-p {p}: must be >= 1")
+    try:
+        count = cli.parse_size(args.count if args.count is not None else 8, "--count", minimum=0)
+    except ValueError as exc:
+        parser.error(str(exc))
+    counts = None
+    if args.counts is not None:
+        if not spec.vector:
+            vforms = ", ".join(c.name for c in CATALOGUE.values() if c.vector)
+            parser.error(f"--counts gives per-rank counts, which only the v-forms take ({vforms}); {collective} "
+                         f"takes --count N")
+        try:
+            counts = [int(c) for c in args.counts.split(",")]
+        except ValueError:
+            parser.error(f"--counts {args.counts}: not a list of element counts (write e.g. 3,0,5,1)")
+        if any(c < 0 for c in counts):
+            parser.error(f"--counts {args.counts}: counts must be >= 0")
+        if len(counts) != p:
+            parser.error(f"--counts {args.counts}: {len(counts)} count(s) for p = {p} ranks; give one per rank")
+    for option, value in (("--rank", args.rank), ("--root", args.root)):
+        if value is not None and not 0 <= value < p:
+            parser.error(f"{option} {value}: must be a rank 0..{p - 1} of p = {p}")
+    if args.root is not None and not spec.rooted:
+        parser.error(f"--root: {collective} has no root")
+    nodes = 1 if args.nodes is None else args.nodes
+    if not 1 <= nodes <= p:
+        parser.error(f"--nodes {nodes}: must be 1..p (= {p})")
+    try:
+        dtype = np.dtype(args.dtype or "float64")
+    except TypeError:
+        parser.error(f"--dtype {args.dtype}: not a NumPy element type (e.g. float64, float32, int64, complex128)")
+    if args.plot:
+        try:
+            cli.pyplot()
+        except ValueError as exc:
+            parser.error(f"--plot: {exc}")
+    return {"collective": collective, "algorithm": algorithm, "p": p, "count": count, "counts": counts,
+            "rank": args.rank, "root": args.root or 0, "nodes": nodes, "dtype": str(dtype)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"mpicomm {_version()}")
     parser.add_argument("command", choices=sorted(COMMANDS),
-                        help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost; "
+                        help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost "
+                             "(--explain: why auto picks one; --schedule: what one does on every rank); verify: "
+                             "one algorithm against the MPI library's own collective at several p; "
                              "cleanup: remove this user's MPICH shared-memory segments in /dev/shm (mpich_shm_*) "
                              "that no live process maps or holds open - what jobs ended by Ctrl-C, MPI_Abort, a "
                              "kill or a time limit leave behind (2-4 MiB each); segments of running jobs are kept")
+    parser.add_argument("operands", nargs="*", metavar="COLLECTIVE ALGORITHM",
+                        help="verify: the collective and the algorithm to check (verify allreduce ring -p 2..4)")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
     parser.add_argument("--readme", metavar="FILE.md",
                         help="algorithms: rewrite the algorithm table between its markers in FILE.md (README.md)")
@@ -378,12 +760,96 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="with --explain: N ranks on one node (default: the layout of this host's newest "
                              "decisions file, else 2)")
+    parser.add_argument("--schedule", nargs=2, metavar=("COLLECTIVE", "ALGORITHM"),
+                        help="algorithms: print ALGORITHM's schedule of COLLECTIVE on every rank (rounds of "
+                             "sends and receives, then copies and combines), and check that every message meets "
+                             "a receive of the same size (exit 1 if not); no mpiexec needed")
+    parser.add_argument("-p", metavar="P",
+                        help="--schedule: the number of ranks (4); verify: the numbers of ranks, one (4), a list "
+                             "(2,3,5) or a range (2..7)")
+    parser.add_argument("--count", metavar="N",
+                        help="--schedule: elements of the vector, or of one rank's block for gather, scatter, "
+                             "allgather, alltoall and reduce_scatter_block (default 8)")
+    parser.add_argument("--counts", metavar="A,B,...",
+                        help="--schedule of a v-form: one element count per rank (alltoallv: every rank sends "
+                             "counts[s] to rank s)")
+    parser.add_argument("--rank", type=int, metavar="R", help="--schedule: print rank R's schedule only")
+    parser.add_argument("--root", type=int, metavar="R", help="--schedule: the root of a rooted collective (0)")
+    parser.add_argument("--nodes", type=int, metavar="K",
+                        help="--schedule: spread the ranks block-wise over K nodes (1)")
+    parser.add_argument("--dtype", metavar="TYPE", help="--schedule: the element type (float64)")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="--schedule: also draw a space-time diagram (one lane per rank, an arrow per "
+                             "message; needs matplotlib)")
+    parser.add_argument("--module", metavar="PKG.MOD[,PKG.MOD2]",
+                        help="algorithms, verify: import these modules of user algorithms first, and give them "
+                             "to every MPI job started (sets MPICOMM_ALGORITHM_MODULES)")
+    parser.add_argument("--quick", action="store_true",
+                        help="verify: skip the large count (100000 elements)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="verify: seconds one MPI job may run (default 300)")
     parser.add_argument("--dry-run", action="store_true",
                         help="cleanup: list the stale segments with their sizes and ages, remove nothing")
     parser.add_argument("--dir", metavar="DIR", default=None,
                         help="cleanup: where the segments live (default: /dev/shm)")
     cli.add_json(parser, "the rows printed")
-    args = parser.parse_args(argv)
+    cli.add_out(parser, "the lines printed (algorithms --schedule, verify)")
+    args = parser.parse_intermixed_args(argv)
+    schedule_mode = args.command == "algorithms" and bool(args.schedule)
+    if args.operands and args.command != "verify":
+        parser.error(f"unexpected argument(s) {' '.join(args.operands)}: only verify takes COLLECTIVE ALGORITHM "
+                     f"({PROG} verify allreduce ring -p 2..4)")
+    if args.schedule and args.command != "algorithms":
+        parser.error(f"--schedule goes with the algorithms command: {PROG} algorithms --schedule allreduce ring -p 4")
+    for option, attribute in _SCHEDULE_ONLY:
+        if _given(args, attribute) and not schedule_mode:
+            parser.error(f"{option} goes with algorithms --schedule: {PROG} algorithms --schedule allreduce ring "
+                         f"-p 4 {option} ...")
+    for option, attribute in _VERIFY_ONLY:
+        if _given(args, attribute) and args.command != "verify":
+            parser.error(f"{option} goes with the verify command: {PROG} verify allreduce ring -p 2..4 {option}")
+    if args.p is not None and not (schedule_mode or args.command == "verify"):
+        parser.error(f"-p goes with algorithms --schedule and verify: {PROG} verify allreduce ring -p 2..4")
+    if args.module and args.command not in ("algorithms", "verify"):
+        parser.error("--module goes with the algorithms and verify commands")
+    if (args.out or args.append or args.force) and not (schedule_mode or args.command == "verify"):
+        parser.error("--out, --append and --force go with algorithms --schedule and verify")
+    cli.check_out(parser, args)
+    if args.schedule and (args.explain or args.markdown or args.readme or args.ranks is not None):
+        parser.error("--schedule shows one algorithm's schedule; it does not go with --explain, --ranks, "
+                     "--markdown or --readme")
+    if args.command in ("algorithms", "verify"):
+        from mpicomm import registry
+
+        try:
+            registry.table()  # mpicomm's own algorithms and MPICOMM_ALGORITHM_MODULES's: a bad name is a usage error
+        except ImportError as exc:
+            parser.error(str(exc))
+    if args.module:
+        _use_modules(parser, args.module)
+    if args.command == "verify":
+        if args.markdown or args.readme or args.explain or args.ranks is not None or args.dry_run or args.dir:
+            parser.error("verify takes COLLECTIVE ALGORITHM, -p, --quick, --timeout, --module, --json and --out")
+        if len(args.operands) != 2:
+            parser.error(f"verify takes COLLECTIVE ALGORITHM, got {' '.join(args.operands) or 'nothing'}: "
+                         f"{PROG} verify allreduce ring -p 2..4")
+        collective, algorithm = args.operands
+        _algorithm(parser, "verify", collective, algorithm)
+        if args.p is None:
+            parser.error(f"verify needs -p, the numbers of ranks: {PROG} verify {collective} {algorithm} -p 2..4")
+        from mpicomm.verify import parse_ranks
+
+        try:
+            ps = parse_ranks(args.p)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.timeout is not None and args.timeout <= 0:
+            parser.error(f"--timeout {args.timeout:g}: must be > 0 seconds")
+        return verify(collective, algorithm, ps, quick=args.quick, modules=args.module, timeout=args.timeout,
+                      json_path=args.json, out=args.out, append=args.append, argv=argv)
+    if schedule_mode:
+        return schedule(**_schedule_args(parser, args), json_path=args.json, plot=args.plot, out=args.out,
+                        append=args.append, argv=argv)
     if (args.dry_run or args.dir) and args.command != "cleanup":
         parser.error("--dry-run and --dir go with the cleanup command: python -m mpicomm cleanup --dry-run")
     if args.command == "cleanup":

@@ -22,12 +22,13 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import adopt, array_module, check_array
-from .coll.dispatch import Args, start
-from .coll.schedules import block_partition
+from .transport.buffers import adopt, array_module, check_array
+from .coll.patterns import block_partition
+from .front.dispatch import start
+from .plan.args import Args
 from .comm import Comm
 from .ops import resolve
-from .requests import Request
+from .engine.requests import Request
 from .validate import check_peer
 
 __all__ = [
@@ -82,7 +83,7 @@ def _output(args: Args, x: Any, out: Any, shape: tuple, name: str = "out") -> An
 
 
 def _input(args: Args, x: Any, name: str = "x") -> Any:
-    """*x* as an array (any buffer kind, see :func:`mpicomm.buffers.adopt`), checked; its module and dtype go to *args*."""
+    """*x* as an array (any buffer kind, see :func:`mpicomm.transport.buffers.adopt`), checked; its module and dtype go to *args*."""
     x = adopt(x, name)
     xp = check_array(x, name)
     args.xp, args.dtype = xp, x.dtype

@@ -28,17 +28,19 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import p2p, registry, specs
+from . import p2p, registry
+from .transport import specs
 from . import device as _device
-from .buffers import adopt, array_module
-from .coll import arguments, dispatch, persistent
-from .requests import Request, run
+from .transport.buffers import adopt, array_module
+from .engine.requests import Request, run
+from .front import dispatch, persistent, readers
+from .plan.args import Args
 from .state import job_local_rank, state_of
 
 __all__ = ["Comm"]
 
 
-_read, _start = arguments.read, dispatch.start
+_read, _start = readers.read, dispatch.start
 
 
 class Comm(MPI.Intracomm):
@@ -142,12 +144,14 @@ class Comm(MPI.Intracomm):
         return self._state.local_rank if job_local is None else job_local  # no launcher information: ours
 
     def collective_tag(self) -> int:
-        """Tag for the next library collective on :attr:`library_comm` (advances the sequence number).
+        """A fresh tag for a program's own messages on :attr:`library_comm` (each call gives the next one).
 
-        Every rank calls collectives in the same order, so ranks agree on it,
-        and concurrent nonblocking collectives never match each other's messages.
+        The tags come from a range mpicomm's collectives never use, so messages
+        sent with them never match a collective's; calling it changes nothing
+        about the collectives (a rank may call it any number of times). Ranks
+        that call it the same number of times get the same tags.
         """
-        return self._state.next_tag()[1]
+        return self._state.user_tag()
 
     # ------------------------------------------------------------ push: typed point-to-point
 
@@ -250,6 +254,7 @@ class Comm(MPI.Intracomm):
 
     def set_algorithm(self, collective: str, name: str | None) -> None:
         """This communicator's default algorithm for *collective* (None or ``"auto"`` clears it)."""
+        self._state.fast.clear()  # calls remembered with the old default
         if name is None or name == "auto":
             self._state.defaults.pop(collective, None)
             return
@@ -267,20 +272,28 @@ class Comm(MPI.Intracomm):
     # mpicomm does not run itself (derived datatypes, MPI.BOTTOM) go to the MPI
     # library's own collective. The I-forms return an mpicomm.Request.
 
-    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any:
-        return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking)
+    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any,
+                    _fast: tuple | None = None, **kwargs: Any) -> Any:
+        return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking, _fast)
+
+    # A blocking call repeated on the same arrays runs its kept plan at once (dispatch.Fast): the key is the
+    # collective and the arguments' identities; anything else (a new array, a changed setting) takes the full
+    # path, which reads and checks the arguments, and remembers the call for next time.
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
-        _start(self._state, dispatch.Args("barrier"), algorithm, True)
+        _start(self._state, Args("barrier"), algorithm, True)
 
     def Ibarrier(self, *, algorithm: str | None = None) -> Request:
         """Nonblocking barrier; the request completes once every rank has called it."""
-        return _start(self._state, dispatch.Args("barrier"), algorithm, False)
+        return _start(self._state, Args("barrier"), algorithm, False)
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast *buf* from *root* to every rank."""
-        self._collective("bcast", True, algorithm, buf, root)
+        key = ("bcast", id(buf), root, algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(buf):
+            self._collective("bcast", True, algorithm, buf, root, _fast=(key, (buf,)))
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Bcast`."""
@@ -289,7 +302,11 @@ class Comm(MPI.Intracomm):
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root)."""
-        self._collective("reduce", True, algorithm, sendbuf, recvbuf, op=op, root=root)
+        key = ("reduce", id(sendbuf), id(recvbuf), id(op), root, algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf, op):
+            self._collective("reduce", True, algorithm, sendbuf, recvbuf, op=op, root=root,
+                             _fast=(key, (sendbuf, recvbuf, op)))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Request:
@@ -298,7 +315,10 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the input)."""
-        self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op=op)
+        key = ("allreduce", id(sendbuf), id(recvbuf), id(op), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf, op):
+            self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Allreduce`."""
@@ -306,7 +326,10 @@ class Comm(MPI.Intracomm):
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Gather equal blocks from every rank into *recvbuf* on *root*, in rank order."""
-        self._collective("gather", True, algorithm, sendbuf, recvbuf, root)
+        key = ("gather", id(sendbuf), id(recvbuf), root, algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("gather", True, algorithm, sendbuf, recvbuf, root, _fast=(key, (sendbuf, recvbuf)))
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Gather`."""
@@ -322,7 +345,10 @@ class Comm(MPI.Intracomm):
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Send block r of *sendbuf* on *root* to rank r's *recvbuf*."""
-        self._collective("scatter", True, algorithm, sendbuf, recvbuf, root)
+        key = ("scatter", id(sendbuf), id(recvbuf), root, algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("scatter", True, algorithm, sendbuf, recvbuf, root, _fast=(key, (sendbuf, recvbuf)))
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Scatter`."""
@@ -338,7 +364,10 @@ class Comm(MPI.Intracomm):
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's equal block into every rank's *recvbuf*, in rank order."""
-        self._collective("allgather", True, algorithm, sendbuf, recvbuf)
+        key = ("allgather", id(sendbuf), id(recvbuf), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("allgather", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Allgather`."""
@@ -354,7 +383,10 @@ class Comm(MPI.Intracomm):
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Send block j of *sendbuf* to rank j; receive block i of *recvbuf* from rank i."""
-        self._collective("alltoall", True, algorithm, sendbuf, recvbuf)
+        key = ("alltoall", id(sendbuf), id(recvbuf), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("alltoall", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Alltoall`."""
@@ -371,7 +403,11 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce p equal blocks with *op*; rank r receives reduced block r."""
-        self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op=op)
+        key = ("reduce_scatter_block", id(sendbuf), id(recvbuf), id(op), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf, op):
+            self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op=op,
+                             _fast=(key, (sendbuf, recvbuf, op)))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Request:
@@ -402,7 +438,10 @@ class Comm(MPI.Intracomm):
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r."""
-        self._collective("scan", True, algorithm, sendbuf, recvbuf, op=op)
+        key = ("scan", id(sendbuf), id(recvbuf), id(op), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf, op):
+            self._collective("scan", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Scan`."""
@@ -410,7 +449,10 @@ class Comm(MPI.Intracomm):
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it was."""
-        self._collective("exscan", True, algorithm, sendbuf, recvbuf, op=op)
+        key = ("exscan", id(sendbuf), id(recvbuf), id(op), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf, op):
+            self._collective("exscan", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Exscan`."""
@@ -422,7 +464,7 @@ class Comm(MPI.Intracomm):
     # arguments are read and agreed and the algorithm chosen now (collective); Start() runs it.
 
     def _persistent(self, collective: str, algorithm: str | None, info: Any, *args: Any, **kwargs: Any) -> Any:
-        read = dispatch.Args("barrier") if collective == "barrier" else _read(collective, self, *args, **kwargs)
+        read = Args("barrier") if collective == "barrier" else _read(collective, self, *args, **kwargs)
         return persistent.create(self._state, read, algorithm)  # (info: no hint is used)
 
     def Barrier_init(self, info: MPI.Info | None = None, *, algorithm: str | None = None) -> persistent.Prequest:

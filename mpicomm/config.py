@@ -8,6 +8,7 @@
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
 | ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one 32-byte allreduce of a digest; the full descriptions are exchanged only when something differs); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt (what is checked either way: :mod:`mpicomm.validate`) |
+| ``MPICOMM_CMA`` | ``auto``, ``0`` | ``auto`` | shared-memory collectives read the peers' ordinary arrays with one copy (``process_vm_readv``) where every rank of the node can; ``0`` copies them through the node's shared scratch instead |
 | ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation (for a collective: count, element type, op, root), the peers it waits for, which ranks never arrived and each rank's last calls, then aborts the job |
 
 ``MPICOMM_VALIDATE`` and ``MPICOMM_<COLLECTIVE>_ALGORITHM`` change the
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "timeout", "check",
+    "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "cma", "timeout", "check",
     "protocol", "protocol_mismatch",
 ]
 
@@ -143,11 +144,19 @@ def validate() -> bool:
     return known  # type: ignore[return-value]
 
 
+def cma() -> bool:
+    """``MPICOMM_CMA``: whether shared-memory collectives may read peers' memory directly (default ``auto``)."""
+    return choice("MPICOMM_CMA", ("auto", "0", "1", "off", "on"), "auto") not in ("0", "off")
+
+
 def timeout() -> float | None:
     """``MPICOMM_TIMEOUT``: the hang watchdog's limit in seconds, or None (off)."""
     value = raw("MPICOMM_TIMEOUT")
     if not value or not value.strip():
         return None
+    known = _PARSED.get(("timeout", value))
+    if known is not None:
+        return known  # type: ignore[return-value]
     value = value.strip()
     try:
         seconds = float(value)
@@ -157,6 +166,7 @@ def timeout() -> float | None:
         raise ValueError(
             f"environment variable MPICOMM_TIMEOUT={value!r} is not a positive number of seconds; fix or unset it"
         )
+    _PARSED[("timeout", value)] = seconds
     return seconds
 
 
@@ -173,6 +183,9 @@ def protocol() -> tuple[tuple[str, str], ...]:
             value = os.environ[name].strip()
             if value and value.lower() != "auto":
                 found.append((name, value))
+    modules = (raw("MPICOMM_ALGORITHM_MODULES") or "").strip()
+    if modules:  # algorithms some ranks have and others not: the same name would run different schedules
+        found.append(("MPICOMM_ALGORITHM_MODULES", modules))
     return tuple(found)
 
 
@@ -202,6 +215,7 @@ def check() -> None:
     transfer_mode()
     device_override()
     validate()
+    cma()
     timeout()
 
 

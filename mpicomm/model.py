@@ -38,9 +38,10 @@ step, no blend): the registry hands each cost function ``machine.at(working set)
 
 Fits are saved per host and rank layout as small JSON files in
 :func:`cache_dir`; :func:`for_comm` (collective) loads the one for a
-communicator, and ``algorithm="auto"`` then picks the algorithm with the least
-prediction (:func:`mpicomm.registry.choose`). Without a fit, predictions use
-:data:`NOMINAL`.
+communicator, for predictions (:func:`mpicomm.predict`) and explanations
+(``python -m mpicomm algorithms --explain``). The model does not choose
+algorithms: ``algorithm="auto"`` follows the selection rules
+(:mod:`mpicomm.rules`). Without a fit, predictions use :data:`NOMINAL`.
 """
 
 from __future__ import annotations
@@ -420,7 +421,7 @@ def for_comm(comm: Any, host: str, nodes: int, ppn: int) -> Machine | None:
             machine = load(host, layout_key(plain.Get_size(), nodes, ppn))
             text = machine.to_json() if machine is not None else None
         except Exception as exc:  # never leave the other ranks waiting in the broadcast
-            warnings.warn(f"mpicomm model: could not load the saved fit ({exc}); using the static selection table",
+            warnings.warn(f"mpicomm model: could not load the saved fit ({exc}); predictions use the nominal model",
                           RuntimeWarning, stacklevel=2)
             text = None
     text = plain.bcast(text, root=0)

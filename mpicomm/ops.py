@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
+from mpi4py.util import dtlib
 
 __all__ = ["Op", "BUILTIN", "create", "resolve", "pair_dtype", "is_pair_dtype", "PAIR_TYPES"]
 
@@ -54,6 +55,7 @@ class Op:
     kinds: str = _NUMERIC + "b"
     mpi: MPI.Op | None = field(default=None, repr=False)
     code: int = 0
+    ufunc: str | None = None  #: the array module's ufunc that computes it (``"add"``), for built-in elementwise ops
 
     def __call__(self, a: Any, b: Any, out: Any) -> None:
         """``out[...] = a ⊕ b`` elementwise (*out* may be *a* or *b*)."""
@@ -103,7 +105,7 @@ def _loc_combine(better: str) -> Callable[[Any, Any, Any], None]:
 
 def _builtin(name: str, ufunc: str | None, kinds: str, mpi_op: MPI.Op, code: int) -> Op:
     combine = _loc_combine(name[:3]) if ufunc is None else _ufunc_combine(ufunc)
-    return Op(name, True, combine, kinds, mpi_op, code)
+    return Op(name, True, combine, kinds, mpi_op, code, ufunc)
 
 
 #: The built-in ops by name (MPI's predefined operations, all commutative).
@@ -265,12 +267,10 @@ def _is_ufunc(fn: Any) -> bool:
 def _from_mpi_user(mpi_op: MPI.Op) -> Op:
     def combine(a: Any, b: Any, out: Any) -> None:
         # MPI_Reduce_local runs the op on host memory: device arrays go through the host here.
-        from .buffers import mpi_datatype
-
         on_host = isinstance(out, np.ndarray)
         ha = a if on_host else a.get()
         hout = out if on_host and out is b else (np.array(b) if on_host else b.get())
-        datatype = mpi_datatype(hout.dtype)
+        datatype = dtlib.from_numpy_dtype(hout.dtype)
         mpi_op.Reduce_local([ha, datatype], [hout, datatype])
         if on_host:
             if hout is not out:

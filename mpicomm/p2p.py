@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .buffers import (
+from .transport.buffers import (
     array_module,
     check_array,
     dtype_code,
@@ -45,7 +45,7 @@ from .buffers import (
     send_buffer,
 )
 from .device import cupy_module
-from .requests import Envelope, Steps, _active, run
+from .engine.requests import Envelope, Steps, _active, run
 from .validate import check_peer, check_tag
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The one table of algorithms: (collective, name) → step generator, restrictions, cost.
+"""The one table of algorithms: (collective, name) → schedule function, restrictions, cost.
 
 Every algorithm of a collective has the same signature, so any of them can
 stand in for another. Each is registered with :func:`register`, whose
@@ -11,52 +11,70 @@ Choosing an algorithm is data, in this order of precedence:
 1. the call's ``algorithm=`` argument (``"auto"`` or None passes);
 2. the communicator's default (``comm.set_algorithm(collective, name)``);
 3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
-4. ``auto``, with measured decisions for the communicator's layout
-   (``facts["decisions"]``, :mod:`mpicomm.decisions`, written by
-   ``python -m mpicomm.tune --collectives``) that cover the message size: the
-   algorithm measured fastest there, when it is allowed;
-5. ``auto``, with a fitted model of the machine (``facts["machine"]``, a
-   :class:`mpicomm.model.Machine`) and a known message size: the allowed
-   algorithm with the least :func:`predict` (ties, within a
-   relative 1e-9: the first name in alphabetical order);
-6. otherwise :data:`SELECTION`, the static table: per collective, rules tried
-   in order; the first whose conditions hold (and whose algorithm is allowed)
-   wins. Conditions are facts every rank knows alike: ``max_bytes``/``min_bytes``
-   (the message size, see :func:`mpicomm.coll.args.selection_bytes`),
-   ``pof2`` (p is a power of two), ``min_p``/``max_p``, and ``min_count``
-   (elements ≥ a multiple of p: ``min_count: 1`` means count ≥ p).
+4. ``auto``: the measured rules of the communicator's layout
+   (``facts["rules"]``, a :class:`mpicomm.rules.Rules` written by
+   ``python -m mpicomm.tune --collectives``), when a file exists;
+5. ``auto``: the default rules (:data:`SELECTION`, read from the rules file
+   shipped with mpicomm, :data:`DEFAULT`);
+6. ``auto``: any algorithm that can run (the first by name).
+
+Both kinds of rules are one format (:mod:`mpicomm.rules`): per collective, rules
+tried in order; the first whose conditions hold and whose algorithm is
+allowed wins. Conditions are facts every rank knows alike:
+``max_bytes``/``min_bytes`` (the message size, see
+:func:`mpicomm.plan.args.selection_bytes`), ``pof2`` (p is a power of two),
+``min_p``/``max_p``, ``min_count`` (elements ≥ a multiple of p:
+``min_count: 1`` means count ≥ p) and ``device`` (device buffers or host
+ones). The fitted α-β-γ model (:mod:`mpicomm.model`) does not choose: it
+predicts (:func:`predict`) and explains (``python -m mpicomm algorithms --explain``).
 
 An algorithm's restrictions (:class:`Algorithm`) say when it cannot run:
 :func:`allowed` checks them against the call's facts. A named algorithm that
-is not allowed raises ValueError; ``auto`` skips it. ``min_count`` in the table
-is about speed only - every algorithm runs with any count, count < p included -
-so the model ignores it.
+is not allowed raises ValueError; ``auto`` skips it. ``min_count`` in the rules
+is about speed only - every algorithm runs with any count, count < p included.
 
 :func:`choose` returns the algorithm and where the choice came from
-(``"call"``, ``"communicator"``, ``"environment"``, ``"decisions"``, ``"model"``, ``"table"``);
-both are logged at debug level on the ``mpicomm`` logger.
+(``"call"``, ``"communicator"``, ``"environment"``, ``"rules"`` - the measured
+rules -, ``"table"`` - the default rules, or any algorithm that can run);
+both are logged at debug level on the ``mpicomm`` logger, with the rule that chose.
+
+User algorithms: a module of the program's own registers them exactly as
+``mpicomm/coll/*.py`` does (``mpicomm.register_algorithm`` is :func:`register`,
+``mpicomm.register_cost`` is :func:`cost`). So that every process of a job -
+the program, ``python -m mpicomm verify``, the benchmarks, ``tune`` - knows
+them, name the module in ``MPICOMM_ALGORITHM_MODULES=pkg.mod[,pkg.mod2]``
+(:data:`MODULES_VARIABLE`): the table imports those modules when it first
+loads, after mpicomm's own (:func:`import_modules`; a name that cannot be
+imported raises ImportError naming the variable and the module). A worked
+example: ``docs/examples/torus_allreduce.py``.
 
 Facts (every key optional): ``p`` ranks, ``bytes`` (selection size or None),
 ``count``, ``commutative`` and ``op`` (its name), ``nodes`` and ``ppn`` (the
 communicator's layout), ``device`` (true, or a device object, when the
-buffers are not host memory; None/False on the host), ``machine``, ``decisions``.
+buffers are not host memory; None/False on the host), ``blocking``, ``nested``, ``rules`` (the measured
+rules of the communicator's layout, or None).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import math
 import pkgutil
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import config
+from .rules import Rules, describe as describe_rule, holds as _holds
+from .rules import default as _default_rules
 from .catalogue import CATALOGUE, family
 from .model import NOMINAL, CostFunction, Link, Machine, working_set
 
-__all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "SELECTION",
-           "table", "cost", "costs", "cost_function", "communication", "predict", "cheapest"]
+__all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "auto_rule",
+           "SELECTION", "DEFAULT",
+           "table", "cost", "costs", "cost_function", "communication", "predict", "cheapest", "MODULES_VARIABLE",
+           "import_modules", "module_names", "user_modules"]
 
 log = logging.getLogger("mpicomm")
 
@@ -75,7 +93,10 @@ class Algorithm:
     levels) and must not overlap; ``composite``: runs other collectives on
     sub-communicators (hierarchical), so it is never chosen for one of those
     inner calls (facts ``nested``): on a one-node communicator the node level
-    is the communicator itself, and it would call itself for ever.
+    is the communicator itself, and it would call itself for ever;
+    ``butterfly``: its first rounds are, on every rank and for every p, the
+    validation's butterfly (:func:`mpicomm.plan.agreement.butterfly`), so the
+    ranks' digests can travel in its own small messages.
     """
 
     collective: str
@@ -88,6 +109,7 @@ class Algorithm:
     host_only: bool = False
     blocking_only: bool = False
     composite: bool = False
+    butterfly: bool = False
 
     @property
     def cost(self) -> str:
@@ -98,6 +120,13 @@ class Algorithm:
     def time(self) -> CostFunction | None:
         """The cost function registered beside the algorithm (:func:`cost`): ``fn(machine, n, p) -> seconds``."""
         return cost_function(self.collective, self.name)
+
+    def tunables(self) -> tuple:
+        """The current values of its module's upper-case numeric settings (``SEGMENT_BYTES``...), which shape
+        its schedules: part of the key a compiled plan is kept under, so changing one makes new plans."""
+        module = sys.modules.get(getattr(self.steps, "__module__", ""), None)
+        found = vars(module) if module is not None else {}
+        return tuple((k, v) for k, v in found.items() if k.isupper() and type(v) in (int, float))
 
     @property
     def summary(self) -> str:
@@ -115,64 +144,14 @@ def cost_of(fn: Callable) -> str:
 
 _TABLE: dict[str, dict[str, Algorithm]] = {}
 
-#: Static selection when nothing else names an algorithm and no measured decision or fitted model applies:
-#: collective → rules, first match wins (a rule whose algorithm cannot run the call - shm for a nonblocking
-#: call or across nodes - is skipped). Sizes start from MPICH's defaults and were moved where measurements on
-#: one node at p = 2 and p = 4 (BENCHMARKS.md) showed another algorithm faster.
-SELECTION: dict[str, list[dict]] = {
-    "barrier": [{"algorithm": "dissemination"}],
-    "bcast": [{"max_bytes": 12288, "algorithm": "binomial"},
-              {"min_bytes": 65536, "max_p": 8, "algorithm": "linear"},
-              {"max_p": 7, "algorithm": "binomial"},
-              {"algorithm": "scatter_allgather"}],
-    "reduce": [{"min_bytes": 65536, "min_count": 1, "algorithm": "rabenseifner"}, {"algorithm": "binomial"}],
-    "allreduce": [{"max_bytes": 2048, "algorithm": "recursive_doubling"},
-                  {"min_bytes": 131072, "algorithm": "shm"},
-                  {"min_bytes": 2 << 20, "min_count": 1, "algorithm": "rabenseifner"},
-                  {"algorithm": "recursive_doubling"}],
-    "gather": [{"algorithm": "binomial"}],
-    "gatherv": [{"algorithm": "linear"}],
-    "scatter": [{"algorithm": "binomial"}],
-    "scatterv": [{"algorithm": "linear"}],
-    "allgather": [{"max_p": 2, "min_bytes": 16384, "algorithm": "linear"},
-                  {"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
-                  {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
-    "allgatherv": [{"max_p": 2, "min_bytes": 16384, "algorithm": "linear"},
-                   {"pof2": True, "max_bytes": 524288, "algorithm": "recursive_doubling"},
-                   {"max_bytes": 81920, "algorithm": "bruck"}, {"algorithm": "ring"}],
-    "alltoall": [{"max_bytes": 256, "algorithm": "bruck"}, {"algorithm": "linear"}],
-    "alltoallv": [{"algorithm": "linear"}],
-    "reduce_scatter": [{"max_bytes": 524288, "algorithm": "recursive_halving"},
-                       {"max_p": 2, "min_bytes": 1 << 20, "algorithm": "ring"}, {"algorithm": "pairwise"}],
-    "reduce_scatter_block": [{"max_bytes": 524288, "algorithm": "recursive_halving"},
-                             {"max_p": 2, "min_bytes": 1 << 20, "algorithm": "ring"}, {"algorithm": "pairwise"}],
-    "scan": [{"algorithm": "recursive_doubling"}],
-    "exscan": [{"algorithm": "recursive_doubling"}],
-}
+#: The default rules (:mod:`mpicomm.rules`), read from the rules file shipped with mpicomm
+#: (``mpicomm/default_rules.json``): what ``auto`` follows after the measured rules of the communicator's layout.
+DEFAULT: Rules = _default_rules()
 
-_CONDITIONS = ("max_bytes", "min_bytes", "pof2", "min_p", "max_p", "min_count")
-
-
-def _holds(rule: dict, facts: dict) -> bool:
-    p, nbytes, count = facts.get("p", 1), facts.get("bytes"), facts.get("count")
-    for key, value in rule.items():
-        if key == "algorithm":
-            continue
-        if key == "max_bytes" and (nbytes is None or nbytes > value):
-            return False
-        if key == "min_bytes" and (nbytes is None or nbytes < value):
-            return False
-        if key == "pof2" and (p & (p - 1) == 0) != value:
-            return False
-        if key == "min_p" and p < value:
-            return False
-        if key == "max_p" and p > value:
-            return False
-        if key == "min_count" and (count is None or count < value * p):
-            return False
-        if key not in _CONDITIONS:
-            raise ValueError(f"selection rule {rule} has unknown condition {key!r}; known: {', '.join(_CONDITIONS)}")
-    return True
+#: The default rules' lists, by collective (``DEFAULT.collectives``, the same dict): rules tried in order, the first
+#: whose conditions hold and whose algorithm can run the call wins. Replace a collective's list to change them
+#: (the dispatcher keeps its choices by the list's identity, so a new list makes new choices).
+SELECTION: dict[str, list[dict]] = DEFAULT.collectives
 
 
 def allowed(algorithm: Algorithm, facts: dict) -> str | None:
@@ -197,72 +176,59 @@ def allowed(algorithm: Algorithm, facts: dict) -> str | None:
 
 
 def auto(collective: str, facts: dict) -> "Algorithm":
-    """The static table's choice for a call with these *facts*, skipping algorithms that are not :func:`allowed`."""
-    for rule in SELECTION.get(collective, ()):
-        if _holds(rule, facts):
-            algorithm = lookup(collective, rule["algorithm"])
-            if allowed(algorithm, facts) is None:
-                return algorithm
-    for name in algorithms(collective):  # nothing in the table fits: any algorithm that can run
+    """The default rules' choice (:data:`SELECTION`) for a call with these *facts*, skipping algorithms that are not
+    :func:`allowed`; when no rule fits, the first algorithm by name that can run (measured rules not consulted)."""
+    return auto_rule(collective, {**facts, "rules": None})[0]
+
+
+def auto_rule(collective: str, facts: dict) -> tuple["Algorithm", str, str]:
+    """What ``auto`` picks for a call with these *facts*, where from, and which rule: ``(algorithm, source, rule)``.
+
+    *source* is ``"rules"`` (the measured rules ``facts["rules"]``) or ``"table"`` (the default rules, or
+    no rule fitted and *algorithm* is the first by name that can run); *rule* says which rule chose, in words
+    (``"rule 2 of the default rules: up to 2048 B → recursive_doubling"``). ValueError when nothing can run.
+    """
+    measured = facts.get("rules")
+    if measured is not None:
+        found = _first(measured.collectives.get(collective) or (), collective, facts, measured.applies(facts),
+                       strict=False)
+        if found is not None:
+            index, rule, algorithm = found
+            return algorithm, "rules", f"rule {index + 1} of {measured.name}: {describe_rule(rule)}"
+    found = _first(SELECTION.get(collective) or (), collective, facts)
+    if found is not None:
+        index, rule, algorithm = found
+        return algorithm, "table", f"rule {index + 1} of the default rules: {describe_rule(rule)}"
+    for name in algorithms(collective):  # no rule fits: any algorithm that can run
         algorithm = lookup(collective, name)
         if allowed(algorithm, facts) is None:
-            return algorithm
+            return algorithm, "table", "no rule fits: the first algorithm by name that can run"
     raise ValueError(f"no {collective} algorithm accepts these arguments ({_show(facts)})")
 
 
+def _first(rules: Any, collective: str, facts: dict, applies: bool = True,
+           strict: bool = True) -> tuple[int, dict, "Algorithm"] | None:
+    """(index, rule, algorithm) of the first of *rules* that holds and whose algorithm is allowed. *strict*: an
+    algorithm that is not registered raises ValueError (the default rules); else the rule is skipped (measured
+    rules, read from a file that another installation may have written)."""
+    if not applies:
+        return None
+    for index, rule in enumerate(rules):
+        if _holds(rule, facts):
+            if strict:
+                algorithm = lookup(collective, rule["algorithm"])
+            else:
+                _load()
+                algorithm = _TABLE.get(collective, {}).get(rule["algorithm"])
+                if algorithm is None:
+                    continue
+            if allowed(algorithm, facts) is None:
+                return index, rule, algorithm
+    return None
+
+
 def _show(facts: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in facts.items() if k != "machine")
-
-
-#: Model choices already made: (collective, bytes, p, commutative, nodes, on device, blocking, id(machine))
-#: → (algorithm, why, machine).
-_choices: dict[tuple, tuple[Algorithm, str, Any]] = {}
-_CHOICES_KEPT = 4096
-_TIE = 1e-9  # relative difference below which two predictions are equal
-
-
-def _by_model(collective: str, facts: dict, machine: Any) -> tuple[Algorithm, str] | None:
-    """The allowed algorithm the model predicts fastest, with a note for the log; None if none is modelled."""
-    nbytes, p = facts["bytes"], facts.get("p") or 1
-    device = facts.get("device")
-    key = (collective, nbytes, p, bool(facts.get("commutative", True)), facts.get("nodes") or 1,
-           device is not None and device is not False, facts.get("blocking") is not False, bool(facts.get("nested")),
-           id(machine))
-    hit = _choices.get(key)
-    if hit is not None and hit[2] is machine:  # the same machine object, not one that took a freed one's id
-        return hit[0], hit[1]
-    scored = []
-    for name in algorithms(collective):
-        algorithm = _TABLE[collective][name]
-        if allowed(algorithm, facts) is None and cost_function(collective, name) is not None:
-            scored.append((communication(collective, name, nbytes, p, machine), name, algorithm))
-    if not scored:
-        return None
-    least = min(row[0] for row in scored)
-    tie = least * (1 + _TIE) + 1e-15  # formulas that agree but for rounding are a tie: the first name wins
-    scored.sort(key=lambda row: (row[0] > tie, row[1] if row[0] <= tie else "", row[0]))
-    seconds, _, best = scored[0]
-    why = f"{seconds * 1e6:.1f} us predicted" + (
-        f"; next {scored[1][1]} {scored[1][0] * 1e6:.1f} us" if len(scored) > 1 else "")
-    if len(_choices) >= _CHOICES_KEPT:
-        _choices.clear()
-    _choices[key] = (best, why, machine)
-    return best, why
-
-
-def _by_decisions(collective: str, facts: dict) -> tuple[Algorithm, str] | None:
-    """The measured decision (``facts["decisions"]``, a :class:`mpicomm.decisions.Decisions`) for this size, if one
-    covers it and its algorithm can run here; None leaves the choice to the model or the table. Decisions are
-    measured on host arrays at one p, so device buffers and other sizes of communicator skip them."""
-    decisions = facts.get("decisions")
-    if decisions is None or facts.get("device") or decisions.p != (facts.get("p") or 1):
-        return None
-    name = decisions.algorithm_for(collective, facts.get("bytes"))
-    _load()
-    algorithm = _TABLE.get(collective, {}).get(name) if name is not None else None
-    if algorithm is None or allowed(algorithm, facts) is not None:
-        return None
-    return algorithm, f"measured fastest at this size ({decisions.layout})"
+    return ", ".join(f"{k}={v}" for k, v in facts.items() if k not in ("machine", "rules"))
 
 
 def register(collective: str, name: str, **restrictions: bool) -> Callable[[Callable], Callable]:
@@ -275,7 +241,6 @@ def register(collective: str, name: str, **restrictions: bool) -> Callable[[Call
         if name in algorithms_of:
             raise ValueError(f"algorithm {collective}/{name} is registered twice")
         algorithms_of[name] = Algorithm(collective, name, fn, **restrictions)
-        _choices.clear()
         return fn
 
     return decorate
@@ -312,7 +277,7 @@ def choose(collective: str, requested: str | None, comm_default: str | None = No
     """Resolve the algorithm for one call and say where the choice came from (see the module docstring).
 
     Returns ``(algorithm, source)``, source one of ``"call"``,
-    ``"communicator"``, ``"environment"``, ``"decisions"``, ``"model"``, ``"table"``. A named
+    ``"communicator"``, ``"environment"``, ``"rules"`` (measured), ``"table"`` (default rules). A named
     algorithm that is not :func:`allowed` with these *facts* (a non-commutative
     op for a commutative-only one, several nodes for a single-node one...)
     raises ValueError with the reason and the algorithms that can run.
@@ -340,17 +305,9 @@ def choose(collective: str, requested: str | None, comm_default: str | None = No
                                  f"{fix}: {', '.join(can)} (or 'auto')")
             break
     else:
-        machine = facts.get("machine")
-        picked, source = _by_decisions(collective, facts), "decisions"
-        if picked is None and machine is not None and facts.get("bytes") is not None and (facts.get("p") or 1) > 1:
-            picked, source = _by_model(collective, facts, machine), "model"
-        if picked is not None:
-            algorithm, note = picked
-        else:
-            source = "table"
-            algorithm = auto(collective, facts)
+        algorithm, source, note = auto_rule(collective, facts)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s: algorithm %s (from the %s%s)", collective, algorithm.name, source, f": {note}" if note else "")
+        log.debug("%s: algorithm %s (from the %s)%s", collective, algorithm.name, source, f", {note}" if note else "")
     return algorithm, source
 
 
@@ -362,14 +319,67 @@ def select(collective: str, requested: str | None, comm_default: str | None = No
 
 _loaded: list[bool] = []
 
+#: The environment variable naming the modules of user algorithms (comma-separated import paths) that the
+#: table imports when it first loads, in every process of a job alike (see :func:`import_modules`).
+MODULES_VARIABLE = "MPICOMM_ALGORITHM_MODULES"
+
+_plugins: list[str] = []  # user modules imported so far, in order
+
 
 def _load() -> None:
-    """Import the modules that register algorithms, every module of :mod:`mpicomm.coll` (once)."""
+    """Import the modules that register algorithms: every module of :mod:`mpicomm.coll`, then the user modules
+    that :data:`MODULES_VARIABLE` names (once; a user module that failed to import is tried again next time)."""
     if not _loaded:
         package = importlib.import_module(f"{__package__}.coll")
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{package.__name__}.{module.name}")
+        import_modules(config.raw(MODULES_VARIABLE) or "")
         _loaded.append(True)
+
+
+def module_names(text: str) -> list[str]:
+    """The module paths of a comma-separated list (``"pkg.mod, pkg.mod2"``), blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def import_modules(modules: str | list[str] | tuple[str, ...], source: str = MODULES_VARIABLE) -> list[str]:
+    """Import user modules that register algorithms (and their costs) with :func:`register` and :func:`cost`.
+
+    *modules*: import paths, a list or one comma-separated string (what
+    :data:`MODULES_VARIABLE` holds). A module already imported is not imported
+    again. A name that cannot be imported, or a module that fails while it
+    registers, raises ImportError naming *source* (the variable, or the
+    command-line option that gave it) and the module. Returns the modules
+    imported by this call.
+    """
+    names = module_names(modules) if isinstance(modules, str) else [str(m).strip() for m in modules]
+    done = []
+    for name in names:
+        if name in _plugins:
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            missing = exc.name or name
+            if name == missing or name.startswith(missing + "."):
+                raise ImportError(
+                    f"{source}: cannot import algorithm module {name!r}: no module named {missing!r}; give the "
+                    f"import path of a module on sys.path (run from the directory that holds its package, or add "
+                    f"that directory to PYTHONPATH), several separated by commas",
+                    name=name) from None
+            raise ImportError(f"{source}: algorithm module {name!r} failed to import: {exc}", name=name) from exc
+        except Exception as exc:  # noqa: BLE001 - whatever the module raised, say which module and where it came from
+            raise ImportError(f"{source}: algorithm module {name!r} failed to import: {type(exc).__name__}: {exc}",
+                              name=name) from exc
+        if name not in _plugins:  # (a module that loads the table while it imports is listed already)
+            _plugins.append(name)
+            done.append(name)
+    return done
+
+
+def user_modules() -> list[str]:
+    """The user modules imported so far (:func:`import_modules`), in order."""
+    return list(_plugins)
 
 
 # ---------------------------------------------------------------- cost functions
@@ -390,7 +400,6 @@ def cost(collective: str, *names: str) -> Callable[[CostFunction], CostFunction]
             if (collective, name) in _COSTS:
                 raise ValueError(f"cost of {collective}/{name} is registered twice")
             _COSTS[(collective, name)] = fn
-        _choices.clear()
         return fn
 
     return decorate

@@ -31,8 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import p2p, trace
-from .buffers import adopt, array_module, check_array, element_view
-from .requests import Request, Steps, barrier, progress
+from .transport.buffers import adopt, array_module, check_array, element_view
+from .engine.requests import Request, Steps, barrier, progress
 from .validate import check_int, check_peer
 
 if TYPE_CHECKING:

@@ -41,9 +41,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .buffers import adopt, check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
-from .requests import barrier
-from .validate import agree, check_int, check_peer, check_span
+from .transport.buffers import adopt, check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
+from .engine.requests import barrier
+from .validate import check_int, check_peer, check_span
 
 if TYPE_CHECKING:
     from .comm import Comm
@@ -208,3 +208,18 @@ class Window:
     def __repr__(self) -> str:
         where = "host mirror" if self.staged else "in place"
         return f"<mpicomm.Window {self.dtype} sizes={self.sizes} ({where})>"
+
+
+def agree(comm: MPI.Intracomm, problem: str | None, what: str, payload: object = None) -> list:
+    """Collective: share each rank's local problem (None when fine) and *payload*.
+
+    If any rank has a problem, raise the same ValueError, naming every bad
+    rank, on every rank; else return every rank's payload. Used before a
+    collective operation that a local error would otherwise leave half-entered.
+    """
+    barrier(comm)  # everyone has arrived, this rank's pending requests served meanwhile
+    shared = comm.allgather((problem, payload))
+    bad = [(r, p) for r, (p, _) in enumerate(shared) if p is not None]
+    if bad:
+        raise ValueError(f"{what}: " + "; ".join(f"rank {r}: {p}" for r, p in bad))
+    return [payload for _, payload in shared]

@@ -4,9 +4,9 @@ Everything an algorithm, a plan or the dispatcher needs to know about a
 communicator lives here, declared in one place: the topology (node-local and
 node-leader sub-communicators), the private duplicate collectives run on and
 its tag sequence, the typed-message channel, per-communicator algorithm
-defaults and remembered choices, the fitted cost model, the shared-memory
-arena, the two levels of hierarchical algorithms, and the plans of repeated
-calls. :meth:`State.free` releases all of it; MPI calls it when the
+defaults and remembered choices, the measured selection rules, the fitted
+cost model, the shared-memory arena, the two levels of hierarchical
+algorithms, and the plans of repeated calls. :meth:`State.free` releases all of it; MPI calls it when the
 communicator is freed (``Comm.Free``), through the attribute the state is
 kept in, so nothing is left behind.
 
@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config, decisions, launcher, model, p2p, registry
-from .requests import barrier
+from . import config, launcher, model, p2p, registry, rules
+from .engine.executor import ranks_on_node
+from .engine.progress import Queue, finish_pending
+from .engine.requests import barrier
 
 #: Calls the flight recorder keeps per communicator (the watchdog prints them).
 RECENT = 8
@@ -59,14 +61,23 @@ class State:
     recent: collections.deque  #: flight recorder: the last RECENT collective calls (Call objects), for the watchdog
     lock: threading.RLock  #: held by the thread running a collective call on it (concurrent use is refused)
     poisoned: str | None  #: why this communicator refuses every further collective (two threads used it at once)
-    collectives: int  #: sequence number of the next collective call (its tag: this modulo tag_modulus)
+    collectives: int  #: sequence number of the next collective call (names it in messages and the trace)
+    epoch: int  #: how many calls failed on a disagreement (each moves the collectives to fresh tags)
+    tag_data: int  #: the tag of every collective's data messages on library_comm (this epoch)
+    tag_agree: int  #: the tag of the agreement's messages, and of data fused with them (this epoch)
+    queue: Queue  #: nonblocking and persistent runs in call order (:mod:`mpicomm.engine.progress`)
+    persistent: int  #: persistent collectives created so far (the next one's number, agreed by every rank)
+    user_tags: int  #: tags handed out by ``Comm.collective_tag()`` so far
     defaults: dict[str, str]  #: ``comm.set_algorithm`` choices
     choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
-    plans: dict[tuple, list]  #: scratch arrays of repeated blocking calls, by their signature
+    plans: dict[tuple, Any]  #: compiled plans of calls seen before, by signature (:mod:`mpicomm.plan`)
+    fast: dict[tuple, Any]  #: the same plans by the identity of plain-array arguments (the front's fast path)
     machine: Any  #: the fitted cost model (:class:`mpicomm.model.Machine`) or None
-    decisions: Any  #: measured decisions for this layout (:class:`mpicomm.decisions.Decisions`) or None
-    arena: Any  #: the shared-memory arena (:class:`mpicomm.shm.Arena`), made by the first shm call
-    levels: Any  #: the hierarchy's levels (:class:`mpicomm.coll.hierarchy.Levels`), made by the first use
+    rules: Any  #: the measured selection rules of this layout (:class:`mpicomm.rules.Rules`) or None
+    arena: Any  #: the shared-memory arena (:class:`mpicomm.transport.memory.Arena`), made by the first shm call
+    levels: tuple[Any, Any] | None  #: the hierarchy's (node, leaders) states (:mod:`mpicomm.coll.hierarchy`), made by the first use
+    node_of: tuple[int, ...]  #: every rank's node
+    local_of: tuple[int, ...]  #: every rank's local rank
     freed: bool
 
     def __init__(self, comm: MPI.Intracomm):
@@ -82,6 +93,7 @@ class State:
         self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
+        ranks_on_node(self.local_size)
         first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
         leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
         self.leader_comm = None if leaders == MPI.COMM_NULL else leaders
@@ -91,35 +103,68 @@ class State:
             where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size(), most
         self.node_comm.Bcast(where, root=0)
         self.node, self.nodes, self.ppn = int(where[0]), int(where[1]), int(where[2])
+        every = np.empty((self.size, 2), np.int64)
+        comm.Allgather(np.array([self.node, self.local_rank], np.int64), every)
+        self.node_of = tuple(int(v) for v in every[:, 0])  # every rank's node
+        self.local_of = tuple(int(v) for v in every[:, 1])  # every rank's local rank
         self.host = MPI.Get_processor_name()
         self.library_comm = p2p.private_dup(comm)
         self.channel = p2p.Channel(comm)
         self.tag_ub = self.channel.tag_ub
-        self.tag_modulus = min(self.tag_ub, 1 << 20)  # collectives' tags: 0 … tag_modulus − 1
-        self.watch_tag = self.tag_modulus  # the watchdog's roll call (never a collective's tag)
+        self.tag_modulus = min(self.tag_ub, 1 << 20)  # collectives' tags: 1 … tag_modulus − 1
+        self.watch_tag = 0  # the watchdog's roll call (never a collective's tag)
         self.recent = collections.deque(maxlen=RECENT)
         self.lock = threading.RLock()
         self.poisoned = None
         self.collectives = 0
+        self.epoch = 0
+        self.tag_data, self.tag_agree = self._tags(0)
+        self.queue = Queue()
+        self.persistent = 0
+        self.user_tags = 0
         self.defaults = {}
         self.choices = {}
         self.plans = {}
+        self.fast = {}
         self.machine = model.for_comm(self.library_comm, self.host, self.nodes, self.local_size)
-        # measured decisions (python -m mpicomm.tune --collectives), loaded by rank 0 and broadcast
-        self.decisions = decisions.for_comm(self.library_comm, self.host, self.nodes, self.ppn, registry.algorithms)
+        # measured selection rules (python -m mpicomm.tune --collectives), loaded by rank 0 and broadcast
+        self.rules = rules.for_comm(self.library_comm, self.host, self.nodes, self.ppn, registry.algorithms)
         self.arena = None
         self.levels = None
         self.freed = False
 
-    def next_tag(self) -> tuple[int, int]:
-        """``(sequence number, tag)`` of the next collective call (advances the sequence).
+    def sub_state(self, comm: MPI.Intracomm) -> "State":
+        """The state of another communicator (collective over it: a hierarchical level's)."""
+        return state_of(comm)
 
-        Every rank calls collectives in the same order, so ranks agree on it,
-        and calls in flight at once never match each other's messages.
-        """
+    def user_tag(self) -> int:
+        """The next tag of the range kept for programs' own messages on library_comm (above every
+        collective's: tag_modulus … tag_ub)."""
+        n = self.user_tags
+        self.user_tags = n + 1
+        span = max(1, self.tag_ub - self.tag_modulus)
+        return self.tag_modulus + n % span
+
+    def next_seq(self) -> int:
+        """The sequence number of the next collective call (advances it)."""
         seq = self.collectives
         self.collectives = seq + 1
-        return seq, seq % self.tag_modulus
+        return seq
+
+    def _tags(self, epoch: int) -> tuple[int, int]:
+        """(data, agreement) tags of an epoch: 1, 2; 3, 4; … below the watchdog's tag."""
+        span = max(2, self.tag_modulus - 1) // 2 * 2
+        first = 1 + (2 * epoch) % span
+        return first, first + 1
+
+    def new_epoch(self) -> int:
+        """Move every later collective to fresh tags and forget the compiled plans (a call failed on a
+        disagreement: messages of it may still be in flight, and must never match a later call)."""
+        self.epoch += 1
+        self.tag_data, self.tag_agree = self._tags(self.epoch)
+        self.plans.clear()  # (a plan's requests are freed with it; a queued run may still hold one)
+        self.fast.clear()
+        return self.epoch
 
     def free(self) -> None:
         """Release everything: plans, the shared-memory windows, the levels' communicators, the duplicates.
@@ -129,13 +174,17 @@ class State:
         if self.freed:
             return
         self.freed = True
+        finish_pending(self.queue)  # MPI's rule: operations pending at Free complete normally
+        for plan in list(self.plans.values()):
+            plan.release()
         self.plans.clear()
+        self.fast.clear()
         self.choices.clear()
         if self.arena is not None:
             self.arena.free()
             self.arena = None
         if self.levels is not None:
-            for level in (self.levels.node, self.levels.leaders):
+            for level in self.levels:
                 if level is not None:
                     level.comm.Free()  # its own State goes with it (the attribute's delete callback)
             self.levels = None

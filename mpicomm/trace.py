@@ -415,7 +415,7 @@ def flush(path: str | None = None) -> None:
     if not MPI.Is_initialized() or MPI.Is_finalized():
         _flush_alone(target, MPI)
         return
-    from .requests import barrier
+    from .engine.requests import barrier
 
     barrier(MPI.COMM_WORLD)  # a peer waiting on this rank's progress (a large send) gets it meanwhile
     comm = MPI.COMM_WORLD.Dup()

@@ -2,7 +2,7 @@
 
 Each raises ``TypeError``/``ValueError`` naming the argument, the bad value and
 the fix, and runs before anything is sent, so no peer is left waiting.
-(Array checks live with the buffers: :func:`mpicomm.buffers.check_array`.)
+(Array checks live with the buffers: :func:`mpicomm.transport.buffers.check_array`.)
 
 What a collective checks
 ------------------------
@@ -69,9 +69,8 @@ import numbers
 
 from mpi4py import MPI
 
-from .requests import barrier
 
-__all__ = ["check_peer", "check_tag", "check_int", "check_span", "agree"]
+__all__ = ["check_peer", "check_tag", "check_int", "check_span"]
 
 
 def check_int(value: object, name: str) -> int:
@@ -111,18 +110,3 @@ def check_span(offset: int, count: int, size: int, where: str) -> None:
             f"elements [{offset}, {offset + count}) are outside {where}, which has {size} elements; "
             f"use 0 <= offset and offset + count <= {size}"
         )
-
-
-def agree(comm: MPI.Intracomm, problem: str | None, what: str, payload: object = None) -> list:
-    """Collective: share each rank's local problem (None when fine) and *payload*.
-
-    If any rank has a problem, raise the same ValueError, naming every bad
-    rank, on every rank; else return every rank's payload. Used before a
-    collective operation that a local error would otherwise leave half-entered.
-    """
-    barrier(comm)  # everyone has arrived, this rank's pending requests served meanwhile
-    shared = comm.allgather((problem, payload))
-    bad = [(r, p) for r, (p, _) in enumerate(shared) if p is not None]
-    if bad:
-        raise ValueError(f"{what}: " + "; ".join(f"rank {r}: {p}" for r, p in bad))
-    return [payload for _, payload in shared]

@@ -202,7 +202,69 @@ def traced_finalized() -> None:
     MPI.Finalize()
 
 
-PROGRAMS.update({f.__name__: f for f in (traced, traced_finalized)})
+def stuck_persistent() -> None:
+    """Rank 1 never starts a persistent allreduce the others start and wait on (MPICOMM_TIMEOUT set)."""
+    import numpy as np
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    x = np.ones(10)
+    y = np.empty(10)
+    request = comm.Allreduce_init(x, y, algorithm="recursive_doubling")
+    if comm.rank != 1:
+        request.Start()
+        request.Wait()
+    time.sleep(60)
+
+
+def two_threads() -> None:
+    """Thread A starts and waits a persistent allreduce over and over while the main thread runs blocking
+    allreduces of the same size on the same communicator. Rank 0 prints one JSON line: per rank, the errors
+    each thread met (by type) and how many results were wrong."""
+    import threading
+
+    import numpy as np
+
+    import mpicomm
+
+    comm = mpicomm.Comm()
+    rank, p = comm.rank, comm.size
+    n, rounds = 4, 30
+    x, y = np.full(n, rank + 1.0), np.empty(n)
+    request = comm.Allreduce_init(x, y)
+    report = {"A": [], "B": [], "wrong": 0}
+    expected = p * (p + 1) / 2
+
+    def persistent_loop() -> None:
+        for _ in range(rounds):
+            try:
+                request.Start()
+                request.Wait()
+                if not np.all(y == expected):
+                    report["wrong"] += 1
+            except Exception as exc:  # noqa: BLE001 - reported
+                report["A"].append(type(exc).__name__)
+                return
+
+    thread = threading.Thread(target=persistent_loop)
+    thread.start()
+    a, b = np.full(n, 2.0 * (rank + 1)), np.empty(n)
+    for _ in range(rounds):
+        try:
+            comm.Allreduce(a, b)
+            if not np.all(b == 2 * expected):
+                report["wrong"] += 1
+        except Exception as exc:  # noqa: BLE001 - reported
+            report["B"].append(type(exc).__name__)
+            break
+    thread.join()
+    reports = mpicomm.Comm(comm.Dup()).gather(report, root=0) if False else comm.library_comm.gather(report, 0)
+    if rank == 0:
+        print(json.dumps(reports), flush=True)
+
+
+PROGRAMS.update({f.__name__: f for f in (traced, traced_finalized, stuck_persistent, two_threads)})
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in PROGRAMS:

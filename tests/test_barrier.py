@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.coll.schedules import dissemination as dissemination_schedule
+from mpicomm.coll.patterns import dissemination as dissemination_schedule
 
 ALGORITHMS = ["native", "dissemination"]
 

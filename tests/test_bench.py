@@ -66,7 +66,7 @@ def test_algbw_counts_what_nccl_tests_counts(p):
 @pytest.mark.parametrize("collective", [c for c in COLLECTIVES if c != "barrier"])
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_model_bytes_are_the_dispatchers_selection_bytes(collective, p):
-    from mpicomm.coll import dispatch
+    from mpicomm.front import dispatch
 
     spec = COLLECTIVES[collective]
     for unit in (1, 5, 4096):

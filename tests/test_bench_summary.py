@@ -32,11 +32,21 @@ def test_targets_are_judged_from_the_rows(tmp_path):
     ]
     text = summary.summarize([_write(tmp_path, "a.json", 2, rows)])
     assert "### p = 2" in text
-    assert "native 4.0 µs; auto 20.0 µs (5.0x, +16.0 µs per call); persistent 6.0 µs (1.5x, +2.0 µs per call)" in text
+    assert ("native 4.0 µs; auto 20.0 µs (5.0x, +16.0 µs per call; target ≤ 2.5 missed); "
+            "persistent 6.0 µs (1.5x, +2.0 µs per call; target ≤ 1.3 missed)") in text
     assert "| allreduce | 1048576 | 100.0 | shm | 0.70 | shm | 0.60 | ≤ 0.7 met |" in text  # shm+pool is not ordinary
+    assert "auto met its target at 1 of 1 points." in text
     assert "1 of 2 points (50 %" in text  # 8 B: auto 20 against ring 30 is within; 1 MiB: 70 against 60 is not
     assert "allreduce 1048576 B auto (shm) 1.17x of shm" in text
     assert "model within 1.5x of the measurement at ≥ 64 KiB: 1 of 2" in text  # 8 B rows are below 64 KiB
+
+
+def test_each_collective_is_judged_from_64_kib_against_its_own_target():
+    assert summary.target_of("allreduce", 32768) is None
+    assert summary.target_of("allreduce", 65536) == 1.0
+    assert summary.target_of("allreduce", MiB) == 0.7
+    assert summary.target_of("alltoall", 65536) == 1.0
+    assert summary.target_of("reduce", MiB) is None
 
 
 def test_several_rank_counts_make_several_sections_and_bad_files_are_named(tmp_path):

@@ -465,8 +465,9 @@ def test_algorithm_argument_is_honoured(comm, caplog, collective, call):
         caplog.clear()
         call("auto")
         messages = [r.getMessage() for r in caplog.records if r.name == "mpicomm"]
-        # auto: the fitted model of the machine when there is one (it may have no prediction: then the table)
-        sources = ("(from the table)",) if mpicomm.world().machine is None else ("(from the table)", "(from the model")
+        # auto: the measured rules of this layout when there are some, else the default rules (the table)
+        measured = mpicomm.world()._state.rules
+        sources = ("(from the table)",) if measured is None else ("(from the table)", "(from the rules)")
         assert any(m.startswith(f"{collective}: algorithm ") and any(s in m for s in sources) for m in messages), messages
 
 

@@ -112,11 +112,12 @@ def test_idup_returns_a_plain_intracomm(comm):
 
 
 @pytest.mark.mpi
-def test_collective_tags_agree_and_advance(comm):
+def test_collective_tags_agree_advance_and_stay_out_of_the_collectives_way(comm):
     first = comm.collective_tag()
     second = comm.collective_tag()
-    assert second == (first + 1) % comm._state.tag_modulus
+    assert second == first + 1 and first >= comm._state.tag_modulus
     assert comm.allgather(first) == [first] * comm.size
+    assert {first, second}.isdisjoint({comm._state.tag_data, comm._state.tag_agree, comm._state.watch_tag})
 
 
 @pytest.mark.mpi

@@ -91,8 +91,8 @@ HAND = [
     ("gatherv", "binomial", 100, 4, 11.3e-6),
     # bruck allgather, p = 3: 2α + n·2/3·β + 2n·δ
     ("allgather", "bruck", 3000, 3, 10.5e-6),
-    # bruck alltoallv, p = 4: 2α + (n/2)·2·β + α + 2 rounds · 2 sizes · 8 B · β
-    ("alltoallv", "bruck", 1024, 4, 10.056e-6),
+    # bruck alltoallv, p = 4: 2α + (n/2)·2·β, + 2α for the rounds of block sizes, + 2 rounds · 2 sizes · 8 B · β
+    ("alltoallv", "bruck", 1024, 4, 12.056e-6),
     # recursive-doubling exscan, p = 3: 2(α + nβ + 2nγ)
     ("exscan", "recursive_doubling", 800, 3, 10.2e-6),
     # recursive halving, p = 6 (inter) folds onto 4: 2α + n·3/4·(β + γ) + (2α + nβ + nγ)

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import ops
-from mpicomm.buffers import DTYPES
+from mpicomm.transport.buffers import DTYPES
 from mpicomm.ops import BUILTIN, create, is_pair_dtype, pair_dtype, resolve
 
 UFUNC_OF = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "land": "logical_and",

@@ -1,5 +1,5 @@
 """mpicomm.registry: one table of algorithms, each with a cost; restrictions; selection by call, communicator,
-environment, fitted model or table."""
+environment, measured rules or default rules (the fitted model predicts, never chooses)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 import mpicomm
-from mpicomm import model, registry
+from mpicomm import model, registry, rules
 
 
 def all_algorithms():
@@ -66,7 +66,7 @@ def test_selection_precedence(monkeypatch):
         registry.select("barrier", None)
 
 
-# ---------------------------------------------------------------- restrictions, sources, and the model's choice
+# ---------------------------------------------------------------- restrictions, sources, and the rules' choice
 
 
 def fake(name="fake", **restrictions):
@@ -97,9 +97,11 @@ def test_choose_says_where_the_choice_came_from(monkeypatch):
     assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", "naive"), "environment")
     monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM")
     assert registry.choose("allreduce", None, None, facts) == (registry.auto("allreduce", facts), "table")
-    assert registry.choose("allreduce", None, None, {**facts, "machine": MACHINE})[1] == "model"
-    assert registry.select("allreduce", None, None, {**facts, "machine": MACHINE}) is \
-        registry.choose("allreduce", None, None, {**facts, "machine": MACHINE})[0]
+    measured = rules.Rules({"allreduce": [{"max_bytes": 64, "algorithm": "naive"}]}, 4, 1, 4)
+    assert registry.choose("allreduce", None, None, {**facts, "rules": measured}) == (
+        registry.lookup("allreduce", "naive"), "rules")
+    assert registry.select("allreduce", None, None, {**facts, "rules": measured}) is \
+        registry.choose("allreduce", None, None, {**facts, "rules": measured})[0]
 
 
 def single_node_allreduce():
@@ -126,7 +128,7 @@ MACHINE = model.Machine(intra=model.Link(20e-6, 0.125e-9), inter=model.Link(20e-
 
 
 def argmin(collective, facts, machine):
-    """The allowed algorithm of least prediction, ties by name - worked out here independently of choose()."""
+    """The allowed algorithm of least prediction, ties by name."""
     seconds = {name: registry.predict(collective, name, facts["bytes"], facts["p"], machine)
                for name in registry.table()[collective]
                if registry.allowed(registry.lookup(collective, name), facts) is None}
@@ -138,49 +140,48 @@ def argmin(collective, facts, machine):
                                         "scan", "gather"])
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 @pytest.mark.parametrize("nbytes", [8, 4096, 1 << 16, 1 << 22])
-def test_auto_with_a_machine_picks_the_least_predicted(collective, p, nbytes):
+def test_a_fitted_machine_does_not_change_the_choice(collective, p, nbytes):
+    """The model predicts and explains; auto follows the rules whatever the machine (it was the model's choice
+    once: a fitted machine made auto pick the least predicted algorithm)."""
     for facts in ({"p": p, "bytes": nbytes, "count": nbytes // 8, "nodes": -(-p // 2)},
                   {"p": p, "bytes": nbytes, "commutative": False, "nodes": 1},
                   {"p": p, "bytes": nbytes, "nodes": 1, "device": True}):
         chosen, source = registry.choose(collective, None, None, {**facts, "machine": MACHINE})
-        assert source == "model"
-        assert chosen.name == argmin(collective, facts, MACHINE)
+        assert (chosen, source) == (registry.auto(collective, facts), "table")
         assert registry.allowed(chosen, facts) is None
 
 
-def test_the_balance_of_alpha_and_beta_flips_the_choice():
+def test_the_balance_of_alpha_and_beta_flips_the_fastest_prediction():
     facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "nodes": 2, "ppn": 2}
     latency = replace(MACHINE, intra=model.Link(1e-3, 1e-15), inter=model.Link(1e-3, 1e-15), gamma=1e-15, copy=1e-15)
     bandwidth = replace(MACHINE, intra=model.Link(1e-9, 1e-6), inter=model.Link(1e-9, 1e-6), gamma=1e-9, copy=1e-6)
-    fewest_messages = registry.choose("allreduce", None, None, {**facts, "machine": latency})[0].name
-    fewest_bytes = registry.choose("allreduce", None, None, {**facts, "machine": bandwidth})[0].name
-    assert fewest_messages == "recursive_doubling"  # lg p messages
-    assert fewest_bytes in ("ring", "rabenseifner")  # 2n(p−1)/p bytes instead of n·lg p
-    assert registry.choose("bcast", None, None, {**facts, "machine": latency})[0].name == "binomial"
-    assert registry.choose("bcast", None, None, {**facts, "machine": bandwidth})[0].name in ("scatter_allgather",
-                                                                                          "pipeline")
+    assert argmin("allreduce", facts, latency) == "recursive_doubling"  # lg p messages
+    assert argmin("allreduce", facts, bandwidth) in ("ring", "rabenseifner")  # 2n(p−1)/p bytes instead of n·lg p
+    assert argmin("bcast", facts, latency) == "binomial"
+    assert argmin("bcast", facts, bandwidth) in ("scatter_allgather", "pipeline")
 
 
-def test_auto_respects_restrictions_when_the_model_prefers_a_restricted_algorithm():
+def test_measured_rules_skip_an_algorithm_that_cannot_run():
     name = single_node_allreduce()
-    cheap_copies = replace(MACHINE, copy=1e-15, gamma=1e-15)  # shared memory costs next to nothing
-    facts = {"p": 2, "bytes": 1 << 20, "nodes": 1, "machine": cheap_copies}
-    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", name), "model")
+    measured = rules.Rules({"allreduce": [{"algorithm": name}, {"max_bytes": 1 << 20, "algorithm": "ring"}]}, 2, 1, 2)
+    facts = {"p": 2, "bytes": 1 << 20, "nodes": 1, "rules": measured}
+    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", name), "rules")
     for restricted in ({"nodes": 2}, {"device": True}):
-        chosen = registry.choose("allreduce", None, None, {**facts, **restricted})[0]
-        assert chosen.name != name and registry.allowed(chosen, {**facts, **restricted}) is None
-    chosen = registry.choose("allreduce", None, None, {**facts, "commutative": False, "nodes": 2})[0]
-    assert not chosen.commutative_only and not chosen.single_node
+        assert registry.choose("allreduce", None, None, {**facts, **restricted}) == (
+            registry.lookup("allreduce", "ring"), "rules")
+    chosen, source = registry.choose("allreduce", None, None, {**facts, "commutative": False, "nodes": 2})
+    assert source == "table" and not chosen.commutative_only and not chosen.single_node  # ring reorders: the table
 
 
-def test_without_a_machine_or_a_size_the_table_decides():
-    facts = {"p": 4, "bytes": 1 << 20, "count": 1 << 17, "nodes": 1}
+def test_without_measured_rules_the_default_rules_decide():
+    facts = {"p": 4, "bytes": 4 << 20, "count": 1 << 19, "nodes": 1}
     table = registry.auto("allreduce", facts)
-    assert table.name == "shm"  # one node, a blocking call on the host
-    assert registry.auto("allreduce", {**facts, "blocking": False}).name == "recursive_doubling"
+    assert table.name == "shm"  # one node, on the host
+    assert registry.auto("allreduce", {**facts, "bytes": 1 << 20, "count": 1 << 17}).name == "recursive_doubling"
+    assert registry.auto("allreduce", {**facts, "device": True}).name == "rabenseifner"  # shm: host only
     assert registry.auto("allreduce", {**facts, "nodes": 2, "bytes": 4 << 20}).name == "rabenseifner"
     assert registry.choose("allreduce", None, None, facts) == (table, "table")
-    assert registry.choose("allreduce", None, None, {**facts, "machine": None}) == (table, "table")
+    assert registry.choose("allreduce", None, None, {**facts, "rules": None}) == (table, "table")
     assert registry.choose("gatherv", None, None, {"p": 4, "bytes": None, "machine": MACHINE})[1] == "table"
     assert registry.choose("allreduce", None, None, {"p": 1, "bytes": 8, "machine": MACHINE})[1] == "table"
 
@@ -199,10 +200,29 @@ def test_the_table_skips_algorithms_that_cannot_run():
         registry.SELECTION["allreduce"] = saved
 
 
-def test_the_choice_and_its_source_are_logged(caplog):
+def test_the_choice_its_source_and_its_rule_are_logged(caplog):
+    measured = rules.Rules({"allreduce": [{"max_bytes": 1 << 20, "algorithm": "ring"}]}, 4, 1, 4)
     with caplog.at_level(logging.DEBUG, logger="mpicomm"):
-        registry.choose("allreduce", None, None, {"p": 4, "bytes": 1 << 20, "machine": MACHINE})
-        registry.choose("allreduce", None, None, {"p": 4, "bytes": 1 << 20})
+        registry.choose("allreduce", None, None, {"p": 4, "bytes": 1 << 20, "rules": measured})
+        registry.choose("allreduce", None, None, {"p": 4, "bytes": 4 << 20})
     text = caplog.text
-    assert "allreduce: algorithm" in text and "(from the model: " in text and "us predicted" in text
-    assert "(from the table)" in text
+    assert ("allreduce: algorithm ring (from the rules), rule 1 of the measured rules of p4-1x4: up to 1048576 B "
+            "→ ring") in text
+    assert "(from the table), rule 2 of the default rules: from 4194304 B → shm" in text
+
+
+def test_the_default_rules_are_the_shipped_rules_file():
+    assert registry.SELECTION is registry.DEFAULT.collectives
+    assert registry.DEFAULT.path == rules.DEFAULT_PATH and rules.DEFAULT_PATH.endswith("default_rules.json")
+    assert rules.default().collectives == registry.SELECTION  # (as read from the file: no test left it patched)
+    checked = rules.load(rules.DEFAULT_PATH, registry.algorithms)  # every algorithm named is registered
+    assert set(checked.collectives) <= set(registry.table()) and not checked.p  # rules of any layout
+
+
+def test_a_new_rule_list_makes_new_choices(monkeypatch):
+    facts = {"p": 4, "bytes": 8, "count": 1}
+    assert registry.auto("allreduce", facts).name == "recursive_doubling"
+    monkeypatch.setitem(registry.SELECTION, "allreduce", [{"max_bytes": 64, "algorithm": "naive"}])
+    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", "naive"), "table")
+    assert registry.auto_rule("allreduce", {**facts, "bytes": 128}) == (
+        registry.lookup("allreduce", "hierarchical"), "table", "no rule fits: the first algorithm by name that can run")

@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.buffers import mpi_datatype
+from mpicomm.transport.buffers import mpi_datatype
 from tests import mpirun
 from tests.conftest import SOME_DTYPE_IDS, SOME_DTYPES, host, rank_data
 

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import mpicomm
 from mpicomm import shm
+from mpicomm.coll.shm import slices
+from mpicomm.transport.memory import ALIGN
 
 from .coll import reference as R
 
@@ -22,13 +25,13 @@ def test_slices_start_on_cache_lines_and_cover_everything():
     for count in (0, 1, 7, 8, 9, 63, 64, 65, 1000, 100003):
         for p in (1, 2, 3, 4, 7):
             for item in (1, 2, 4, 8, 16, 3):
-                counts, displs = shm.slices(count, p, item)
+                counts, displs = slices(count, p, item)
                 assert sum(counts) == count and len(counts) == p
                 assert displs == [sum(counts[:r]) for r in range(p)]
-                grain = shm.ALIGN // item if shm.ALIGN % item == 0 else 1
+                grain = ALIGN // item if ALIGN % item == 0 else 1
                 assert all(d % grain == 0 or c == 0 for d, c in zip(displs, counts)), (count, p, item, displs)
     # literal: 20 float64 (160 bytes) over 2 ranks: whole lines of 8 elements, 16 then 4
-    assert shm.slices(20, 2, 8) == ([16, 4], [0, 16])
+    assert slices(20, 2, 8) == ([16, 4], [0, 16])
 
 
 def test_pool_arrays_live_in_the_window(comm):
@@ -146,25 +149,45 @@ def test_several_nodes_refuse_shared_memory_with_the_fix(comm):
         comm.Allreduce(np.ones(4), np.empty(4), algorithm="shm")
 
 
-@pytest.mark.parametrize("collective, start", [
-    ("allreduce", lambda comm, x, a: comm.Iallreduce(x, np.empty_like(x), algorithm=a)),
-    ("bcast", lambda comm, x, a: comm.Ibcast(x, root=0, algorithm=a)),
-    ("allgather", lambda comm, x, a: comm.Iallgather(x, np.empty(x.size * comm.size), algorithm=a)),
-])
+@pytest.mark.parametrize("collective", ["allreduce", "bcast", "allgather"])
 @pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
-def test_nonblocking_forms_refuse_blocking_only_algorithms_on_every_rank(comm, collective, start, algorithm):
-    import mpicomm
-
+def test_nonblocking_and_persistent_forms_run_shared_memory_algorithms(comm, collective, algorithm):
+    """DDP's bucket all-reduces are nonblocking: the shared-memory algorithms run for them too, several in
+    flight at once (one after another on the communicator), and for persistent requests."""
     if algorithm == "shm" and comm.nodes != 1:
         pytest.skip("shm needs one node")
-    with pytest.raises(mpicomm.ArgumentError, match="blocking calls only"):
-        start(comm, np.arange(4.0), algorithm).Wait()
-    x = R.data(comm.rank, 5, np.int64)
-    want = np.empty_like(x)
-    MPI.COMM_WORLD.Allreduce(x, want)
-    got = np.empty_like(x)
-    comm.Iallreduce(x, got).Wait()  # auto picks one that runs nonblocking
-    R.assert_matches(got, want, "auto after the refusal")
+    p, rank = comm.size, comm.rank
+    xs = [R.data(rank + 10 * k, 1000 + k, np.int64) for k in range(3)]
+    if collective == "allreduce":
+        outs = [np.zeros_like(x) for x in xs]
+        requests = [comm.Iallreduce(x, out, algorithm=algorithm) for x, out in zip(xs, outs)]
+        expected = [_library(lambda a, b: MPI.COMM_WORLD.Allreduce(a, b), x) for x in xs]
+    elif collective == "bcast":
+        outs = [x.copy() for x in xs]
+        requests = [comm.Ibcast(out, root=p - 1, algorithm=algorithm) for out in outs]
+        expected = [R.data(p - 1 + 10 * k, 1000 + k, np.int64) for k in range(3)]
+    else:
+        outs = [np.zeros(x.size * p, np.int64) for x in xs]
+        requests = [comm.Iallgather(x, out, algorithm=algorithm) for x, out in zip(xs, outs)]
+        expected = [_library(lambda a, b: MPI.COMM_WORLD.Allgather(a, b), x, p) for x in xs]
+    mpicomm.Request.Waitall(requests)
+    for out, want in zip(outs, expected):
+        R.assert_matches(out, want, f"nonblocking {collective} {algorithm}")
+    if collective == "allreduce":
+        x, out = xs[0], np.zeros_like(xs[0])
+        request = comm.Allreduce_init(x, out, algorithm=algorithm)
+        for start in range(2):
+            x[:] = R.data(rank, x.size, np.int64) + start
+            request.Start()
+            request.Wait()
+            R.assert_matches(out, _library(lambda a, b: MPI.COMM_WORLD.Allreduce(a, b), x), "persistent")
+        request.Free()
+
+
+def _library(call, x, factor=1):
+    out = np.empty(x.size * factor, x.dtype)
+    call(x, out)
+    return out
 
 
 def test_alltoall_on_pool_arrays_and_plain_ones(comm):

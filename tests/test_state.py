@@ -7,7 +7,6 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.coll.hierarchy import levels
 from mpicomm.state import State, as_state, state_of
 
 pytestmark = pytest.mark.mpi
@@ -20,8 +19,12 @@ def test_a_communicator_has_one_state_whatever_wraps_it():
         assert comm._state is state_of(dup) is as_state(comm) is as_state(dup)
         assert as_state(comm._state) is comm._state
         assert isinstance(comm._state, State)
-        seq, tag = comm._state.next_tag()
-        assert comm._state.next_tag() == (seq + 1, (seq + 1) % comm._state.tag_modulus)
+        seq = comm._state.next_seq()
+        assert comm._state.next_seq() == seq + 1
+        data, agree = comm._state.tag_data, comm._state.tag_agree
+        assert data != agree and 0 < data < comm._state.tag_modulus and comm._state.watch_tag not in (data, agree)
+        comm._state.new_epoch()  # a call failed on a disagreement: fresh tags for every later call
+        assert (comm._state.tag_data, comm._state.tag_agree) != (data, agree) and not comm._state.plans
     finally:
         dup.Free()
 
@@ -34,10 +37,10 @@ def test_free_releases_the_shared_memory_windows_the_levels_and_the_plans():
     if comm.nodes == 1:
         comm.Allreduce(x, out, algorithm="shm")
     comm.Allreduce(x, out, algorithm="hierarchical")
-    level = levels(comm)
+    node, leaders = state.levels  # the hierarchy's two levels, made by its first run
     arena = state.arena
     windows = [arena.control.win] if arena is not None else []
-    level_comms = [level.node.comm] + ([level.leaders.comm] if level.leaders is not None else [])
+    level_comms = [node.comm] + ([leaders.comm] if leaders is not None else [])
     library = state.library_comm
     comm.Free()
     assert state.freed and state.arena is None and state.levels is None and not state.plans

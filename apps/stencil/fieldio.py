@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from apps import checkpoint
-from mpicomm import buffers
+from mpicomm.transport import buffers
 
 from .grid import Grid
 

@@ -19,7 +19,7 @@ Cartesian communicator's neighbours, so the same buffers serve every mode:
 Device arrays: the faces are packed on the device; where MPI is CUDA-aware the
 buffers go to MPI directly after a stream synchronization, otherwise through
 pinned host mirrors copied before the sends and after the receives (the one
-place this is decided is ``mpicomm.buffers.transfer_path``).
+place this is decided is ``mpicomm.transport.buffers.transfer_path``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mpicomm import buffers
+from mpicomm.transport import buffers
 
 from .grid import Box, Grid, cells
 

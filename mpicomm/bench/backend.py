@@ -49,7 +49,7 @@ def mpi_problem(backend: str) -> str | None:
     """Why the MPI library cannot take *backend*'s buffers (the native rows give it device pointers), or None."""
     if backend == "numpy":
         return None
-    from ..buffers import cuda_aware
+    from ..transport.buffers import cuda_aware
 
     if cuda_aware():
         return None

@@ -272,13 +272,14 @@ def _auto_choice(comm: Any, spec: Collective, positional: tuple, op: str = "sum"
     Asks the dispatcher, from the call's arguments read as it reads them, so
     the answer uses the same facts (size, layout, fitted machine) as the call.
     """
-    from mpicomm.coll import arguments, dispatch
+    from mpicomm.front import dispatch, readers
+    from mpicomm.plan.args import Args
 
     if spec.name == "barrier":
-        args = dispatch.Args("barrier")
+        args = Args("barrier")
     else:
-        args = arguments.read(spec.registry, comm, *positional, **_keywords(spec, op))
-    algorithm, source = dispatch._choose(comm, args, "auto")
+        args = readers.read(spec.registry, comm, *positional, **_keywords(spec, op))
+    algorithm, source = dispatch.choose(comm._state, args, "auto")
     return algorithm.name, str(source)
 
 

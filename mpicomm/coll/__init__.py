@@ -1,13 +1,18 @@
-"""Collectives: every algorithm of every collective, one module per collective.
+"""The algorithms: every collective's named algorithms, one module per collective, and nothing else.
 
 ``mpicomm/coll/allreduce.py`` holds the allreduce algorithms (``ring``,
-``recursive_doubling``...), ``bcast.py`` the broadcasts, and so on; each
-algorithm is a step generator registered in :mod:`mpicomm.registry` with its
-steps, restrictions and α-β-γ cost in its docstring. :mod:`.call` is what an
-algorithm sees of its call, :mod:`.schedules` the pure communication
-schedules, :mod:`.dispatch` the path from arguments to a running algorithm.
+``recursive_doubling``...), ``bcast.py`` the broadcasts, and so on. Each
+algorithm is a short function that *describes* one rank's part of a call as a
+schedule (:mod:`mpicomm.schedule`): rounds of messages, then reductions and
+copies. It is registered in :mod:`mpicomm.registry` with its restrictions, and
+its docstring gives its steps and its α-β-γ cost, which the cost function
+beside it computes. :mod:`.patterns` holds the pure communication patterns
+(rings, binomial trees, the fold onto a power of two) the algorithms share,
+tested against literal tables; :mod:`.shm` the shared-memory algorithms'
+schedules; :mod:`.hierarchy` the levels hierarchical algorithms nest their
+calls on.
 
 The registry imports (and so registers) every module here the first time an
 algorithm is looked up (:func:`mpicomm.registry.table`); importing one module
-of the package, such as :mod:`.schedules`, imports nothing else.
+of the package, such as :mod:`.patterns`, imports nothing else.
 """

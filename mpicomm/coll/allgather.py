@@ -1,11 +1,13 @@
 """Allgather algorithms: every rank ends with every rank's block, in rank order.
 
-Signature: ``algorithm(call, send, recv, counts, displs)``; rank r's block of
-``counts[r]`` elements lands at ``recv[displs[r]:]`` on every rank. One
-function serves allgather and allgatherv: the block sizes come from *counts*,
-which every rank knows, so uneven blocks, empty blocks and displacements in
-any order (with gaps) need no extra messages. In place, *send* is this rank's
-own block of *recv*. n = bytes gathered in total (all blocks), p = ranks.
+Signature: ``algorithm(s, send, recv, counts, displs)``: *s* is the
+:class:`~mpicomm.schedule.Builder` the algorithm describes its rounds to;
+rank r's block of ``counts[r]`` elements lands at ``recv[displs[r]:]`` on
+every rank. One function serves allgather and allgatherv: the block sizes
+come from *counts*, which every rank knows, so uneven blocks, empty blocks
+and displacements in any order (with gaps) need no extra messages. In place,
+*send* is this rank's own block of *recv* (the same memory: the copy into
+place drops out). n = bytes gathered in total (all blocks), p = ranks.
 
 ``linear`` and ``ring`` move single blocks, straight to and from their place in
 *recv*. ``recursive_doubling`` and ``bruck`` move ranges of consecutive blocks;
@@ -17,14 +19,13 @@ rotated order) - *recv* itself when *displs* are the packed prefix sums of
 from __future__ import annotations
 
 import math
-
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..model import Machine, ceil_lg, direct_exchange, folded, node_layout, pof2
 from ..registry import cheapest, cost, register
-from ..requests import Steps
-from .call import Call, block
-from .schedules import bruck_allgather, doubling_partners, fold, ring_allgather
+from ..schedule import Builder, View
+from .gather import block
+from .patterns import bruck_allgather, doubling_partners, fold, ring_allgather
 
 __all__ = ["linear", "ring", "recursive_doubling", "bruck", "shm", "hierarchical"]
 
@@ -37,9 +38,7 @@ def _offsets(counts: Sequence[int]) -> list[int]:
     return out
 
 
-
-
-def _packed_workspace(call: Call, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> tuple[Any, list[int]]:
+def _packed_workspace(s: Builder, recv: View, counts: Sequence[int], displs: Sequence[int]) -> tuple[View, list[int]]:
     """The buffer to gather into in rank order, and its block offsets.
 
     *recv* itself when *displs* are the packed prefix sums of *counts*;
@@ -47,69 +46,69 @@ def _packed_workspace(call: Call, recv: Any, counts: Sequence[int], displs: Sequ
     """
     offsets = _offsets(counts)
     if list(displs) == offsets[:-1]:
-        return recv, offsets
-    return call.empty(offsets[-1]), offsets
+        return recv[: offsets[-1]], offsets
+    return s.empty(offsets[-1]), offsets
 
 
-def _unpack(call: Call, work: Any, offsets: list[int], recv: Any, counts: Sequence[int], displs: Sequence[int]) -> None:
+def _unpack(s: Builder, work: View, offsets: list[int], recv: View, counts: Sequence[int],
+            displs: Sequence[int]) -> None:
     """Copy the packed blocks of *work* to their displacements in *recv* (nothing when *work* is *recv*)."""
-    if work is recv:
+    if work.buf == recv.buf:
         return
     for r in range(len(counts)):
-        call.copy(block(recv, counts, displs, r), work[offsets[r] : offsets[r + 1]])
+        s.copy(block(recv, counts, displs, r), work[offsets[r] : offsets[r + 1]])
 
 
 @register("allgather", "linear")
 @register("allgatherv", "linear")
-def linear(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+def linear(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Linear: every rank sends its block to every other rank, all at once.
 
-    Steps: copy the own block into place; then one step posts p − 1 receives,
+    Steps: copy the own block into place; then one round posts p − 1 receives,
     each straight into its sender's block of *recv* (from r − 1, r − 2, …),
     and p − 1 sends of the own block (to r + 1, r + 2, …, so that not every
     rank starts with rank 0).
     Restrictions: none (any p, any counts and displacements; works in place).
     Cost: (p−1)α + n(p−1)/p·β  (all p − 1 messages in flight at once)
     """
-    p, rank = call.p, call.rank
-    call.copy(block(recv, counts, displs, rank), send)
+    p, rank = s.p, s.rank
+    s.copy(block(recv, counts, displs, rank), send)
     if p == 1:
         return
     sources = [(rank - k) % p for k in range(1, p)]
-    yield call.exchange(
+    s.exchange(
         sends=[((rank + k) % p, send) for k in range(1, p)],
-        recvs=[(s, block(recv, counts, displs, s)) for s in sources],
+        recvs=[(r, block(recv, counts, displs, r)) for r in sources],
     )
 
 
 @register("allgather", "ring")
 @register("allgatherv", "ring")
-def ring(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+def ring(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Ring: p − 1 steps, each forwarding to the right the block received from the left.
 
     Steps: copy the own block into place; in step k = 0 … p−2 rank r sends
     block (r − k) mod p to r + 1 and receives block (r − k − 1) mod p from
-    r − 1 (:func:`~mpicomm.coll.schedules.ring_allgather`), each straight
+    r − 1 (:func:`~mpicomm.coll.patterns.ring_allgather`), each straight
     from and into its place in *recv*.
     Restrictions: none (any p, any counts and displacements; works in place).
     Cost: (p−1)α + n(p−1)/p·β
     """
-    p, rank = call.p, call.rank
-    call.copy(block(recv, counts, displs, rank), send)
+    p, rank = s.p, s.rank
+    s.copy(block(recv, counts, displs, rank), send)
     right, left = (rank + 1) % p, (rank - 1) % p
     for send_block, recv_block in ring_allgather(rank, p):
-        yield call.sendrecv(right, block(recv, counts, displs, send_block),
-                            left, block(recv, counts, displs, recv_block))
+        s.sendrecv(right, block(recv, counts, displs, send_block), left, block(recv, counts, displs, recv_block))
 
 
 @register("allgather", "recursive_doubling")
 @register("allgatherv", "recursive_doubling")
-def recursive_doubling(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+def recursive_doubling(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Recursive doubling: lg p rounds, each swapping all blocks gathered so far with the rank 2^k away.
 
     Steps: gather in rank order into a packed buffer (*recv* itself when
     *displs* are packed). Fold a non-power-of-two p onto the largest power of
-    two p' (:func:`~mpicomm.coll.schedules.fold`): each even rank below
+    two p' (:func:`~mpicomm.coll.patterns.fold`): each even rank below
     2·(p − p') sends its block to the odd rank above, which then stands for
     both. In round k each remaining rank holds the blocks of 2^k consecutive
     newranks - one contiguous range of the packed buffer, since newrank order
@@ -120,19 +119,19 @@ def recursive_doubling(call: Call, send: Any, recv: Any, counts: Sequence[int], 
     Restrictions: none (any p, any counts and displacements; works in place).
     Cost: lg p·α + n(p−1)/p·β  (p not a power of two: + 2α + n·β for the fold)
     """
-    p, rank = call.p, call.rank
-    work, offsets = _packed_workspace(call, recv, counts, displs)
+    p, rank = s.p, s.rank
+    work, offsets = _packed_workspace(s, recv, counts, displs)
     total = offsets[-1]
 
-    def ranks(first: int, last: int) -> Any:
+    def ranks(first: int, last: int) -> View:
         """The packed blocks of ranks first … last − 1."""
         return work[offsets[first] : offsets[last]]
 
-    call.copy(ranks(rank, rank + 1), send)
+    s.copy(ranks(rank, rank + 1), send)
     f = fold(rank, p)
     if f.newrank is None:  # folded away: hand the block up, wait for everything
-        yield call.send(f.partner, ranks(rank, rank + 1))
-        yield call.recv(f.partner, work[:total])
+        s.send(f.partner, ranks(rank, rank + 1))
+        s.recv(f.partner, work[:total])
     else:
 
         def lowest(newrank: int) -> int:
@@ -140,26 +139,26 @@ def recursive_doubling(call: Call, send: Any, recv: Any, counts: Sequence[int], 
             return 2 * newrank if newrank < f.rem else newrank + f.rem
 
         if f.partner is not None:  # the even rank below folded onto this one
-            yield call.recv(f.partner, ranks(f.partner, f.partner + 1))
+            s.recv(f.partner, ranks(f.partner, f.partner + 1))
         for mask, partner in doubling_partners(f.newrank, f.pof2, f.rem):
             mine = f.newrank & ~(mask - 1)  # newranks mine … mine + mask − 1 gathered so far
             theirs = mine ^ mask
-            yield call.sendrecv(partner, ranks(lowest(mine), lowest(mine + mask)),
-                                partner, ranks(lowest(theirs), lowest(theirs + mask)))
+            s.sendrecv(partner, ranks(lowest(mine), lowest(mine + mask)),
+                       partner, ranks(lowest(theirs), lowest(theirs + mask)))
         if f.partner is not None:
-            yield call.send(f.partner, work[:total])
-    _unpack(call, work, offsets, recv, counts, displs)
+            s.send(f.partner, work[:total])
+    _unpack(s, work, offsets, recv, counts, displs)
 
 
 @register("allgather", "bruck")
 @register("allgatherv", "bruck")
-def bruck(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+def bruck(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Bruck et al. (1997): ⌈lg p⌉ rounds on a buffer rotated so that this rank's block comes first.
 
     Steps: a scratch buffer holds blocks r, r + 1, …, r − 1 (mod p) packed in
     that order, the own block copied in first. In round k rank r sends its
     first min(2^k, p − 2^k) blocks to r − 2^k and appends as many received
-    from r + 2^k (:func:`~mpicomm.coll.schedules.bruck_allgather`): the
+    from r + 2^k (:func:`~mpicomm.coll.patterns.bruck_allgather`): the
     sender's first blocks are blocks r + 2^k, … - exactly the next ones in
     this rank's order, and every rank knows their sizes from *counts*. After
     the last round all p blocks are there; undo the rotation into *recv* at
@@ -167,97 +166,84 @@ def bruck(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Seque
     Restrictions: none (any p, any counts and displacements; works in place).
     Cost: ⌈lg p⌉·α + n(p−1)/p·β + 2n·δ  (two local copies of n: the rotation in and out)
     """
-    p, rank = call.p, call.rank
+    p, rank = s.p, s.rank
     order = [(rank + i) % p for i in range(p)]
     offsets = _offsets([counts[r] for r in order])  # rotated: position i holds rank (r + i) mod p
     total = offsets[-1]
-    tmp = call.empty(total)
-    call.copy(tmp[: offsets[1]], send)
+    tmp = s.empty(total)
+    s.copy(tmp[: offsets[1]], send)
     for to, frm, blocks in bruck_allgather(rank, p):
         distance = (rank - to) % p
-        yield call.sendrecv(to, tmp[: offsets[blocks]], frm, tmp[offsets[distance] : offsets[distance + blocks]])
+        s.sendrecv(to, tmp[: offsets[blocks]], frm, tmp[offsets[distance] : offsets[distance + blocks]])
     packed = _offsets(counts)
     if list(displs) == packed[:-1]:  # rotate back with two copies
         tail = total - packed[rank]  # ranks r … p − 1 come first in tmp
-        call.copy(recv[packed[rank] : total], tmp[:tail])
-        call.copy(recv[: packed[rank]], tmp[tail:])
+        s.copy(recv[packed[rank] : total], tmp[:tail])
+        s.copy(recv[: packed[rank]], tmp[tail:])
     else:
         for i, r in enumerate(order):
-            call.copy(block(recv, counts, displs, r), tmp[offsets[i] : offsets[i + 1]])
+            s.copy(block(recv, counts, displs, r), tmp[offsets[i] : offsets[i + 1]])
 
 
-@register("allgather", "shm", single_node=True, host_only=True, blocking_only=True)
-@register("allgatherv", "shm", single_node=True, host_only=True, blocking_only=True)
-def shm(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+@register("allgather", "shm", single_node=True, host_only=True)
+@register("allgatherv", "shm", single_node=True, host_only=True)
+def shm(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Shared memory: every rank publishes its block, then copies every block straight from the peers' memory.
 
-    Steps: publish the block (a :class:`mpicomm.shm.Pool` array where it is,
-    another copied once into scratch) and raise this rank's counter; copy the
-    own block into place, then each peer's block (from rank r − 1 down, so the
-    ranks do not all read one peer at once) as soon as that peer's counter is
-    up - no barrier. No barrier at the end either: the next shared-memory call
-    waits until every rank has read this one's blocks (a pool block waits at the end).
+    Steps: (see :func:`mpicomm.coll.shm.allgather`) publish the block (a
+    :class:`mpicomm.shm.Pool` array where it is, another copied once into
+    scratch) and raise this rank's counter; copy the own block into place,
+    then each peer's block (from rank r − 1 down, so the ranks do not all read
+    one peer at once) as soon as that peer's counter is up - no barrier. No
+    barrier at the end either: the next shared-memory call waits until every
+    rank has read this one's blocks (a pool block waits at the end).
     Restrictions: every rank on one node; host buffers.
     Cost: α + n(p+1)/p·δ  (a pool block skips its copy in)
     """
-    from .. import shm as _shm
+    from .shm import allgather as shm_allgather
 
-    p, rank = call.p, call.rank
-    item = call.dtype.itemsize
-    call.copy(block(recv, counts, displs, rank), send)
-    if p > 1:
-        a = _shm.arena(call.state)
-        with a.running(call, 1) as base:
-            own = _shm.place(a, send, a.scratch(max(counts, default=0) * item), 0)
-            a.publish(own)
-            a.signal(_shm.IN, base + 1)
-            for k in range(1, p):
-                r = (rank - k) % p
-                if counts[r]:
-                    a.wait(_shm.IN, base + 1, [r])
-                    block(recv, counts, displs, r)[...] = a.published(r, counts[r] * item, call.dtype)
-            a.end(wait=own[0] == _shm.POOL)
-    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
+    shm_allgather(s, send, recv, counts, displs)
 
 
-@register("allgather", "hierarchical", blocking_only=True, composite=True)
-@register("allgatherv", "hierarchical", blocking_only=True, composite=True)
-def hierarchical(call: Call, send: Any, recv: Any, counts: Sequence[int], displs: Sequence[int]) -> Steps:
+@register("allgather", "hierarchical", composite=True)
+@register("allgatherv", "hierarchical", composite=True)
+def hierarchical(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Hierarchical: gather on each node, allgather the nodes' blocks among the leaders, broadcast on each node.
 
     Steps: (1) gatherv of the node's blocks to its leader, packed node after
     node in local-rank order; (2) allgatherv of the node packs among the
     leaders; (3) broadcast of everything over each node; (4) every rank moves
-    the blocks from node order to their places in *recv*. Each level runs
-    through the dispatcher.
+    the blocks from node order to their places in *recv*. Each level is a
+    nested call, so each runs the algorithm chosen for it.
     Restrictions: none.
     Cost: T_gather(n/p, ppn; intra) + T_allgatherv(n, nodes; inter) + T_bcast(n, ppn; intra) + n·δ
     """
-    from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.state)
-    order = [r for node in lv.members for r in node]  # ranks in node-major order
+    lv = levels(s)
+    members: list[list[int]] = [[] for _ in range(lv.nodes)]  # each node's ranks in local-rank order
+    for r in sorted(range(s.p), key=lambda r: (lv.node_of[r], lv.local_of[r])):
+        members[lv.node_of[r]].append(r)
+    order = [r for node in members for r in node]  # ranks in node-major order
     where = _offsets([counts[r] for r in order])
     start = {r: where[i] for i, r in enumerate(order)}
-    node_index = lv.node_of[call.rank]
-    mine = lv.members[node_index]
-    node_counts = [sum(counts[r] for r in node) for node in lv.members]
-    node_starts = [start[node[0]] if node else 0 for node in lv.members]
-    packed = call.empty(where[-1])
-    leader = lv.leaders is not None
+    node_index = lv.node_of[s.rank]
+    mine = members[node_index]
+    node_counts = [sum(counts[r] for r in node) for node in members]
+    node_starts = [start[node[0]] if node else 0 for node in members]
+    packed = s.empty(where[-1])
     base = node_starts[node_index]
     local_counts = [counts[r] for r in mine]
     local_displs = [start[r] - base for r in mine]
     node_pack = packed[base : base + node_counts[node_index]]
-    yield from nested(lv.node, "gatherv", send=send, recv=node_pack if leader else None, root=0,
-                      recvcounts=local_counts if leader else None, recvdispls=local_displs if leader else None)
-    if leader:
-        yield from nested(lv.leaders, "allgatherv", send=node_pack, recv=packed,
-                          recvcounts=node_counts, recvdispls=node_starts)
-    yield from nested(lv.node, "bcast", recv=packed, root=0, count=packed.size)
-    for r in range(call.p):
-        call.copy(block(recv, counts, displs, r), packed[start[r] : start[r] + counts[r]])
+    s.nested(lv.node, "gatherv", send=send, recv=node_pack if lv.leader else None, root=0,
+             recvcounts=local_counts if lv.leader else None, recvdispls=local_displs if lv.leader else None)
+    if lv.leader:
+        s.nested(lv.leaders, "allgatherv", send=node_pack, recv=packed, recvcounts=node_counts,
+                 recvdispls=node_starts)
+    s.nested(lv.node, "bcast", recv=packed, root=0, count=packed.size)
+    for r in range(s.p):
+        s.copy(block(recv, counts, displs, r), packed[start[r] : start[r] + counts[r]])
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

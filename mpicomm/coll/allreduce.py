@@ -1,21 +1,20 @@
 """Allreduce algorithms: every rank ends with the elementwise reduction of all ranks' vectors.
 
-
-Signature: ``algorithm(call, send, recv)``; *send* may be *recv* (in place).
-n = bytes of the vector, p = ranks.
+Signature: ``algorithm(s, send, recv)``: *s* is the :class:`~mpicomm.schedule.Builder`
+the algorithm describes its rounds to; *send* and *recv* are views of the
+input and output (*send* may be *recv*: in place). n = bytes of the vector,
+p = ranks.
 """
 
 from __future__ import annotations
 
 import math
-
-from typing import Any, Iterator, NamedTuple
+from typing import Iterator, NamedTuple
 
 from ..model import Machine, ceil_lg, folded, halving_doubling, node_layout, pof2, segments
 from ..registry import cheapest, cost, register
-from ..requests import Step, Steps
-from .call import Call
-from .schedules import binomial, block_partition, doubling_partners, fold, ring_allgather, ring_reduce_scatter, unfold
+from ..schedule import Builder, View
+from .patterns import binomial, block_partition, doubling_partners, fold, ring_allgather, ring_reduce_scatter, unfold
 
 __all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabenseifner", "shm", "hierarchical"]
 
@@ -24,14 +23,14 @@ __all__ = ["SEGMENT_BYTES", "naive", "tree", "recursive_doubling", "ring", "rabe
 SEGMENT_BYTES = 1 << 20
 
 
-def _folded_away(call: Call, partner: int, recv: Any) -> Steps:
+def _folded_away(s: Builder, partner: int, recv: View) -> None:
     """A rank the fold removes: its vector goes to *partner*, the result comes back from it."""
-    yield call.send(partner, recv)
-    yield call.recv(partner, recv)
+    s.send(partner, recv)
+    s.recv(partner, recv)
 
 
-@register("allreduce", "recursive_doubling")
-def recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
+@register("allreduce", "recursive_doubling", butterfly=True)
+def recursive_doubling(s: Builder, send: View, recv: View) -> None:
     """Recursive doubling: lg p rounds of whole-vector exchange with the rank 2^k away.
 
     Steps: fold a non-power-of-two p onto the largest power of two p' (each
@@ -39,85 +38,89 @@ def recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
     combines x_{r−1} ⊕ x_r); in round k each remaining rank swaps its partial
     result with the rank whose newrank differs in bit k and combines, lower
     ranks' data on the left; finally odd folded ranks send the result back.
+    Its rounds are the agreement's butterfly, so on small vectors the ranks'
+    digests travel in the same messages (no extra message for validation).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
     Cost: lg p·α + n·lg p·β + n·lg p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
     """
-    call.copy(recv, send)
-    f = fold(call.rank, call.p)
+    f = fold(s.rank, s.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
-        yield from _folded_away(call, f.partner, recv)
+        s.send(f.partner, send)
+        s.recv(f.partner, recv)
         return
-    tmp = call.empty(recv.size)
+    tmp = s.empty(recv.size)
+    partial = send  # the running result: the input itself until the first combine (no copy)
     if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
-        yield call.recv(f.partner, tmp)
-        call.combine(tmp, recv, recv)
+        s.recv(f.partner, tmp)
+        s.combine(tmp, send, recv)
+        partial = recv
     for _, partner in doubling_partners(f.newrank, f.pof2, f.rem):
-        yield call.sendrecv(partner, recv, partner, tmp)
-        if partner < call.rank:
-            call.combine(tmp, recv, recv)
+        s.sendrecv(partner, partial, partner, tmp)
+        if partner < s.rank:
+            s.combine(tmp, partial, recv)
         else:
-            call.combine(recv, tmp, recv)
+            s.combine(partial, tmp, recv)
+        partial = recv
+    if partial is send:  # one rank
+        s.copy(recv, send)
     if f.partner is not None:
-        yield call.send(f.partner, recv)
+        s.send(f.partner, recv)
 
 
 @register("allreduce", "naive")
-def naive(call: Call, send: Any, recv: Any) -> Steps:
+def naive(s: Builder, send: View, recv: View) -> None:
     """Naive: every rank sends its vector to rank 0, which reduces them in rank order and sends the result back.
 
-    Steps: rank 0 receives x_1 … x_{p−1} one after another (the receive of
-    x_{s+1} is posted before x_s is combined) and forms
-    ((x_0 ⊕ x_1) ⊕ x_2) ⊕ …; then it sends the result to every other rank.
+    Steps: rank 0 receives x_1 … x_{p−1} one after another into two
+    alternating buffers (the receive of x_{s+1} is in flight while x_s is
+    combined) and forms ((x_0 ⊕ x_1) ⊕ x_2) ⊕ …; then it sends the result to
+    every other rank.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
     Cost: 2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ
     """
-    p = call.p
-    if call.rank != 0:
-        yield call.send(0, send)
-        yield call.recv(0, recv)
+    p = s.p
+    if s.rank != 0:
+        s.send(0, send)
+        s.recv(0, recv)
         return
-    call.copy(recv, send)
+    s.copy(recv, send)
     if p == 1:
         return
-    buffers = (call.empty(recv.size), call.empty(recv.size)) if p > 2 else (call.empty(recv.size),)
-    pending = call.recv(1, buffers[0])
+    buffers = (s.empty(recv.size), s.empty(recv.size)) if p > 2 else (s.empty(recv.size),)
     for source in range(1, p):
-        yield pending
-        if source + 1 < p:
-            pending = call.recv(source + 1, buffers[source % len(buffers)])  # in flight while x_source is combined
-        call.combine(recv, buffers[(source - 1) % len(buffers)], recv)
-    yield call.exchange(sends=[(dest, recv) for dest in range(1, p)])
+        incoming = buffers[(source - 1) % len(buffers)]
+        s.recv(source, incoming)
+        s.combine(recv, incoming, recv)
+    s.exchange(sends=[(dest, recv) for dest in range(1, p)])
 
 
-def _binomial_reduce(call: Call, recv: Any) -> Steps:
+def _binomial_reduce(s: Builder, recv: View) -> None:
     """Reduce every rank's *recv* into rank 0's along the binomial tree, in rank order (the rest is scratch)."""
-    node = binomial(call.rank, call.p)
+    node = binomial(s.rank, s.p)
     children = [child for child, _ in reversed(node.children)]  # nearest first: x_r ⊕ [r+1] ⊕ [r+2, r+3] ⊕ …
     if children:
-        buffers = [call.empty(recv.size) for _ in range(min(2, len(children)))]
-        pending = call.recv(children[0], buffers[0])
-        for i, _ in enumerate(children):
-            yield pending
-            if i + 1 < len(children):
-                pending = call.recv(children[i + 1], buffers[(i + 1) % len(buffers)])  # in flight while combining
-            call.combine(recv, buffers[i % len(buffers)], recv)  # the child's subtree holds higher ranks
+        buffers = [s.empty(recv.size) for _ in range(min(2, len(children)))]
+        for i, child in enumerate(children):
+            incoming = buffers[i % len(buffers)]
+            s.recv(child, incoming)
+            s.combine(recv, incoming, recv)  # the child's subtree holds higher ranks
     if node.parent is not None:
-        yield call.send(node.parent, recv)
+        s.send(node.parent, recv)
 
 
-def _binomial_bcast(call: Call, buf: Any) -> Steps:
+def _binomial_bcast(s: Builder, buf: View) -> None:
     """Broadcast rank 0's *buf* along the binomial tree (largest subtree first)."""
-    node = binomial(call.rank, call.p)
+    node = binomial(s.rank, s.p)
     if node.parent is not None:
-        yield call.recv(node.parent, buf)
+        s.recv(node.parent, buf)
     if node.children:
-        yield call.exchange(sends=[(child, buf) for child, _ in node.children])
+        s.exchange(sends=[(child, buf) for child, _ in node.children])
 
 
 @register("allreduce", "tree")
-def tree(call: Call, send: Any, recv: Any) -> Steps:
+def tree(s: Builder, send: View, recv: View) -> None:
     """Tree: binomial reduce to rank 0 in rank order, then binomial broadcast of the result.
 
     Steps: each rank r combines x_r with the partial results of its binomial
@@ -125,15 +128,15 @@ def tree(call: Call, send: Any, recv: Any) -> Steps:
     higher ranks - is always on the right: the partial covers ranks r … r +
     subtree − 1 in order) and sends it to its parent r − lowbit(r); rank 0
     then holds x_0 ⊕ … ⊕ x_{p−1} and broadcasts it down the same tree,
-    largest subtree first. The receive from the next child is posted before
-    the previous child's partial is combined.
+    largest subtree first. The next child's receive is in flight while the
+    previous child's partial is combined.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
     Cost: 2lg p·α + 2n·lg p·β + n·lg p·γ
     """
-    call.copy(recv, send)
-    yield from _binomial_reduce(call, recv)
-    yield from _binomial_bcast(call, recv)
+    s.copy(recv, send)
+    _binomial_reduce(s, recv)
+    _binomial_bcast(s, recv)
 
 
 class _Piece(NamedTuple):
@@ -166,74 +169,54 @@ def _ring_pieces(rank: int, p: int, count: int, segment: int) -> Iterator[_Piece
                 yield _Piece(sends[j] if j < len(sends) else None, recvs[j] if j < len(recvs) else None, combine)
 
 
-def _overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
-
-
 @register("allreduce", "ring", commutative_only=True)
-def ring(call: Call, send: Any, recv: Any) -> Steps:
+def ring(s: Builder, send: View, recv: View) -> None:
     """Segmented ring: a ring reduce-scatter of p blocks, then a ring allgather of the reduced blocks.
 
-    Steps: split the vector into p blocks (:func:`~.schedules.block_partition`;
+    Steps: split the vector into p blocks (:func:`~.patterns.block_partition`;
     count < p leaves some empty). Reduce-scatter: in step k rank r sends block
     (r − k − 1) mod p to rank r + 1 and reduces block (r − k − 2) mod p from
-    rank r − 1 into its own (:func:`~.schedules.ring_reduce_scatter`); after
-    p − 1 steps it holds block (r + 1) mod p fully reduced. Allgather: p − 1
+    rank r − 1 into its own (:func:`~.patterns.ring_reduce_scatter`); after
+    p − 1 steps it holds block r fully reduced. Allgather: p − 1
     more steps forward the reduced blocks around the ring
-    (:func:`~.schedules.ring_allgather`). Every block travels in segments of
-    at most :data:`SEGMENT_BYTES`; the next segment's send and receive are
-    posted before the current one is reduced, so reduction overlaps
-    communication, also across steps.
+    (:func:`~.patterns.ring_allgather`). Every block travels in segments of
+    at most :data:`SEGMENT_BYTES` through two alternating buffers, so the next
+    segment is in flight while the current one is reduced, also across steps.
     Restrictions: commutative ops only (the ring combines in ring order);
     any p and count (count < p too); works in place.
     Cost: 2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ  (+ one α per extra segment: blocks over SEGMENT_BYTES take n/(p·SEGMENT_BYTES) messages)
     """
-    call.copy(recv, send)
-    p, rank = call.p, call.rank
+    s.copy(recv, send)
+    p, rank = s.p, s.rank
     if p == 1 or recv.size == 0:
         return
-    segment = max(1, SEGMENT_BYTES // call.dtype.itemsize)
+    segment = max(1, SEGMENT_BYTES // s.dtype.itemsize)
     pieces = list(_ring_pieces(rank, p, recv.size, segment))
     if not pieces:
         return
     width = min(segment, -(-recv.size // p))
-    buffers = (call.empty(width), call.empty(width))
+    buffers = (s.empty(width), s.empty(width))
     right, left = (rank + 1) % p, (rank - 1) % p
-
-    def post(i: int) -> Step:
-        piece = pieces[i]
+    for i, piece in enumerate(pieces):
         sends = [(right, recv[piece.send[0] : piece.send[1]])] if piece.send else []
         recvs = []
         if piece.recv:
             a, b = piece.recv
             recvs = [(left, buffers[i % 2][: b - a] if piece.combine else recv[a:b])]
-        return call.exchange(sends, recvs)
-
-    pending = post(0)
-    for i, piece in enumerate(pieces):
-        yield pending
-        reduce = piece.combine and piece.recv is not None
-        following = pieces[i + 1] if i + 1 < len(pieces) else None
-        # post the next piece before reducing this one, unless it sends (or receives into) what is being reduced
-        early = following is not None and not (reduce and (_overlap(following.send, piece.recv) or (
-            not following.combine and _overlap(following.recv, piece.recv))))
-        if early:
-            pending = post(i + 1)
-        if reduce:
+        s.exchange(sends, recvs)
+        if piece.combine and piece.recv is not None:
             a, b = piece.recv
-            call.combine(buffers[i % 2][: b - a], recv[a:b], recv[a:b])
-        if following is not None and not early:
-            pending = post(i + 1)
+            s.combine(buffers[i % 2][: b - a], recv[a:b], recv[a:b])
 
 
 @register("allreduce", "rabenseifner", commutative_only=True)
-def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
+def rabenseifner(s: Builder, send: View, recv: View) -> None:
     """Rabenseifner: reduce-scatter by recursive halving, then allgather by recursive doubling.
 
     Steps: fold a non-power-of-two p onto the largest power of two p' (each
     even rank below 2·(p − p') sends its vector to the odd rank above, which
     combines them, and waits for the result). Split the vector into p' blocks
-    (:func:`~.schedules.block_partition`). Reduce-scatter: in the round at
+    (:func:`~.patterns.block_partition`). Reduce-scatter: in the round at
     distance 2^k (k = lg p' − 1 … 0) each newrank keeps the half of its range
     of blocks on its side of bit k, sends the other half to newrank ⊕ 2^k and
     combines the half it receives; newrank i ends with block i reduced.
@@ -244,16 +227,16 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
     order); any p and count (count < p' leaves some blocks empty); works in place.
     Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
     """
-    call.copy(recv, send)
-    f = fold(call.rank, call.p)
+    s.copy(recv, send)
+    f = fold(s.rank, s.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
-        yield from _folded_away(call, f.partner, recv)
+        _folded_away(s, f.partner, recv)
         return
     tmp = None
     if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
-        tmp = call.empty(recv.size)
-        yield call.recv(f.partner, tmp)
-        call.combine(tmp, recv, recv)
+        tmp = s.empty(recv.size)
+        s.recv(f.partner, tmp)
+        s.combine(tmp, recv, recv)
     _, displs = block_partition(recv.size, f.pof2)
     at = displs + [recv.size]  # block i: elements at[i] … at[i + 1]
     lo, hi = 0, f.pof2  # the blocks this rank is responsible for
@@ -267,63 +250,61 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
         else:
             give, hi = (lo + mask, hi), lo + mask
         if tmp is None:  # the first round receives the most: later ranges lie inside this one
-            tmp = call.empty(at[hi] - at[lo])
+            tmp = s.empty(at[hi] - at[lo])
         incoming = tmp[: at[hi] - at[lo]]
-        yield call.sendrecv(partner, recv[at[give[0]] : at[give[1]]], partner, incoming)
-        if partner < call.rank:
-            call.combine(incoming, recv[at[lo] : at[hi]], recv[at[lo] : at[hi]])
+        s.sendrecv(partner, recv[at[give[0]] : at[give[1]]], partner, incoming)
+        if partner < s.rank:
+            s.combine(incoming, recv[at[lo] : at[hi]], recv[at[lo] : at[hi]])
         else:
-            call.combine(recv[at[lo] : at[hi]], incoming, recv[at[lo] : at[hi]])
+            s.combine(recv[at[lo] : at[hi]], incoming, recv[at[lo] : at[hi]])
         mask >>= 1
     for outer_lo, outer_hi, partner in reversed(rounds):  # allgather: swap ranges, doubling them
         other = (outer_lo, lo) if lo > outer_lo else (hi, outer_hi)
-        yield call.sendrecv(partner, recv[at[lo] : at[hi]], partner, recv[at[other[0]] : at[other[1]]])
+        s.sendrecv(partner, recv[at[lo] : at[hi]], partner, recv[at[other[0]] : at[other[1]]])
         lo, hi = outer_lo, outer_hi
     if f.partner is not None:
-        yield call.send(f.partner, recv)
+        s.send(f.partner, recv)
 
 
-@register("allreduce", "shm", single_node=True, host_only=True, blocking_only=True)
-def shm(call: Call, send: Any, recv: Any) -> Steps:
+@register("allreduce", "shm", single_node=True, host_only=True)
+def shm(s: Builder, send: View, recv: View) -> None:
     """Shared memory: each rank reduces its slice straight from the peers' memory, then all copy the reduced slices.
 
-    Steps: (see :func:`mpicomm.shm.reduce_steps`) publish where the input and the
+    Steps: (see :func:`mpicomm.coll.shm.reduce`) publish where the input and the
     output live (arrays from a :class:`mpicomm.shm.Pool` where they are, others
     copied into the rank's scratch but for its own slice); rank r reduces
     slice r of all p inputs in rank order and writes it into its scratch or
     every pool output; ranks whose output is not in a pool copy the p reduced
-    slices. The vector is pipelined in chunks of :data:`mpicomm.shm.CHUNK_BYTES`,
+    slices. The vector is pipelined in chunks of :data:`mpicomm.coll.shm.CHUNK_BYTES`,
     the ranks synchronised by counters in shared memory (no MPI barrier; no
     barrier at the end: the next call waits for the peers to be done).
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
     Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ  (δ: seconds per byte copied; pool buffers skip both copies)
     """
-    from ..shm import reduce_steps
+    from .shm import reduce
 
-    yield from reduce_steps(call, send, recv, None)
+    reduce(s, send, recv, None)
 
 
-@register("allreduce", "hierarchical", commutative_only=True, blocking_only=True, composite=True)
-def hierarchical(call: Call, send: Any, recv: Any) -> Steps:
+@register("allreduce", "hierarchical", commutative_only=True, composite=True)
+def hierarchical(s: Builder, send: View, recv: View) -> None:
     """Hierarchical: reduce on each node, allreduce among the node leaders, broadcast on each node.
 
     Steps: (1) reduce to the node's leader over the node communicator, (2)
     allreduce among the leaders, (3) broadcast from the leader over the node -
-    each through the dispatcher, so each level runs the algorithm chosen for
-    it (shared memory on a node, a message-passing one between nodes).
+    each a nested call, so each level runs the algorithm chosen for it
+    (shared memory on a node, a message-passing one between nodes).
     Restrictions: commutative ops (ranks meet in node order, not rank order).
     Cost: T_reduce(n, ppn; intra) + T_allreduce(n, nodes; inter) + T_bcast(n, ppn; intra)
     """
-    from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.state)
-    leader = lv.leaders is not None
+    lv = levels(s)
     count = recv.size
-    yield from nested(lv.node, "reduce", send=send, recv=recv if leader else None, op=call.op, root=0, count=count)
-    if leader:
-        yield from nested(lv.leaders, "allreduce", send=recv, recv=recv, op=call.op, count=count)
-    yield from nested(lv.node, "bcast", recv=recv, root=0, count=count)
+    s.nested(lv.node, "reduce", send=send, recv=recv if lv.leader else None, root=0, count=count)
+    if lv.leader:
+        s.nested(lv.leaders, "allreduce", send=recv, recv=recv, count=count)
+    s.nested(lv.node, "bcast", recv=recv, root=0, count=count)
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

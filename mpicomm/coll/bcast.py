@@ -1,21 +1,19 @@
 """Broadcast algorithms: every rank ends with the root's vector.
 
-Signature: ``algorithm(call, buf)``; *buf* is the root's input and every
-other rank's output. n = bytes of the vector, p = ranks. Every algorithm
-works on relative ranks ``vrank = (rank − root) mod p``, so any root looks
-like rank 0.
+Signature: ``algorithm(s, buf)``: *s* is the :class:`~mpicomm.schedule.Builder`
+the algorithm describes its rounds to; *buf* is a view of the root's input
+and every other rank's output. n = bytes of the vector, p = ranks. Every
+algorithm works on relative ranks ``s.vrank = (rank − root) mod p``, so any
+root looks like rank 0.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model import Machine, ceil_lg, node_layout, segments
 from ..registry import cheapest, cost, register
-from ..requests import Steps
-from .call import Call
-from .schedules import binomial as binomial_tree
-from .schedules import block_partition, ring_allgather
+from ..schedule import Builder, View
+from .patterns import binomial as binomial_tree
+from .patterns import block_partition, ring_allgather
 
 __all__ = ["SEGMENT_BYTES", "linear", "binomial", "scatter_allgather", "pipeline", "shm", "hierarchical"]
 
@@ -24,10 +22,8 @@ __all__ = ["SEGMENT_BYTES", "linear", "binomial", "scatter_allgather", "pipeline
 SEGMENT_BYTES = 128 * 1024
 
 
-
-
 @register("bcast", "linear")
-def linear(call: Call, buf: Any) -> Steps:
+def linear(s: Builder, buf: View) -> None:
     """Linear: the root sends the whole vector to every other rank.
 
     Steps: the root posts p − 1 sends of *buf* at once; every other rank
@@ -35,98 +31,97 @@ def linear(call: Call, buf: Any) -> Steps:
     Restrictions: none (any p, any count).
     Cost: (p−1)α + (p−1)n·β  (at the root; the others wait α + nβ)
     """
-    if call.rank == call.root:
-        if call.p > 1:
-            yield call.exchange(sends=[(call.real_rank(v), buf) for v in range(1, call.p)])
+    if s.rank == s.root:
+        if s.p > 1:
+            s.exchange(sends=[(s.real_rank(v), buf) for v in range(1, s.p)])
     else:
-        yield call.recv(call.root, buf)
+        s.recv(s.root, buf)
 
 
 @register("bcast", "binomial")
-def binomial(call: Call, buf: Any) -> Steps:
+def binomial(s: Builder, buf: View) -> None:
     """Binomial tree (MPICH's): receive from the parent, then send to each child.
 
     Steps: relative rank v receives *buf* from its parent (v with its lowest
     set bit cleared), then sends it to its children v + 2^k for every 2^k
     below its lowest set bit, the largest subtree first
-    (:func:`~mpicomm.coll.schedules.binomial`). After round k the 2^k lowest
+    (:func:`~mpicomm.coll.patterns.binomial`). After round k the 2^k lowest
     relative ranks hold the vector.
     Restrictions: none (any p, any count).
     Cost: lg p·α + n·lg p·β
     """
-    node = binomial_tree((call.rank - call.root) % call.p, call.p)
+    node = binomial_tree(s.vrank, s.p)
     if node.parent is not None:
-        yield call.recv(call.real_rank(node.parent), buf)
+        s.recv(s.real_rank(node.parent), buf)
     if node.children:
-        yield call.exchange(sends=[(call.real_rank(child), buf) for child, _ in node.children])
+        s.exchange(sends=[(s.real_rank(child), buf) for child, _ in node.children])
 
 
 @register("bcast", "scatter_allgather")
-def scatter_allgather(call: Call, buf: Any) -> Steps:
+def scatter_allgather(s: Builder, buf: View) -> None:
     """Van de Geijn: binomial scatter of p blocks, then a ring allgather of the blocks.
 
-    Steps: cut *buf* into p blocks (:func:`~mpicomm.coll.schedules.block_partition`,
+    Steps: cut *buf* into p blocks (:func:`~mpicomm.coll.patterns.block_partition`,
     block v for relative rank v; with count < p some are empty). Scatter down
     the binomial tree: relative rank v receives blocks v … v + subtree − 1
     (contiguous in *buf*) from its parent and passes each child c the blocks
     of c's subtree. Then p − 1 ring steps over relative ranks: in step k rank v
     sends block (v − k) mod p to v + 1 and receives block (v − k − 1) mod p
-    from v − 1 (:func:`~mpicomm.coll.schedules.ring_allgather`).
+    from v − 1 (:func:`~mpicomm.coll.patterns.ring_allgather`).
     Restrictions: none (any p, any count; empty blocks travel as empty messages).
     Cost: (lg p + p − 1)α + 2n(p−1)/p·β
     """
-    p = call.p
-    vrank = (call.rank - call.root) % p
+    p, vrank = s.p, s.vrank
     counts, displs = block_partition(buf.size, p)
 
-    def blocks(first: int, number: int) -> Any:  # blocks first … first + number − 1, contiguous
+    def blocks(first: int, number: int) -> View:  # blocks first … first + number − 1, contiguous
         start = displs[first]
         return buf[start : start + sum(counts[first : first + number])]
 
     node = binomial_tree(vrank, p)
     if node.parent is not None:
-        yield call.recv(call.real_rank(node.parent), blocks(vrank, node.subtree))
+        s.recv(s.real_rank(node.parent), blocks(vrank, node.subtree))
     if node.children:
-        yield call.exchange(sends=[(call.real_rank(child), blocks(child, size)) for child, size in node.children])
-    right, left = call.real_rank(vrank + 1), call.real_rank(vrank - 1)
+        s.exchange(sends=[(s.real_rank(child), blocks(child, size)) for child, size in node.children])
+    right, left = s.real_rank(vrank + 1), s.real_rank(vrank - 1)
     for send_block, recv_block in ring_allgather(vrank, p):
-        yield call.sendrecv(right, blocks(send_block, 1), left, blocks(recv_block, 1))
+        s.sendrecv(right, blocks(send_block, 1), left, blocks(recv_block, 1))
 
 
 @register("bcast", "pipeline")
-def pipeline(call: Call, buf: Any) -> Steps:
+def pipeline(s: Builder, buf: View) -> None:
     """Pipelined chain: relative ranks 0 → 1 → … → p−1 pass the vector on in segments.
 
     Steps: *buf* is cut into S segments of :data:`SEGMENT_BYTES`. In step k the
     root sends segment k to relative rank 1; every other rank receives
     segment k from its predecessor while forwarding segment k − 1 to its
-    successor (the receive is posted first), so all links of the chain carry
-    a segment at once once the pipeline has filled.
+    successor (both in one round, the receive posted first), so all links of
+    the chain carry a segment at once once the pipeline has filled.
     Restrictions: none (any p, any count; count 0 sends nothing).
     Cost: (p − 2 + S)·(α + n/S·β)  (S = ⌈n / SEGMENT_BYTES⌉ segments)
     """
-    p = call.p
-    vrank = (call.rank - call.root) % p
-    seg = max(1, SEGMENT_BYTES // buf.itemsize)
+    p, vrank = s.p, s.vrank
+    seg = max(1, SEGMENT_BYTES // s.dtype.itemsize)
     nseg = -(-buf.size // seg)
-    prev = call.real_rank(vrank - 1) if vrank > 0 else None
-    nxt = call.real_rank(vrank + 1) if vrank < p - 1 else None
+    prev = s.real_rank(vrank - 1) if vrank > 0 else None
+    nxt = s.real_rank(vrank + 1) if vrank < p - 1 else None
     lag = 0 if prev is None else 1  # the root forwards segment k in step k, the others one step later
     for k in range(nseg + lag):
         recvs = [(prev, buf[k * seg : (k + 1) * seg])] if prev is not None and k < nseg else []
-        s = k - lag
-        sends = [(nxt, buf[s * seg : (s + 1) * seg])] if nxt is not None and 0 <= s < nseg else []
+        j = k - lag
+        sends = [(nxt, buf[j * seg : (j + 1) * seg])] if nxt is not None and 0 <= j < nseg else []
         if recvs or sends:
-            yield call.exchange(sends=sends, recvs=recvs)
+            s.exchange(sends=sends, recvs=recvs)
 
 
-@register("bcast", "shm", single_node=True, host_only=True, blocking_only=True)
-def shm(call: Call, buf: Any) -> Steps:
+@register("bcast", "shm", single_node=True, host_only=True)
+def shm(s: Builder, buf: View) -> None:
     """Shared memory: the root publishes its vector chunk by chunk, every other rank copies each chunk from there.
 
-    Steps: the root publishes where its buffer lives (a :class:`mpicomm.shm.Pool`
-    array where it is) and copies a plain one into its scratch in chunks of
-    about :data:`mpicomm.shm.CHUNK_BYTES`, raising its counter after each; every
+    Steps: (see :func:`mpicomm.coll.shm.bcast`) the root publishes where its
+    buffer lives (a :class:`mpicomm.shm.Pool` array where it is) and copies a
+    plain one into its scratch in chunks of about
+    :data:`mpicomm.coll.shm.CHUNK_BYTES`, raising its counter after each; every
     other rank waits for that counter (the root's only: no barrier) and copies
     each chunk as soon as it is there, while the root copies the next. No
     barrier at the end either: the root's next shared-memory call waits until
@@ -134,67 +129,36 @@ def shm(call: Call, buf: Any) -> Steps:
     Restrictions: every rank on one node; host buffers.
     Cost: α + n·δ + c·δ  (c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk; a pool buffer at the root: α + n·δ)
     """
-    from .. import shm as _shm
+    from .shm import bcast as shm_bcast
 
-    p, rank, root = call.p, call.rank, call.root
-    if p == 1:
-        return
-    a = _shm.arena(call.state)
-    n = buf.size
-    item = call.dtype.itemsize
-    chunk = _shm.chunking(n, item)
-    nchunks = -(-n // chunk) if n else 0
-    flat = buf.reshape(-1)
-    with a.running(call, max(nchunks, 1)) as base:
-        scratch = a.scratch(buf.nbytes)  # collective when it grows: every rank asks for the same size
-        if rank == root:
-            found = a.locate(buf)
-            if found is not None:
-                a.publish([_shm.POOL, found[0], found[1]])
-                a.signal(_shm.IN, base + nchunks)
-            else:
-                a.publish([_shm.SCRATCH, 0, 0])
-                copied = scratch[: buf.nbytes].view(call.dtype)
-                for c in range(nchunks):
-                    copied[c * chunk : (c + 1) * chunk] = flat[c * chunk : (c + 1) * chunk]
-                    a.signal(_shm.IN, base + c + 1)
-            a.end(wait=found is not None)
-        else:
-            source = None
-            for c in range(nchunks):
-                a.wait(_shm.IN, base + c + 1, [root])
-                if source is None:
-                    source = a.published(root, buf.nbytes, call.dtype)
-                flat[c * chunk : (c + 1) * chunk] = source[c * chunk : (c + 1) * chunk]
-            a.end()
-    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
+    shm_bcast(s, buf)
 
 
-@register("bcast", "hierarchical", blocking_only=True, composite=True)
-def hierarchical(call: Call, buf: Any) -> Steps:
+@register("bcast", "hierarchical", composite=True)
+def hierarchical(s: Builder, buf: View) -> None:
     """Hierarchical: broadcast on the root's node, among the node leaders, then on every other node.
 
     Steps: (1) when the root is not its node's leader, broadcast over the
     root's node (its leader now has the vector); (2) broadcast among the
     leaders from the root's node; (3) broadcast over every node that has not
-    got it yet. Each step runs through the dispatcher (shared memory on a
-    node, any message-passing algorithm between nodes).
+    got it yet. Each step is a nested call, so each level runs the algorithm
+    chosen for it (shared memory on a node, any message-passing algorithm
+    between nodes).
     Restrictions: none.
     Cost: 2·T_bcast(n, ppn; intra) + T_bcast(n, nodes; inter)
     """
-    from .dispatch import nested
     from .hierarchy import levels
 
-    lv = levels(call.state)
-    root_node, root_local = lv.node_of[call.root], lv.local_of[call.root]
-    mine = lv.node_of[call.rank]
+    lv = levels(s)
+    root_node, root_local = lv.node_of[s.root], lv.local_of[s.root]
+    mine = lv.node_of[s.rank]
     count = buf.size
     if root_local != 0 and mine == root_node:
-        yield from nested(lv.node, "bcast", recv=buf, root=root_local, count=count)
+        s.nested(lv.node, "bcast", recv=buf, root=root_local, count=count)
     if lv.leaders is not None:
-        yield from nested(lv.leaders, "bcast", recv=buf, root=root_node, count=count)
+        s.nested(lv.leaders, "bcast", recv=buf, root=root_node, count=count)
     if mine != root_node or root_local == 0:
-        yield from nested(lv.node, "bcast", recv=buf, root=0, count=count)
+        s.nested(lv.node, "bcast", recv=buf, root=0, count=count)
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)
@@ -233,7 +197,7 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
 @cost("bcast", "shm")
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
     """α + n·δ + c·δ, c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk (α of the intra-node link)"""
-    from ..shm import CHUNK_BYTES
+    from .shm import CHUNK_BYTES
 
     return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy
 

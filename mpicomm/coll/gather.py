@@ -1,16 +1,19 @@
 """Gather algorithms: the root ends with every rank's block, each at its displacement.
 
-Signature: ``algorithm(call, send, recv, counts, displs)`` for gather and
-gatherv alike. *send* is this rank's block; *recv*, *counts* and *displs*
-(elements, per rank) matter on the root only. For gather the counts are
-known everywhere (all equal); for gatherv they are None off the root. In
-place, the root's *send* is its own block of *recv*. n = bytes gathered at
-the root (all p blocks), p = ranks; relative ranks ``vrank = (rank − root)
-mod p`` make any root look like rank 0.
+Signature: ``algorithm(s, send, recv, counts, displs)`` for gather and gatherv
+alike: *s* is the :class:`~mpicomm.schedule.Builder` the algorithm describes
+its rounds to, *send* this rank's block (a view); *recv*, *counts* and
+*displs* (elements, per rank) matter on the root only. For gather the counts
+are known everywhere (all equal); for gatherv they are None off the root. In
+place, the root's *send* is its own block of *recv* (the same memory: the
+copy into place drops out). n = bytes gathered at the root (all p blocks),
+p = ranks; relative ranks ``vrank = (rank − root) mod p`` make any root look
+like rank 0.
 
 Where counts are unknown off the root (the v-variant), children announce their
-subtrees' sizes in int64 headers: small NumPy arrays on the host whatever the
-buffers' module, read at once without a device round trip.
+subtrees' sizes in one-element int64 headers; a rank that has to size a
+receive from them describes the rest of its schedule once they are in
+(:attr:`~mpicomm.schedule.Schedule.then`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import numpy as np
 
 from ..model import Machine, ceil_lg, direct_exchange
 from ..registry import cost, register
-from ..requests import Steps
-from .call import Call, block
-from .schedules import binomial as binomial_tree
+from ..schedule import Builder, View
+from .patterns import binomial as binomial_tree
 
-__all__ = ["linear", "binomial", "span"]
+__all__ = ["linear", "binomial", "span", "block"]
+
+_INT64 = np.dtype(np.int64)
 
 
-
-
+def block(buf: View, counts: Sequence[int], displs: Sequence[int], r: int) -> View:
+    """Rank *r*'s block of *buf*: elements ``displs[r] … displs[r] + counts[r] − 1`` (a view)."""
+    return buf[displs[r] : displs[r] + counts[r]]
 
 
 def span(ranks: Sequence[int], counts: Sequence[int], displs: Sequence[int]) -> tuple[int, int] | None:
@@ -47,9 +52,33 @@ def span(ranks: Sequence[int], counts: Sequence[int], displs: Sequence[int]) -> 
     return displs[full[0]], displs[full[-1]] + counts[full[-1]]
 
 
+def constants(s: Builder, values: Sequence[int], text: str) -> View:
+    """An int64 scratch buffer holding *values* (written by a local step in the current round)."""
+    values = [int(v) for v in values]
+    view = s.empty(len(values), _INT64)
+    s.local(lambda run: store(run, view, values), f"{text}: {values} into {view}", reads=(), writes=(view,))
+    return view
+
+
+def store(run: Any, view: View, values: Sequence[int]) -> None:
+    """Write int64 *values* into a run's *view* (a header to send; host or device scratch)."""
+    x = run.program.buffers[view.buf][view.start : view.stop]
+    host = np.asarray(values, _INT64)
+    if type(x) is np.ndarray:
+        np.copyto(x, host)
+    else:  # CuPy
+        x.set(host)
+
+
+def read_ints(run: Any, view: View) -> list[int]:
+    """The int64 values a run holds in *view* (a header received; host or device scratch)."""
+    x = run.program.buffers[view.buf][view.start : view.stop]
+    return [int(v) for v in (x if type(x) is np.ndarray else x.get())]
+
+
 @register("gather", "linear")
 @register("gatherv", "linear")
-def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displs: Sequence[int] | None) -> Steps:
+def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, displs: Sequence[int] | None) -> None:
     """Linear: every rank sends its block straight to the root.
 
     Steps: the root copies its own block into place and posts p − 1 receives,
@@ -58,85 +87,103 @@ def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displ
     Restrictions: none (any p, any counts and displacements); works in place.
     Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
-    if call.rank != call.root:
-        yield call.send(call.root, send)
+    if s.rank != s.root:
+        s.send(s.root, send)
         return
-    call.copy(block(recv, counts, displs, call.root), send)
-    recvs = [(r, block(recv, counts, displs, r)) for r in range(call.p) if r != call.root]
+    s.copy(block(recv, counts, displs, s.root), send)
+    recvs = [(r, block(recv, counts, displs, r)) for r in range(s.p) if r != s.root]
     if recvs:
-        yield call.exchange(recvs=recvs)
+        s.exchange(recvs=recvs)
 
 
 @register("gather", "binomial")
 @register("gatherv", "binomial")
-def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displs: Sequence[int] | None) -> Steps:
+def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, displs: Sequence[int] | None) -> None:
     """Binomial tree: each rank gathers its subtree's blocks and sends them to its parent in one message.
 
     Steps: relative rank v keeps its own block followed by its children's
-    subtrees (:func:`~mpicomm.coll.schedules.binomial`), so a scratch buffer
+    subtrees (:func:`~mpicomm.coll.patterns.binomial`), so a scratch buffer
     holds the blocks of relative ranks v … v + subtree − 1 back to back; once
     the children's messages are in, it sends the lot to its parent. For
     gatherv the counts are unknown off the root, so every child first sends
     its subtree's element count (an int64 header) and a parent sizes its
-    receives from them (the root, knowing the counts, posts header and data
-    receives together). The root receives a child's subtree straight into
-    *recv* when those blocks lie back to back there in relative-rank order,
-    else into scratch, then copies each block to its displacement.
+    receives from them: it receives the headers, then describes the rest of
+    its schedule from their values (the root, knowing the counts, posts
+    header and data receives together). The root receives a child's subtree
+    straight into *recv* when those blocks lie back to back there in
+    relative-rank order, else into scratch, then copies each block to its
+    displacement.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
     Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; gatherv: + lg p·α for the size headers)
     """
-    p = call.p
-    vrank = (call.rank - call.root) % p
-    node = binomial_tree(vrank, p)
+    node = binomial_tree(s.vrank, s.p)
     # children in relative-rank order (the tree lists them largest subtree first): their subtrees follow
     # this rank's block in that order
-    children = [(call.real_rank(c), [call.real_rank(v) for v in range(c, c + s)]) for c, s in reversed(node.children)]
-    headers = call.collective == "gatherv"  # off the root nobody knows the counts: children announce them
-    heard = np.zeros(len(children), np.int64)
-    header_recvs = [(child, heard[i : i + 1]) for i, (child, _) in enumerate(children)] if headers else []
-    if counts is not None:
-        sizes = [sum(counts[r] for r in ranks) for _, ranks in children]
-    else:
-        if header_recvs:
-            yield call.exchange(recvs=header_recvs)
-        header_recvs = []
-        sizes = [int(x) for x in heard]
+    children = [(s.real_rank(c), [s.real_rank(v) for v in range(c, c + size)]) for c, size in reversed(node.children)]
+    headers = s.collective == "gatherv"  # off the root nobody knows the counts: children announce them
+    heard = s.empty(len(children), _INT64) if headers and children else None
+    header_recvs = [(child, heard[i : i + 1]) for i, (child, _) in enumerate(children)] if heard is not None else []
 
     if node.parent is None:  # the root: every block to its displacement
-        call.copy(block(recv, counts, displs, call.root), send)
+        assert counts is not None and displs is not None
+        s.copy(block(recv, counts, displs, s.rank), send)
         data, unpack = [], []
-        for (child, ranks), size in zip(children, sizes):
+        for child, ranks in children:
             run = span(ranks, counts, displs)
             if run is not None:
                 data.append((child, recv[run[0] : run[1]]))
             else:
-                scratch = call.empty(size)
+                scratch = s.empty(sum(counts[r] for r in ranks))
                 data.append((child, scratch))
                 unpack.append((ranks, scratch))
         if data:
-            yield call.exchange(recvs=header_recvs + data)
+            s.exchange(recvs=header_recvs + data)
         for ranks, scratch in unpack:
             offset = 0
             for r in ranks:
-                call.copy(block(recv, counts, displs, r), scratch[offset : offset + counts[r]])
+                s.copy(block(recv, counts, displs, r), scratch[offset : offset + counts[r]])
                 offset += counts[r]
         return
 
-    parent = call.real_rank(node.parent)
-    total = send.size + sum(sizes)
-    up = [(parent, np.array([total], np.int64))] if headers else []
-    if not children:  # a leaf sends its own block as it is
-        yield call.exchange(sends=up + [(parent, send)])
+    parent = s.real_rank(node.parent)
+    if not children:  # a leaf sends its own block as it is (gatherv: its size first)
+        up = [(parent, constants(s, [send.size], "the size header"))] if headers else []
+        s.exchange(sends=up + [(parent, send)])
         return
-    gathered = call.empty(total)
-    call.copy(gathered[: send.size], send)
+    if counts is not None:  # gather: every size is known
+        sizes = [sum(counts[r] for r in ranks) for _, ranks in children]
+        up = constants(s, [send.size + sum(sizes)], "the size header") if headers else None
+        _forward(s, parent, send, children, sizes, header_recvs, up)
+        return
+    # gatherv off the root: the subtrees' sizes arrive first; the rest is described once they are known
+    assert heard is not None
+    s.exchange(recvs=header_recvs)
+    up = s.empty(1, _INT64)
+    heard_sizes: list[int] = []  # filled in when the headers are in (one plan's runs never overlap)
+
+    def hear(run: Any) -> None:
+        heard_sizes[:] = read_ints(run, heard)
+        store(run, up, [send.size + sum(heard_sizes)])
+
+    s.local(hear, f"read the children's sizes from {heard}; their sum with the own block's into {up}",
+            reads=(heard,), writes=(up,))
+    s.then = lambda b: _forward(b, parent, send, children, heard_sizes, [], up)
+
+
+def _forward(s: Builder, parent: int, send: View, children: list[tuple[int, list[int]]], sizes: Sequence[int],
+             header_recvs: list[tuple[int, View]], up: View | None) -> None:
+    """An inner rank of the tree: receive the children's subtrees after the own block, send the lot up
+    (with the size header *up* in front of it, if given)."""
+    total = send.size + sum(sizes)
+    gathered = s.empty(total)
+    s.copy(gathered[: send.size], send)
     data, offset = [], send.size
     for (child, _), size in zip(children, sizes):
         data.append((child, gathered[offset : offset + size]))
         offset += size
-    yield call.exchange(sends=up, recvs=data)
-    yield call.send(parent, gathered)
+    s.exchange(sends=[(parent, up)] if up is not None else [], recvs=header_recvs + data)
+    s.send(parent, gathered)
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

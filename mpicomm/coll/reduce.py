@@ -1,58 +1,63 @@
 """Reduce algorithms: the root ends with the elementwise reduction of all ranks' vectors.
 
-Signature: ``algorithm(call, send, recv)``; *recv* is None off the root, and on
-the root *send* may be *recv* (in place). n = bytes of the vector, p = ranks.
+Signature: ``algorithm(s, send, recv)``: *s* is the :class:`~mpicomm.schedule.Builder`
+the algorithm describes its rounds to; *send* and *recv* are views of the
+input and output; *recv* is None off the root, and on the root it may be the
+same memory as *send* (in place: nothing of *send* is read once *recv* has
+been written). n = bytes of the vector, p = ranks.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model import Machine, ceil_lg, folded, halving_doubling
 from ..registry import cost, register
-from ..requests import Steps
-from .call import Call
-from .schedules import binomial as binomial_tree
-from .schedules import block_partition, fold, unfold
+from ..schedule import Builder, View
+from .patterns import binomial as binomial_tree
+from .patterns import block_partition, fold, unfold
 
 __all__ = ["linear", "binomial", "rabenseifner", "shm"]
 
 
 @register("reduce", "linear")
-def linear(call: Call, send: Any, recv: Any) -> Steps:
+def linear(s: Builder, send: View, recv: View | None) -> None:
     """Linear: every rank sends its vector to the root, which combines them in rank order.
 
-    Steps: ranks other than the root send their vector to it; the root starts
-    from x_0 and, for r = 1 … p−1, receives x_r (its own from *send*) and
-    combines acc = acc ⊕ x_r, one vector at a time (one vector of scratch).
+    Steps: ranks other than the root send their vector to it; the root
+    receives x_0, x_1 … x_{p−1} one at a time into one vector of scratch
+    (its own from *send*) and combines acc = acc ⊕ x_r. The accumulator is
+    *recv* from the root's own turn on; before it (root ≠ 0) it is a second
+    scratch vector (then free to receive into), so the root's input is read
+    before *recv* is written.
     Restrictions: none - operands are combined in rank order, so
-    non-commutative ops are fine; works in place (the root keeps a copy of its
-    own vector when it is not rank 0).
+    non-commutative ops are fine; works in place.
     Cost: (p−1)α + (p−1)nβ + (p−1)nγ  (all of it at the root)
     """
-    rank, root, p = call.rank, call.root, call.p
+    rank, root, p = s.rank, s.root, s.p
     if rank != root:
-        yield call.send(root, send)
+        s.send(root, send)
         return
-    own = send
-    if send is recv and root != 0:  # recv becomes the accumulator before x_root's turn
-        own = call.empty(send.size)
-        call.copy(own, send)
+    assert recv is not None
+    n = send.size
     if root == 0:
-        call.copy(recv, own)
-    else:
-        yield call.recv(0, recv)
-    tmp = call.empty(recv.size)
+        s.copy(recv, send)
+        acc = recv
+        tmp = s.empty(n) if p > 1 else None
+    else:  # x_0 … x_{root−1} accumulate in scratch until x_root joins them
+        acc = s.empty(n)
+        s.recv(0, acc)
+        tmp = s.empty(n) if root > 1 else None
     for r in range(1, p):
         if r == root:
-            call.combine(recv, own, recv)
+            s.combine(acc, send, recv)
+            tmp = tmp if tmp is not None else acc  # the lower ranks' scratch is free now
+            acc = recv
         else:
-            yield call.recv(r, tmp)
-            call.combine(recv, tmp, recv)
+            s.recv(r, tmp)
+            s.combine(acc, tmp, acc)
 
 
 @register("reduce", "binomial")
-def binomial(call: Call, send: Any, recv: Any) -> Steps:
+def binomial(s: Builder, send: View, recv: View | None) -> None:
     """Binomial tree: partial results flow up a binomial tree, halving the active ranks each round.
 
     Steps: with a commutative op the tree is over relative ranks
@@ -67,39 +72,41 @@ def binomial(call: Call, send: Any, recv: Any) -> Steps:
     place; any p.
     Cost: lg p·α + n·lg p·β + n·lg p·γ  (non-commutative op and root ≠ 0: + α + nβ)
     """
-    rank, root, p = call.rank, call.root, call.p
-    base = root if call.commutative else 0  # the real rank at the top of the tree
+    rank, root, p = s.rank, s.root, s.p
+    base = root if s.commutative else 0  # the real rank at the top of the tree
     vrank = (rank - base) % p
     node = binomial_tree(vrank, p)
     if vrank == 0 and rank == root:
+        assert recv is not None
         acc = recv
-        call.copy(acc, send)
+        s.copy(acc, send)
     elif node.children:
-        acc = call.empty(send.size)
-        call.copy(acc, send)
+        acc = s.empty(send.size)
+        s.copy(acc, send)
     else:
         acc = send  # a leaf sends its vector as it is
     if node.children:
-        tmp = call.empty(send.size)
+        tmp = s.empty(send.size)
         for child, _ in reversed(node.children):
-            yield call.recv((child + base) % p, tmp)
-            call.combine(acc, tmp, acc)
+            s.recv((child + base) % p, tmp)
+            s.combine(acc, tmp, acc)
     if node.parent is not None:
-        yield call.send((node.parent + base) % p, acc)
+        s.send((node.parent + base) % p, acc)
     elif rank != root:  # rank 0 of the non-commutative tree: hand the result over
-        yield call.send(root, acc)
+        s.send(root, acc)
     if rank == root and vrank != 0:
-        yield call.recv(base, recv)
+        assert recv is not None
+        s.recv(base, recv)
 
 
 @register("reduce", "rabenseifner", commutative_only=True)
-def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
+def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
     """Rabenseifner: reduce-scatter by recursive halving, then a binomial gather of the blocks to the root.
 
     Steps: fold a non-power-of-two p onto the largest power of two p' (each
     even rank below 2·(p − p') sends its vector to the odd rank above, which
     combines the two and takes part as newrank r // 2). The vector is split
-    into p' blocks (:func:`~.schedules.block_partition`); with
+    into p' blocks (:func:`~.patterns.block_partition`); with
     w = newrank XOR newroot, in the round of distance d = p'/2, p'/4 … 1 each
     rank halves the range of blocks it is responsible for, keeping the half on
     w's side of bit d, sends the other half to newrank XOR d and combines the
@@ -113,28 +120,29 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
     works in place.
     Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + α + nβ + nγ to fold, + α + nβ for a folded root)
     """
-    rank, root, p = call.rank, call.root, call.p
+    rank, root, p = s.rank, s.root, s.p
     count = send.size
     f = fold(rank, p)
     rf = fold(root, p)
     newroot = rf.newrank if rf.newrank is not None else fold(rf.partner, p).newrank
     if f.newrank is None:  # folded away: hand the vector up (the root then waits for the result)
-        yield call.send(f.partner, send)
+        s.send(f.partner, send)
         if rank == root:
-            yield call.recv(f.partner, recv)
+            assert recv is not None
+            s.recv(f.partner, recv)
         return
     if rank == root:
+        assert recv is not None
         acc = recv
-        call.copy(acc, send)
     else:
-        acc = call.empty(count)
-        call.copy(acc, send)
+        acc = s.empty(count)
+    s.copy(acc, send)
     edges = block_partition(count, f.pof2)[1] + [count]  # blocks lo … hi−1 are elements edges[lo]:edges[hi]
     # scratch for the fold's whole vector, else for the largest half received (the first round's lower half)
-    tmp = call.empty(count if f.partner is not None else edges[f.pof2 // 2])
+    tmp = s.empty(count if f.partner is not None else edges[f.pof2 // 2])
     if f.partner is not None:  # the even rank below folded onto this one
-        yield call.recv(f.partner, tmp)
-        call.combine(tmp, acc, acc)
+        s.recv(f.partner, tmp)
+        s.combine(tmp, acc, acc)
     w = f.newrank ^ newroot
     lo, hi = 0, f.pof2
     distance = f.pof2 // 2
@@ -147,41 +155,41 @@ def rabenseifner(call: Call, send: Any, recv: Any) -> Steps:
             keep, give = (lo, mid), (mid, hi)
         mine = acc[edges[keep[0]] : edges[keep[1]]]
         theirs = tmp[: mine.size]
-        yield call.sendrecv(partner, acc[edges[give[0]] : edges[give[1]]], partner, theirs)
+        s.sendrecv(partner, acc[edges[give[0]] : edges[give[1]]], partner, theirs)
         if partner < rank:
-            call.combine(theirs, mine, mine)
+            s.combine(theirs, mine, mine)
         else:
-            call.combine(mine, theirs, mine)
+            s.combine(mine, theirs, mine)
         lo, hi = keep
         distance //= 2
     distance = 1
     while distance < f.pof2:  # binomial gather of the reduced blocks towards w = 0
         partner = unfold(f.newrank ^ distance, f.rem)
         if w & distance:
-            yield call.send(partner, acc[edges[w] : edges[w + distance]])
+            s.send(partner, acc[edges[w] : edges[w + distance]])
             return
-        yield call.recv(partner, acc[edges[w + distance] : edges[w + 2 * distance]])
+        s.recv(partner, acc[edges[w + distance] : edges[w + 2 * distance]])
         distance *= 2
     if rank != root:  # this rank is the root's odd partner: the root was folded away
-        yield call.send(root, acc)
+        s.send(root, acc)
 
 
-@register("reduce", "shm", single_node=True, host_only=True, blocking_only=True)
-def shm(call: Call, send: Any, recv: Any) -> Steps:
+@register("reduce", "shm", single_node=True, host_only=True)
+def shm(s: Builder, send: View, recv: View | None) -> None:
     """Shared memory: each rank reduces its slice straight from the peers' memory into the root's result.
 
-    Steps: (see :func:`mpicomm.shm.reduce_steps`) publish inputs (pool arrays in
+    Steps: (see :func:`mpicomm.coll.shm.reduce`) publish inputs (pool arrays in
     place, others copied into scratch but for the own slice) and the root's
     output; rank r reduces slice r of all p inputs in rank order, into the
     root's output when it is a pool array, else into its scratch, which the
-    root copies out. Pipelined in chunks of :data:`mpicomm.shm.CHUNK_BYTES`;
+    root copies out. Pipelined in chunks of :data:`mpicomm.coll.shm.CHUNK_BYTES`;
     counters in shared memory, no MPI barrier.
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
     Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ
     """
-    from ..shm import reduce_steps
+    from .shm import reduce as shm_reduce
 
-    yield from reduce_steps(call, send, recv, call.root)
+    shm_reduce(s, send, recv, s.root)
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

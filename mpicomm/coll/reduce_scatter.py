@@ -1,11 +1,12 @@
 """Reduce-scatter algorithms: rank r ends with block r of the elementwise reduction of all ranks' vectors.
 
-Signature: ``algorithm(call, send, recv, counts)``; *send* holds sum(counts)
-elements, block r is the counts[r] elements at offset counts[0] + … +
-counts[r−1], and rank r's reduced block goes to *recv*. The same functions
-serve ``reduce_scatter_block`` (all counts equal). All are registered with
-``in_place=False``: for an in-place call the dispatcher copies the input first.
-n = bytes of the whole input vector, p = ranks.
+Signature: ``algorithm(s, send, recv, counts)``: *s* is the
+:class:`~mpicomm.schedule.Builder` the algorithm describes its rounds to;
+*send* is a view of sum(counts) elements, block r is the counts[r] elements
+at offset counts[0] + … + counts[r−1], and rank r's reduced block goes to the
+view *recv*. The same functions serve ``reduce_scatter_block`` (all counts
+equal). All are registered with ``in_place=False``: for an in-place call the
+plan copies the input first. n = bytes of the whole input vector, p = ranks.
 """
 
 from __future__ import annotations
@@ -13,59 +14,58 @@ from __future__ import annotations
 import math
 
 from itertools import accumulate
-from typing import Any
+from typing import Sequence
 
 from ..model import Machine, folded, pof2
 from ..registry import cost, register
-from ..requests import Steps
-from .call import Call
-from .schedules import fold, pairwise as pairwise_schedule, ring_reduce_scatter, unfold
+from ..schedule import Builder, View
+from .patterns import fold, pairwise as pairwise_schedule, ring_reduce_scatter, unfold
 
 __all__ = ["ring", "recursive_halving", "pairwise", "shm"]
 
 
-def _displs(counts: Any) -> list[int]:
+def _displs(counts: Sequence[int]) -> list[int]:
     """Offsets of the blocks: prefix sums of *counts* (one more entry: the total)."""
     return [0, *accumulate(counts)]
 
 
 @register("reduce_scatter", "ring", commutative_only=True, in_place=False)
 @register("reduce_scatter_block", "ring", commutative_only=True, in_place=False)
-def ring(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
+def ring(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """Ring: p − 1 steps; each passes one partially reduced block to the right and reduces one from the left.
 
     Steps: in step k rank r sends its partial of block (r − k − 1) mod p to
     rank r + 1 and receives the left neighbour's partial of block
     (r − k − 2) mod p, which it combines with its own input of that block
-    (:func:`~.schedules.ring_reduce_scatter`); after p − 1 steps the block it
+    (:func:`~.patterns.ring_reduce_scatter`); after p − 1 steps the block it
     received last, block r, holds every rank's contribution.
     Restrictions: commutative ops only (the ring combines in ring order, not
-    rank order); any p and counts (zeros too); not in place (the dispatcher copies).
+    rank order); any p and counts (zeros too); not in place (the plan copies).
     Cost: (p−1)·α + n(p−1)/p·β + n(p−1)/p·γ
     """
-    p, rank = call.p, call.rank
+    p, rank = s.p, s.rank
     at = _displs(counts)
 
-    def block(x: Any, b: int) -> Any:
+    def block(x: View, b: int) -> View:
         return x[at[b] : at[b + 1]]
 
     if p == 1:
-        call.copy(recv, block(send, 0))
+        s.copy(recv, block(send, 0))
         return
     width = max(counts)
-    incoming, partial = call.empty(width), call.empty(width)  # partial: what the next step sends
+    incoming, partial = s.empty(width), s.empty(width)  # partial: what the next step sends
     right, left = (rank + 1) % p, (rank - 1) % p
     for k, (send_block, recv_block) in enumerate(ring_reduce_scatter(rank, p)):
         outgoing = block(send, send_block) if k == 0 else partial[: counts[send_block]]
         tmp = incoming[: counts[recv_block]]
-        yield call.sendrecv(right, outgoing, left, tmp)
+        s.sendrecv(right, outgoing, left, tmp)
         out = recv if k == p - 2 else partial[: counts[recv_block]]  # the last step's block is this rank's
-        call.combine(tmp, block(send, recv_block), out)
+        s.combine(tmp, block(send, recv_block), out)
 
 
 @register("reduce_scatter", "recursive_halving", commutative_only=True, in_place=False)
 @register("reduce_scatter_block", "recursive_halving", commutative_only=True, in_place=False)
-def recursive_halving(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
+def recursive_halving(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """Recursive halving: lg p rounds; each halves the range of blocks a rank is responsible for.
 
     Steps: fold a non-power-of-two p onto the largest power of two p' (each
@@ -78,24 +78,25 @@ def recursive_halving(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
     receives into its own. After lg p' rounds newrank i holds newrank block
     i; an odd folded rank sends the even rank below its block.
     Restrictions: commutative ops only (partners are combined out of rank
-    order); any p and counts (zeros too); not in place (the dispatcher copies).
+    order); any p and counts (zeros too); not in place (the plan copies).
     Cost: lg p·α + n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + 2α + n·β + n·γ for the fold)
     """
-    p, rank = call.p, call.rank
+    p, rank = s.p, s.rank
     at = _displs(counts)
     f = fold(rank, p)
     if f.newrank is None:  # folded away: hand the whole vector up, receive this rank's block at the end
-        yield call.send(f.partner, send)
-        yield call.recv(f.partner, recv)
+        s.send(f.partner, send)
+        s.recv(f.partner, recv)
         return
     # newrank i's block: elements new_at[i] … new_at[i + 1] (real ranks unfold(i) − 1 and unfold(i) when folded)
     new_at = [at[unfold(i, f.rem) - 1] if i < f.rem else at[unfold(i, f.rem)] for i in range(f.pof2)] + [at[p]]
-    partials: Any = send  # where this rank's partial results are: its input until the first combine
-    acc = tmp = None
+    partials = send  # where this rank's partial results are: its input until the first combine
+    acc: View | None = None
+    tmp: View | None = None
     if f.partner is not None:  # the even rank below folded onto this one: x_{r-1} ⊕ x_r
-        tmp, acc = call.empty(at[p]), call.empty(at[p])
-        yield call.recv(f.partner, tmp)
-        call.combine(tmp, send, acc)
+        tmp, acc = s.empty(at[p]), s.empty(at[p])
+        s.recv(f.partner, tmp)
+        s.combine(tmp, send, acc)
         partials = acc
     lo, hi = 0, f.pof2  # the newrank blocks this rank is still responsible for
     mask = f.pof2 >> 1
@@ -105,118 +106,91 @@ def recursive_halving(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
             give, lo = partials[new_at[lo] : new_at[lo + mask]], lo + mask
         else:
             give, hi = partials[new_at[lo + mask] : new_at[hi]], lo + mask
-        keep = slice(new_at[lo], new_at[hi])
+        a, b = new_at[lo], new_at[hi]
         if tmp is None:  # the first round receives the most: later ranges lie inside this one
-            tmp = call.empty(keep.stop - keep.start)
-        incoming = tmp[: keep.stop - keep.start]
-        yield call.sendrecv(partner, give, partner, incoming)
+            tmp = s.empty(b - a)
+        incoming = tmp[: b - a]
+        s.sendrecv(partner, give, partner, incoming)
         if acc is None:
-            acc = call.empty(at[p])
+            acc = s.empty(at[p])
         if partner < rank:
-            call.combine(incoming, partials[keep], acc[keep])
+            s.combine(incoming, partials[a:b], acc[a:b])
         else:
-            call.combine(partials[keep], incoming, acc[keep])
+            s.combine(partials[a:b], incoming, acc[a:b])
         partials = acc
         mask >>= 1
     if f.partner is not None:  # hand the even rank below its block, keep this one's
-        yield call.send(f.partner, partials[at[rank - 1] : at[rank]])
-    call.copy(recv, partials[at[rank] : at[rank + 1]])
+        s.send(f.partner, partials[at[rank - 1] : at[rank]])
+    s.copy(recv, partials[at[rank] : at[rank + 1]])
 
 
 @register("reduce_scatter", "pairwise", in_place=False)
 @register("reduce_scatter_block", "pairwise", in_place=False)
-def pairwise(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
+def pairwise(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """Pairwise exchange: p − 1 steps; in step k rank r sends its input's block r + k to rank r + k.
 
     Steps: in step k = 1 … p − 1 rank r sends block (r + k) mod p of its input
     to rank r + k and receives x_{r−k}'s block r from rank r − k
-    (:func:`~.schedules.pairwise`), so it receives x_{r−1}, x_{r−2} … x_0, then
+    (:func:`~.patterns.pairwise`), so it receives x_{r−1}, x_{r−2} … x_0, then
     x_{p−1} … x_{r+1}. Two accumulators keep rank order: ``left`` (in *recv*)
     becomes x_s ⊕ left for s = r−1 … 0 and ``right`` becomes x_s ⊕ right for
-    s = p−1 … r+1; the result is left ⊕ x_r ⊕ right. The receive of step k + 1
-    is posted before step k's block is combined.
+    s = p−1 … r+1; the result is left ⊕ x_r ⊕ right. The blocks arrive in two
+    alternating buffers, so the compiler posts step k + 1 before step k's
+    block is combined.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; any p and counts (zeros too); not in place
-    (the dispatcher copies).
+    (the plan copies).
     Cost: (p−1)·α + n(p−1)/p·β + n(p−1)/p·γ
     """
-    p, rank = call.p, call.rank
+    p, rank = s.p, s.rank
     at = _displs(counts)
     mine = send[at[rank] : at[rank + 1]]
     if p == 1:
-        call.copy(recv, mine)
+        s.copy(recv, mine)
         return
     n = counts[rank]
-    buffers = (call.empty(n), call.empty(n))
-    right = call.empty(n)
-    schedule = list(pairwise_schedule(rank, p))
-
-    def post(k: int) -> Any:  # step k + 1 of the schedule, receiving into buffers[k % 2]
-        dest, source = schedule[k]
-        return call.sendrecv(dest, send[at[dest] : at[dest + 1]], source, buffers[k % 2])
-
-    pending = post(0)
-    for k, (_, source) in enumerate(schedule):
-        yield pending
-        if k + 1 < len(schedule):
-            pending = post(k + 1)  # in flight while this block is combined
+    buffers = (s.empty(n), s.empty(n))
+    right = s.empty(n)
+    for k, (dest, source) in enumerate(pairwise_schedule(rank, p)):
         x = buffers[k % 2]
+        s.sendrecv(dest, send[at[dest] : at[dest + 1]], source, x)
         if source < rank:  # x_{r-1} first, then lower ranks: prepend
             if source == rank - 1:
-                call.copy(recv, x)
+                s.copy(recv, x)
             else:
-                call.combine(x, recv, recv)
+                s.combine(x, recv, recv)
         else:  # x_{p-1} first, then lower ranks down to r + 1: prepend
             if source == p - 1:
-                call.copy(right, x)
+                s.copy(right, x)
             else:
-                call.combine(x, right, right)
+                s.combine(x, right, right)
     if rank > 0:
-        call.combine(recv, mine, recv)
+        s.combine(recv, mine, recv)
     else:
-        call.copy(recv, mine)
+        s.copy(recv, mine)
     if rank < p - 1:
-        call.combine(recv, right, recv)
+        s.combine(recv, right, recv)
 
 
-@register("reduce_scatter", "shm", single_node=True, host_only=True, blocking_only=True, in_place=False)
-@register("reduce_scatter_block", "shm", single_node=True, host_only=True, blocking_only=True, in_place=False)
-def shm(call: Call, send: Any, recv: Any, counts: Any) -> Steps:
+@register("reduce_scatter", "shm", single_node=True, host_only=True, in_place=False)
+@register("reduce_scatter_block", "shm", single_node=True, host_only=True, in_place=False)
+def shm(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """Shared memory: each rank reduces its own block straight from the peers' inputs.
 
-    Steps: publish the input (a :class:`mpicomm.shm.Pool` array where it is,
-    another copied into scratch - all but the own block, which only this
-    rank reads) and raise this rank's counter; once every peer's counter is
-    up, rank r reduces block r of all p inputs in rank order into *recv*. No
-    barrier at the end: the next shared-memory call waits until every rank
-    has read this one's inputs (a pool input waits at the end).
+    Steps: (see :func:`mpicomm.coll.shm.reduce_scatter`) publish the input (a
+    :class:`mpicomm.shm.Pool` array where it is, another copied into scratch -
+    all but the own block, which only this rank reads) and raise this rank's
+    counter; once every peer's counter is up, rank r reduces block r of all p
+    inputs in rank order into *recv*. No barrier at the end: the next
+    shared-memory call waits until every rank has read this one's inputs (a
+    pool input waits at the end).
     Restrictions: every rank on one node; host buffers; any op (rank order
-    kept); not in place (the dispatcher copies).
+    kept); not in place (the plan copies).
     Cost: α + n(p−1)/p·δ + n(p−1)/p·γ  (a pool input skips the copy in)
     """
-    from .. import shm as _shm
+    from .shm import reduce_scatter as shm_reduce_scatter
 
-    at = _displs(counts)
-    item = call.dtype.itemsize
-    rank, p, count = call.rank, call.p, counts[call.rank]
-    mine = send.reshape(-1)[at[rank] : at[rank] + count]
-    if p == 1:
-        call.copy(recv, mine)
-    else:
-        a = _shm.arena(call.state)
-        with a.running(call, 1) as base:
-            own = _shm.place(a, send, a.scratch(at[-1] * item), 0, skip=(at[rank], at[rank + 1]))
-            a.publish(own)
-            a.signal(_shm.IN, base + 1)
-            a.wait(_shm.IN, base + 1, a.others)
-            total = at[-1] * item
-            inputs = [mine if r == rank else a.published(r, total, call.dtype)[at[rank] : at[rank] + count]
-                      for r in range(p)]
-            call.combine(inputs[0], inputs[1], recv)
-            for r in range(2, p):
-                call.combine(recv, inputs[r], recv)
-            a.end(wait=own[0] == _shm.POOL)
-    yield from ()  # a step generator that posts no MPI request: it synchronises on shared counters
+    shm_reduce_scatter(s, send, recv, counts)
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

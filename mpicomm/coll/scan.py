@@ -1,57 +1,57 @@
 """Scan and exscan algorithms: prefix reductions over ranks.
 
-Signature: ``algorithm(call, send, recv)``; *send* may be *recv* (in place).
-Scan leaves x_0 ⊕ … ⊕ x_r in rank r's *recv*; exscan leaves x_0 ⊕ … ⊕ x_{r−1}
-there for r ≥ 1 and does not touch rank 0's *recv* (MPI leaves it undefined).
+Signature: ``algorithm(s, send, recv)``: *s* is the :class:`~mpicomm.schedule.Builder`
+the algorithm describes its rounds to; *send* and *recv* are views of the
+input and output, which may be the same memory (in place: nothing of *send*
+is read once *recv* has been written or received into). Scan leaves
+x_0 ⊕ … ⊕ x_r in rank r's *recv*; exscan leaves x_0 ⊕ … ⊕ x_{r−1} there for
+r ≥ 1 and does not touch rank 0's *recv* (MPI leaves it undefined).
 n = bytes of the vector, p = ranks.
 
-Each algorithm serves both collectives through one private generator
+Each algorithm serves both collectives through one private function
 (``inclusive`` says which); the registered functions differ in what they
 leave in *recv* and in their cost, so each has its own docstring.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..model import Machine, ceil_lg
 from ..registry import cost, register
-from ..requests import Steps
-from .call import Call
+from ..schedule import Builder, View
 
 __all__ = ["scan_linear", "exscan_linear", "scan_recursive_doubling", "exscan_recursive_doubling"]
 
 
 @register("scan", "linear")
-def scan_linear(call: Call, send: Any, recv: Any) -> Steps:
+def scan_linear(s: Builder, send: View, recv: View) -> None:
     """Linear chain: rank r receives the prefix of ranks 0 … r−1 from r−1, adds its own, passes it on.
 
     Steps: rank 0 sends x_0 to rank 1; rank r ≥ 1 receives
-    x_0 ⊕ … ⊕ x_{r−1} from r−1, combines it with x_r on the right into *recv*
-    and sends that to r+1 (the last rank sends nothing).
+    x_0 ⊕ … ⊕ x_{r−1} from r−1 into scratch, combines it with x_r on the
+    right into *recv* and sends that to r+1 (the last rank sends nothing).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place; any p.
     Cost: (p−1)(α + nβ + nγ)  (the chain's length: rank p−1 finishes last)
     """
-    return (yield from _chain(call, send, recv, inclusive=True))
+    _chain(s, send, recv, inclusive=True)
 
 
 @register("exscan", "linear")
-def exscan_linear(call: Call, send: Any, recv: Any) -> Steps:
+def exscan_linear(s: Builder, send: View, recv: View) -> None:
     """Linear chain: rank r receives the prefix of ranks 0 … r−1 from r−1, keeps it, passes on prefix ⊕ x_r.
 
     Steps: rank 0 sends x_0 to rank 1 (its *recv* is not touched); rank r ≥ 1
     receives x_0 ⊕ … ⊕ x_{r−1} from r−1 - its result - and sends that ⊕ x_r
-    to r+1 (the last rank sends nothing).
+    to r+1 (the last rank, which sends nothing, receives straight into *recv*).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place; any p.
     Cost: (p−1)(α + nβ + nγ)  (the chain's length: rank p−1 finishes last)
     """
-    return (yield from _chain(call, send, recv, inclusive=False))
+    _chain(s, send, recv, inclusive=False)
 
 
 @register("scan", "recursive_doubling")
-def scan_recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
+def scan_recursive_doubling(s: Builder, send: View, recv: View) -> None:
     """Recursive doubling (Hillis-Steele): in round k every rank sends its partial prefix 2^k ranks up.
 
     Steps: rank r's partial result, kept in *recv*, starts as x_r and always
@@ -65,16 +65,17 @@ def scan_recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
     that would fall outside 0 … p−1 are skipped).
     Cost: ⌈lg p⌉(α + nβ + nγ)
     """
-    return (yield from _doubling(call, send, recv, inclusive=True))
+    _doubling(s, send, recv, inclusive=True)
 
 
 @register("exscan", "recursive_doubling")
-def exscan_recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
+def exscan_recursive_doubling(s: Builder, send: View, recv: View) -> None:
     """Recursive doubling (Hillis-Steele): as the scan, collecting only what arrives from lower ranks.
 
-    Steps: as :func:`scan_recursive_doubling`, the partial (in scratch space)
-    starts as x_r and in round k goes to r + 2^k, while the partial of
-    r − 2^k arrives. What arrives covers, round after round, the ranks
+    Steps: as :func:`scan_recursive_doubling`, the partial (in scratch
+    space; rank 0's is its input) starts as x_r and in round k goes to
+    r + 2^k, while the partial of r − 2^k arrives. What arrives covers,
+    round after round, the ranks
     r−1, r−3 … r−2, r−7 … r−4 …, so *recv* = received ⊕ *recv* (the first
     one straight into *recv*) builds x_0 ⊕ … ⊕ x_{r−1}; the partial
     = received ⊕ partial, needed only while a later round sends it. Rank 0
@@ -83,42 +84,48 @@ def exscan_recursive_doubling(call: Call, send: Any, recv: Any) -> Steps:
     non-commutative ops are fine; works in place; any p (no fold).
     Cost: ⌈lg p⌉(α + nβ + 2nγ)
     """
-    return (yield from _doubling(call, send, recv, inclusive=False))
+    _doubling(s, send, recv, inclusive=False)
 
 
-def _chain(call: Call, send: Any, recv: Any, inclusive: bool) -> Steps:
+def _chain(s: Builder, send: View, recv: View, inclusive: bool) -> None:
     """The linear chain; *inclusive*: scan, else exscan."""
-    rank, p = call.rank, call.p
+    rank, p = s.rank, s.p
     if rank == 0:
         if inclusive:
-            call.copy(recv, send)
+            s.copy(recv, send)
         if p > 1:
-            yield call.send(1, send)
+            s.send(1, send)
         return
-    prefix = recv if send is not recv else call.empty(send.size)  # in place, recv still holds x_r
-    yield call.recv(rank - 1, prefix)  # x_0 ⊕ … ⊕ x_{r−1}
+    last = rank == p - 1
+    if not inclusive and last:  # the prefix is the result, and x_r is not needed
+        s.recv(rank - 1, recv)
+        return
+    prefix = s.empty(send.size)  # not recv: in place, recv still holds x_r
+    s.recv(rank - 1, prefix)  # x_0 ⊕ … ⊕ x_{r−1}
     if inclusive:
-        call.combine(prefix, send, recv)
-        if rank < p - 1:
-            yield call.send(rank + 1, recv)
+        s.combine(prefix, send, recv)
+        if not last:
+            s.send(rank + 1, recv)
         return
-    if rank < p - 1:
-        onward = call.empty(send.size)
-        call.combine(prefix, send, onward)
-        yield call.send(rank + 1, onward)
-    call.copy(recv, prefix)
+    onward = s.empty(send.size)
+    s.combine(prefix, send, onward)
+    s.copy(recv, prefix)  # after x_r was read
+    s.send(rank + 1, onward)
 
 
-def _doubling(call: Call, send: Any, recv: Any, inclusive: bool) -> Steps:
+def _doubling(s: Builder, send: View, recv: View, inclusive: bool) -> None:
     """Hillis-Steele recursive doubling; *inclusive*: scan, else exscan."""
-    rank, p = call.rank, call.p
+    rank, p = s.rank, s.p
+    partial: View | None = None  # the last rank's exscan never sends a partial
     if inclusive:
         partial = recv
-        call.copy(partial, send)
-    else:
-        partial = call.empty(send.size)
-        call.copy(partial, send)  # before recv (maybe send itself) receives anything
-    tmp = call.empty(send.size) if rank > (0 if inclusive else 1) else None  # exscan: round 0 lands in recv
+        s.copy(partial, send)
+    elif rank == 0:  # receives nothing: its input is sent as it is
+        partial = send
+    elif rank + 1 < p:  # sent in the first round: copied before recv (maybe send itself) receives anything
+        partial = s.empty(send.size)
+        s.copy(partial, send)
+    tmp = s.empty(send.size) if rank > (0 if inclusive else 1) else None  # exscan: round 0 lands in recv
     distance = 1
     while distance < p:
         dest, source = rank + distance, rank - distance
@@ -126,15 +133,15 @@ def _doubling(call: Call, send: Any, recv: Any, inclusive: bool) -> Steps:
         got = recv if not inclusive and distance == 1 else tmp
         recvs = [(source, got)] if source >= 0 else []
         if sends or recvs:
-            yield call.exchange(sends, recvs)
+            s.exchange(sends, recvs)
         if recvs:  # got: the ranks just below this rank's range
             if inclusive:
-                call.combine(got, partial, partial)
+                s.combine(got, partial, partial)
             else:
                 if got is not recv:
-                    call.combine(got, recv, recv)
+                    s.combine(got, recv, recv)
                 if dest + distance < p:  # a later round still sends the partial
-                    call.combine(got, partial, partial)
+                    s.combine(got, partial, partial)
         distance *= 2
 
 

@@ -1,16 +1,19 @@
 """Scatter algorithms: every rank ends with its block of the root's buffer.
 
-Signature: ``algorithm(call, send, recv, counts, displs)`` for scatter and
-scatterv alike. *recv* is this rank's block; *send*, *counts* and *displs*
-(elements, per rank) matter on the root only (for scatter the counts are
-known everywhere, all equal; for scatterv they are None off the root). In
-place, the root's *recv* is its own block of *send*. n = bytes scattered by
-the root (all p blocks), p = ranks; relative ranks ``vrank = (rank − root)
-mod p`` make any root look like rank 0.
+Signature: ``algorithm(s, send, recv, counts, displs)`` for scatter and
+scatterv alike: *s* is the :class:`~mpicomm.schedule.Builder` the algorithm
+describes its rounds to, *recv* this rank's block (a view); *send*, *counts*
+and *displs* (elements, per rank) matter on the root only (for scatter the
+counts are known everywhere, all equal; for scatterv they are None off the
+root). In place, the root's *recv* is its own block of *send* (the same
+memory: the copy out drops out). n = bytes scattered by the root (all p
+blocks), p = ranks; relative ranks ``vrank = (rank − root) mod p`` make any
+root look like rank 0.
 
 Where counts are unknown off the root (the v-variant), parents announce their
-children's counts in int64 headers: small NumPy arrays on the host whatever
-the buffers' module, read at once without a device round trip.
+children's counts in int64 headers; a rank that has to size a receive from
+them describes the rest of its schedule once they are in
+(:attr:`~mpicomm.schedule.Schedule.then`).
 """
 
 from __future__ import annotations
@@ -20,21 +23,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..registry import register
-from ..requests import Steps
-from .call import Call, block
-from .gather import span
-from .schedules import binomial as binomial_tree
+from ..schedule import Builder, View
+from .gather import block, constants, read_ints, span
+from .patterns import binomial as binomial_tree
 
 __all__ = ["linear", "binomial"]
 
-
-
-
+_INT64 = np.dtype(np.int64)
 
 
 @register("scatter", "linear")
 @register("scatterv", "linear")
-def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displs: Sequence[int] | None) -> Steps:
+def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, displs: Sequence[int] | None) -> None:
     """Linear: the root sends every rank its block directly.
 
     Steps: the root copies its own block into *recv* and posts p − 1 sends,
@@ -43,81 +43,103 @@ def linear(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displ
     Restrictions: none (any p, any counts and displacements); works in place.
     Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
-    if call.rank != call.root:
-        yield call.recv(call.root, recv)
+    if s.rank != s.root:
+        s.recv(s.root, recv)
         return
-    call.copy(recv, block(send, counts, displs, call.root))
-    sends = [(r, block(send, counts, displs, r)) for r in range(call.p) if r != call.root]
+    s.copy(recv, block(send, counts, displs, s.root))
+    sends = [(r, block(send, counts, displs, r)) for r in range(s.p) if r != s.root]
     if sends:
-        yield call.exchange(sends=sends)
+        s.exchange(sends=sends)
 
 
 @register("scatter", "binomial")
 @register("scatterv", "binomial")
-def binomial(call: Call, send: Any, recv: Any, counts: Sequence[int] | None, displs: Sequence[int] | None) -> Steps:
+def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, displs: Sequence[int] | None) -> None:
     """Binomial tree: each rank receives its subtree's blocks in one message and passes each child its share.
 
-    Steps: the root sends each child c (:func:`~mpicomm.coll.schedules.binomial`)
+    Steps: the root sends each child c (:func:`~mpicomm.coll.patterns.binomial`)
     the blocks of relative ranks c … c + subtree − 1 back to back (a slice of
     *send* when they lie so there, else packed in scratch). A rank with
     children receives its subtree's blocks, keeps the first (its own) and
     forwards the rest the same way; a leaf receives straight into *recv*. For
     scatterv the counts are unknown off the root, so before the data a child
     with a subtree of more than one rank gets the counts of its subtree's
-    ranks (an int64 header) to size its receive and split what it forwards.
+    ranks (an int64 header) to size its receive and split what it forwards:
+    it receives the header, then describes the rest of its schedule from its
+    values.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
     Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; scatterv: + lg p·α for the count headers)
     """
-    p = call.p
-    vrank = (call.rank - call.root) % p
-    node = binomial_tree(vrank, p)
-    headers = call.collective == "scatterv"  # off the root nobody knows the counts: parents send them
+    vrank = s.vrank
+    node = binomial_tree(vrank, s.p)
+    headers = s.collective == "scatterv"  # off the root nobody knows the counts: parents send them
 
     if node.parent is None:  # the root: each child its subtree's blocks, in relative-rank order
-        call.copy(recv, block(send, counts, displs, call.root))
-        sends = []
-        for child, size in node.children:
-            ranks = [call.real_rank(v) for v in range(child, child + size)]
-            if headers and size > 1:
-                sends.append((call.real_rank(child), np.array([counts[r] for r in ranks], np.int64)))
-            sends.append((call.real_rank(child), _pack(call, send, ranks, counts, displs)))
+        assert counts is not None and displs is not None
+        s.copy(recv, block(send, counts, displs, s.rank))
+        subtrees = [[s.real_rank(v) for v in range(child, child + size)] for child, size in node.children]
+        told = [ranks for ranks in subtrees if headers and len(ranks) > 1]
+        table = constants(s, [counts[r] for ranks in told for r in ranks], "the children's counts") if told else None
+        sends, at = [], 0
+        for (child, size), ranks in zip(node.children, subtrees):
+            if table is not None and size > 1:
+                sends.append((s.real_rank(child), table[at : at + size]))
+                at += size
+            sends.append((s.real_rank(child), _pack(s, send, ranks, counts, displs)))
         if sends:
-            yield call.exchange(sends=sends)
+            s.exchange(sends=sends)
         return
 
-    parent = call.real_rank(node.parent)
+    parent = s.real_rank(node.parent)
     if not node.children:  # a leaf: its own block only
-        yield call.recv(parent, recv)
+        s.recv(parent, recv)
         return
-    if headers:
-        mine = np.empty(node.subtree, np.int64)  # counts of relative ranks vrank … vrank + subtree − 1
-        yield call.recv(parent, mine)
-        sub = [int(c) for c in mine]
-    else:
-        mine = None
-        sub = [counts[call.real_rank(v)] for v in range(vrank, vrank + node.subtree)]
-    offsets = np.cumsum([0] + sub).tolist()
-    held = call.empty(offsets[-1])
-    yield call.recv(parent, held)
-    call.copy(recv, held[: sub[0]])
+    if not headers:  # scatter: every count is known
+        assert counts is not None
+        _forward(s, parent, recv, node, [counts[s.real_rank(v)] for v in range(vrank, vrank + node.subtree)], None)
+        return
+    # scatterv off the root: the counts of this subtree's ranks arrive first (relative ranks vrank … vrank +
+    # subtree − 1); the rest is described once they are known
+    mine = s.empty(node.subtree, _INT64)
+    s.recv(parent, mine)
+    heard: list[int] = []  # filled in when the header is in (one plan's runs never overlap)
+
+    def hear(run: Any) -> None:
+        heard[:] = read_ints(run, mine)
+
+    s.local(hear, f"read the subtree's counts from {mine}", reads=(mine,), writes=())
+    s.then = lambda b: _forward(b, parent, recv, node, heard, mine)
+
+
+def _forward(s: Builder, parent: int, recv: View, node: Any, sub: Sequence[int], mine: View | None) -> None:
+    """An inner rank of the tree: receive the subtree's blocks (counts *sub*), keep the first, pass each child
+    its share (after its part of the counts header *mine*, if given and the child has children)."""
+    vrank = s.vrank
+    offsets = [0]
+    for c in sub:
+        offsets.append(offsets[-1] + c)
+    held = s.empty(offsets[-1])
+    s.recv(parent, held)
+    s.copy(recv, held[: sub[0]])
     sends = []
     for child, size in node.children:
         first, last = child - vrank, child - vrank + size
         if mine is not None and size > 1:
-            sends.append((call.real_rank(child), mine[first:last]))
-        sends.append((call.real_rank(child), held[offsets[first] : offsets[last]]))
-    yield call.exchange(sends=sends)
+            sends.append((s.real_rank(child), mine[first:last]))
+        sends.append((s.real_rank(child), held[offsets[first] : offsets[last]]))
+    s.exchange(sends=sends)
 
 
-def _pack(call: Call, send: Any, ranks: list[int], counts: Sequence[int], displs: Sequence[int]) -> Any:
-    """The blocks of *ranks* back to back: a slice of *send* where they lie so, else a packed copy."""
+def _pack(s: Builder, send: View, ranks: list[int], counts: Sequence[int], displs: Sequence[int]) -> View:
+    """The blocks of *ranks* back to back: a slice of *send* where they lie so, else a packed copy (made
+    before the first message)."""
     run = span(ranks, counts, displs)
     if run is not None:
         return send[run[0] : run[1]]
-    packed = call.empty(sum(counts[r] for r in ranks))
+    packed = s.empty(sum(counts[r] for r in ranks))
     offset = 0
     for r in ranks:
-        call.copy(packed[offset : offset + counts[r]], block(send, counts, displs, r))
+        s.copy(packed[offset : offset + counts[r]], block(send, counts, displs, r))
         offset += counts[r]
     return packed

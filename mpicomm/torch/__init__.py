@@ -23,8 +23,10 @@ sizes, barrier, monitored_barrier, send/recv/irecv (any source too),
 batch_isend_irecv, and the object collectives built on them. Each is an
 mpicomm collective with ``auto`` selection (``MPICOMM_<COLLECTIVE>_ALGORITHM``
 forces one) and mpicomm's validation; asynchronous calls return a
-:class:`~.work.Work` whose future completes when the operation does, so DDP's
-bucket all-reduces overlap backward (:mod:`.work`).
+:class:`~.work.Work` whose future the core's progress thread completes when
+the operation does, so DDP's bucket all-reduces overlap backward
+(:mod:`.work`; ``MPICOMM_TORCH_PROGRESS=sync`` completes every operation in
+its call instead).
 
 Nothing of torch is imported by the rest of mpicomm.
 """
@@ -41,9 +43,9 @@ from ..comm import Comm
 from .group import BACKEND, ProcessGroup
 from .launch import set_environment
 from .tensors import DEVICES
-from .work import Engine, Work, engine
+from .work import Work
 
-__all__ = ["BACKEND", "ProcessGroup", "Work", "Engine", "engine", "create", "set_environment", "world_comm"]
+__all__ = ["BACKEND", "ProcessGroup", "Work", "create", "set_environment", "world_comm"]
 
 _WORLD: dict[str, Comm] = {}
 
@@ -60,24 +62,23 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroup:
     """The backend's creator (PyTorch calls it for the default group and for each ``new_group``)."""
     rank, size = options.group_rank, options.group_size
     members = list(options.global_ranks_in_group or [])
-    with engine().lock:
-        if not members:  # the default group: the whole job, in PyTorch's rank order
-            mpi_size = MPI.COMM_WORLD.Get_size()
-            if size != mpi_size:
-                raise ValueError(f"mpicomm backend: world_size={size} but this MPI job has {mpi_size} ranks; launch "
-                                 f"with mpiexec -n {size} (or pass world_size={mpi_size})")
-            comm = Comm(MPI.COMM_WORLD.Split(0, rank))
-            _WORLD["world"] = comm  # a later init (after destroy_process_group) replaces it
-        else:
-            world = world_comm()
-            group = world.Get_group().Incl(members)
-            try:
-                comm = Comm(world.Create_group(group, tag=0x6D63))
-            finally:
-                group.Free()
-        if comm.Get_rank() != rank or comm.Get_size() != size:
-            raise RuntimeError(f"mpicomm backend: PyTorch's rank {rank} of {size} is MPI rank {comm.Get_rank()} of "
-                               f"{comm.Get_size()} in the new communicator")
+    if not members:  # the default group: the whole job, in PyTorch's rank order
+        mpi_size = MPI.COMM_WORLD.Get_size()
+        if size != mpi_size:
+            raise ValueError(f"mpicomm backend: world_size={size} but this MPI job has {mpi_size} ranks; launch "
+                             f"with mpiexec -n {size} (or pass world_size={mpi_size})")
+        comm = Comm(MPI.COMM_WORLD.Split(0, rank))
+        _WORLD["world"] = comm  # a later init (after destroy_process_group) replaces it
+    else:
+        world = world_comm()
+        group = world.Get_group().Incl(members)
+        try:
+            comm = Comm(world.Create_group(group, tag=0x6D63))
+        finally:
+            group.Free()
+    if comm.Get_rank() != rank or comm.Get_size() != size:
+        raise RuntimeError(f"mpicomm backend: PyTorch's rank {rank} of {size} is MPI rank {comm.Get_rank()} of "
+                           f"{comm.Get_size()} in the new communicator")
     return ProcessGroup(comm, getattr(options, "timeout", None))
 
 

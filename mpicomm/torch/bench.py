@@ -4,6 +4,12 @@ In one run, interleaved round by round so that the machine's noise hits every
 variant alike, at each size:
 
 * ``gloo`` - ``dist.all_reduce(t, group=gloo)``, PyTorch's CPU backend;
+* ``passthrough`` (the baseline; ``--baseline none`` leaves it out) -
+  ``dist.all_reduce(t, group=passthrough)`` on :class:`PassThrough`, the
+  smallest backend over mpi4py: a ``ProcessGroup`` whose ``allreduce`` calls
+  mpi4py's own ``comm.Allreduce(MPI.IN_PLACE, tensor.numpy())`` and returns a
+  completed Work with a set future. What PyTorch's dispatch plus the MPI
+  library's all-reduce cost: the floor a Python backend starts from;
 * ``mpicomm`` - ``dist.all_reduce(t)`` on the mpicomm backend (the default
   group), mpicomm's ``auto`` algorithm;
 * ``Comm.Allreduce`` - ``mpicomm.Comm.Allreduce`` on the tensor's NumPy view,
@@ -12,6 +18,8 @@ variant alike, at each size:
 
 Each variant's time is the median over ``--rounds`` rounds of the mean over
 the round's iterations; the slowest rank's time is reported (as OSU does).
+The table also gives mpicomm / passthrough (below 1: faster than the
+baseline) and gloo / mpicomm (above 1: faster than gloo) per size.
 The table, ``--out FILE.md`` (Markdown, never replacing a file without
 ``--append``/``--force``) and ``--json FILE`` carry the command and machine.
 """
@@ -24,7 +32,6 @@ import sys
 import time
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -34,10 +41,77 @@ from ..bench.report import markdown_table
 from ..comm import Comm
 from ..config import describe_cpu
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "PassThrough", "PASSTHROUGH"]
 
 PROG = "python -m mpicomm.torch.bench"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+#: The name the baseline backend is registered under (``dist.new_group(backend="passthrough")``).
+PASSTHROUGH = "passthrough"
+
+
+# ---------------------------------------------------------------- the baseline: a pass-through backend
+
+
+class _Completed(dist.Work):
+    """A Work that completed inside its call, with its future already set."""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class PassThrough(dist.ProcessGroup):
+    """The benchmark's baseline: all_reduce straight to mpi4py's ``Allreduce`` on the tensor's NumPy view.
+
+    Sums (the benchmark's only op; no op mapping, no checks, CPU tensors only): the least a Python backend
+    can do per call.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, rank: int, size: int):
+        super().__init__(rank, size)
+        self.comm = comm
+
+    def getBackendName(self) -> str:
+        return PASSTHROUGH
+
+    # the name PyTorch gives a group is kept on its C++ backends, which a Python group has none of
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
+        for t in tensors:
+            self.comm.Allreduce(MPI.IN_PLACE, t.numpy(), MPI.SUM)
+        future = torch.futures.Future()
+        future.set_result(tensors)
+        return _Completed(future)
+
+
+def _create_passthrough(store: object, rank: int, size: int, timeout: object) -> PassThrough:
+    """The creator ``dist.new_group(backend="passthrough")`` calls: a group of the whole job only (the Split is
+    collective over ``MPI.COMM_WORLD``; PyTorch's group ranks are the job's, as the bench's default group makes
+    them)."""
+    return PassThrough(MPI.COMM_WORLD.Split(0, rank), rank, size)
+
+
+def _register_passthrough() -> None:
+    if PASSTHROUGH.upper() not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend(PASSTHROUGH, _create_passthrough, devices=["cpu"])
+
+
+# ---------------------------------------------------------------- the measurement
 
 
 def _iterations(size: int, requested: int | None) -> int:
@@ -56,10 +130,14 @@ def _time(fn: Callable[[], object], iters: int, world: MPI.Intracomm) -> float:
 
 
 def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None,
-            progress: cli.Progress) -> list[dict]:
+            progress: cli.Progress, baseline: str = PASSTHROUGH) -> list[dict]:
     """One row per size: the median seconds of each variant, and the checks that they agree."""
     world = MPI.COMM_WORLD
     gloo = dist.new_group(backend="gloo")
+    passthrough = None
+    if baseline == PASSTHROUGH:
+        _register_passthrough()
+        passthrough = dist.new_group(backend=PASSTHROUGH)
     comm = Comm(world.Dup())
     itemsize = torch.empty(0, dtype=dtype).element_size()
     rows = []
@@ -73,6 +151,8 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
             "native": lambda: world.Allreduce(MPI.IN_PLACE, a),
             "gloo": lambda: dist.all_reduce(t, group=gloo),
         }
+        if passthrough is not None:
+            variants["passthrough"] = lambda: dist.all_reduce(t, group=passthrough)
         count = _iterations(n * itemsize, iters)
         per_round = max(1, count // rounds)
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -88,22 +168,45 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
         dist.all_reduce(x)
         dist.all_reduce(y, group=gloo)
         wrong = int((x != y).sum())
+        if passthrough is not None:
+            z = (torch.arange(n, dtype=torch.float64) % 1000 + 1000 * world.Get_rank()).to(dtype)
+            dist.all_reduce(z, group=passthrough)
+            wrong += int((z != y).sum())
         row = {"bytes": n * itemsize, "count": n, "iterations": per_round * rounds, "wrong": wrong}
         row.update({k: statistics.median(v) for k, v in times.items()})
         rows.append(row)
         progress.step(f"{cli.format_size(n * itemsize)}: mpicomm {cli.format_time(row['mpicomm'])}, "
                       f"gloo {cli.format_time(row['gloo'])}")
     dist.destroy_process_group(gloo)
+    if passthrough is not None:
+        dist.destroy_process_group(passthrough)
+        passthrough.comm.Free()
     comm.Free()
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    header = ["Size (B)", f"gloo ({cli.US})", f"mpicomm ({cli.US})", "gloo / mpicomm",
-              f"Comm.Allreduce ({cli.US})", f"backend overhead ({cli.US})", f"native MPI ({cli.US})", "#wrong"]
-    cells = [[str(r["bytes"]), f"{r['gloo'] * 1e6:.1f}", f"{r['mpicomm'] * 1e6:.1f}", f"{r['gloo'] / r['mpicomm']:.1f}",
-              f"{r['Comm.Allreduce'] * 1e6:.1f}", f"{(r['mpicomm'] - r['Comm.Allreduce']) * 1e6:.1f}",
-              f"{r['native'] * 1e6:.1f}", str(r["wrong"])] for r in rows]
+    """The Markdown table (the pass-through columns when the rows have them)."""
+    base = bool(rows) and "passthrough" in rows[0]
+    header = ["Size (B)", f"gloo ({cli.US})"]
+    if base:
+        header += [f"passthrough ({cli.US})"]
+    header += [f"mpicomm ({cli.US})"]
+    if base:
+        header += ["mpicomm / passthrough"]
+    header += ["gloo / mpicomm", f"Comm.Allreduce ({cli.US})", f"backend overhead ({cli.US})",
+               f"native MPI ({cli.US})", "#wrong"]
+    cells = []
+    for r in rows:
+        row = [str(r["bytes"]), f"{r['gloo'] * 1e6:.1f}"]
+        if base:
+            row += [f"{r['passthrough'] * 1e6:.1f}"]
+        row += [f"{r['mpicomm'] * 1e6:.1f}"]
+        if base:
+            row += [f"{r['mpicomm'] / r['passthrough']:.2f}"]
+        row += [f"{r['gloo'] / r['mpicomm']:.1f}", f"{r['Comm.Allreduce'] * 1e6:.1f}",
+                f"{(r['mpicomm'] - r['Comm.Allreduce']) * 1e6:.1f}", f"{r['native'] * 1e6:.1f}", str(r["wrong"])]
+        cells.append(row)
     return markdown_table(header, cells)
 
 
@@ -117,6 +220,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default: 5)")
     parser.add_argument("--iters", type=int, default=None,
                         help="calls per variant and size over all rounds (default: 400 up to 8 KiB, fewer above)")
+    parser.add_argument("--baseline", choices=(PASSTHROUGH, "none"), default=PASSTHROUGH,
+                        help="passthrough (the default): also time the pass-through backend over mpi4py "
+                             "(PassThrough), the floor a Python backend starts from; none: leave it out")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     cli.add_out(parser, "the table")
     cli.add_json(parser)
@@ -137,12 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     world = MPI.COMM_WORLD
     rank, p = world.Get_rank(), world.Get_size()
     progress = cli.Progress(len(args.sizes), "torch.bench", show=rank == 0 and not args.quiet)
-    rows = measure(args.sizes, DTYPES[args.dtype], args.rounds, args.iters, progress)
+    rows = measure(args.sizes, DTYPES[args.dtype], args.rounds, args.iters, progress, args.baseline)
     code = 1 if any(r["wrong"] for r in rows) else 0
     if rank == 0:
         command = f"mpiexec -n {p} {cli.command_line(PROG, argv)}"
         text = table(rows)
-        title = f"dist.all_reduce, {args.dtype}, {p} ranks: mpicomm backend against gloo (torch {torch.__version__})"
+        against = "gloo and the pass-through baseline" if args.baseline == PASSTHROUGH else "gloo"
+        title = f"dist.all_reduce, {args.dtype}, {p} ranks: mpicomm backend against {against} (torch {torch.__version__})"
         print(f"# {title}\n{text}")
         if args.out:
             body = [f"## {title}", "", f"Command: `{command}`", "", f"Machine: {describe_cpu()}, {MPI.Get_library_version().splitlines()[0].strip()}",

@@ -5,9 +5,17 @@ each method PyTorch calls (``allreduce``, ``all_gather_single``,
 ``reduce_scatter_single``, ``all_to_all_single``, ``send``/``recv``...) to one
 :class:`mpicomm.Comm` call on the group's communicator: blocking when the
 caller waits at once (``opts.asyncOp`` False, as ``dist.all_reduce(t)``
-sets), nonblocking otherwise (DDP's buckets), always with ``algorithm=None``
-so mpicomm's ``auto`` (or ``MPICOMM_<COLLECTIVE>_ALGORITHM``) chooses.
-Tensors cross as arrays without copies where they can (:mod:`.tensors`).
+sets, or ``MPICOMM_TORCH_PROGRESS=sync``), nonblocking otherwise (DDP's
+buckets: the returned :class:`~.work.Work` completes on the core's progress
+thread), always with ``algorithm=None`` so mpicomm's ``auto`` (or
+``MPICOMM_<COLLECTIVE>_ALGORITHM``) chooses. Tensors cross as arrays without
+copies where they can (:mod:`.tensors`).
+
+The blocking all-reduce of one contiguous CPU tensor - the call a training
+loop repeats - is remembered on the communicator by the tensor's address,
+element count, dtype and op (``comm._state.fast``, the core's fast path): a
+repeated call runs the kept plan, bound to that address, without reading its
+arguments again, making no NumPy view and no staging.
 
 Every argument error that can be seen locally raises on the calling rank
 before anything is sent; mismatches across ranks (counts, dtypes, roots) are
@@ -23,12 +31,14 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..buffers import byte_range, overlap
+from ..transport.buffers import byte_range, overlap
 from ..comm import Comm
 from .tensors import Staged, check_tensor, finisher, mpi_op, stage
-from .work import Engine, Work, engine
+from .work import Work, done, point_to_point, started, synchronous
 
 __all__ = ["ProcessGroup", "BACKEND"]
+
+_RED = torch.distributed.ReduceOp.RedOpType
 
 #: The name the backend is registered under (``dist.init_process_group("mpicomm")``).
 BACKEND = "mpicomm"
@@ -60,8 +70,9 @@ def _gather_source(send: np.ndarray, recv: np.ndarray, rank: int) -> Any:
     return send.copy()
 
 def _blocking(opts: Any) -> bool:
-    """True when the caller waits at once (``async_op=False``): the blocking mpicomm call is cheaper."""
-    return not getattr(opts, "asyncOp", True)
+    """True when the operation completes before its call returns: the caller waits at once (``async_op=False``:
+    the blocking mpicomm call is the cheaper one), or ``MPICOMM_TORCH_PROGRESS=sync``."""
+    return synchronous() or not getattr(opts, "asyncOp", True)
 
 
 def _flat(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -109,7 +120,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm = comm
         self.timeout = timeout
-        self._engine: Engine = engine()
+        self._state = comm._state  # the communicator's mpicomm state: its remembered calls (state.fast)
 
     def __repr__(self) -> str:
         return f"<mpicomm ProcessGroup rank {self.rank()} of {self.size()}>"
@@ -146,7 +157,14 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
     def _submit(self, start: Callable[[bool], Any], finish: Callable[[], Any] | None, result: Any, name: str,
                 opts: Any) -> Work:
-        return self._engine.submit(start, finish, result, name, _blocking(opts))
+        """Run an operation: ``start(blocking)`` issues its mpicomm calls (blocking ones, or nonblocking ones
+        whose requests it returns); *finish* delivers the results once they are complete."""
+        if _blocking(opts):
+            start(True)
+            if finish is not None:
+                finish()
+            return done(result, name)
+        return started(start(False), finish, result, name)
 
     def _root(self, root: int, what: str) -> int:
         if not isinstance(root, int) or not 0 <= root < self._p:
@@ -156,19 +174,32 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     # ------------------------------------------------------------ reductions
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        """All-reduce each tensor in place (``dist.all_reduce``)."""
-        opts = opts or torch.distributed.AllreduceOptions()
-        if len(tensors) == 1 and not opts.asyncOp:  # the common blocking call: no staging, no closures
+        """All-reduce each tensor in place (``dist.all_reduce``).
+
+        The blocking call on one contiguous CPU tensor (``dist.all_reduce(t)``) is remembered on the
+        communicator by the tensor's address, size, dtype and op (a kept plan is bound to the address, so it
+        serves any tensor there): a repeated call runs the plan at once, without reading its arguments again.
+        """
+        if opts is not None and len(tensors) == 1 and (not opts.asyncOp or synchronous()):
             t = tensors[0]
-            if type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _DIRECT and t.is_contiguous():
-                red = mpi_op(opts.reduceOp, t.dtype, self._p)
-                if red.premul is None:
-                    array = t.detach().numpy()
-                    with self._engine.lock:
-                        self.comm.Allreduce(MPI.IN_PLACE, array, red.op)
-                    if red.scale is not None:
-                        array *= red.scale
-                    return Work(self._engine, None, None, tensors, "allreduce", done=True)
+            if t.is_cpu and type(t) in _PLAIN and t.is_contiguous():
+                code = hash(opts.reduceOp)  # the op's code (SUM 0 … PREMUL_SUM 8)
+                key = (_ALLREDUCE, t.data_ptr(), t.numel(), t.dtype, code)
+                fast = self._state.fast.get(key)
+                if fast is not None and fast.run():
+                    if code == _AVG:
+                        t.detach().mul_(1.0 / self._p)
+                    work = Work()
+                    work._result = tensors
+                    return work
+                if code != _PREMUL and t.dtype in _DIRECT:
+                    red = mpi_op(opts.reduceOp, t.dtype, self._p)  # (raises for an op the dtype has not)
+                    self.comm._collective("allreduce", True, None, MPI.IN_PLACE, t.detach().numpy(), op=red.op,
+                                          _fast=(key, ()))
+                    if red.scale is not None:  # AVG
+                        t.detach().mul_(1.0 / self._p)
+                    return done(tensors, "allreduce")
+        opts = opts or torch.distributed.AllreduceOptions()
         staged = stage(tensors, "all_reduce tensor", reduce=True)
         reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
         comm = self.comm
@@ -197,7 +228,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         for i, t in enumerate(tensors):
             check_tensor(t, f"all_reduce_coalesced tensor[{i}]")
         if not tensors:
-            return self._submit(lambda blocking: None, None, [], "allreduce_coalesced", opts)
+            return done([], "allreduce_coalesced")
         dtype = _same_dtype(tensors, "all_reduce_coalesced")
         flat = _concat(tensors)
         staged = Staged(flat, reduce=True)
@@ -324,9 +355,9 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Work:
         """Several ``reduce_scatter_tensor`` calls, completed together."""
-        return self._together([self.reduce_scatter_single(o, i, _async(opts, "ReduceScatterOptions"))
-                               for o, i in zip(outputs, inputs)], list(outputs), "reduce_scatter_tensor_coalesced",
-                              opts)
+        part = _part(opts, "ReduceScatterOptions")
+        return self._together([self.reduce_scatter_single(o, i, part) for o, i in zip(outputs, inputs)],
+                              list(outputs), "reduce_scatter_tensor_coalesced", part)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -407,14 +438,16 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> Work:
         """Several ``all_gather`` calls (one per input tensor), completed together."""
-        works = [self.allgather([o], [i], _async(opts, "AllgatherOptions")) for o, i in zip(outputs, inputs)]
-        return self._together(works, [list(o) for o in outputs], "allgather_coalesced", opts)
+        part = _part(opts, "AllgatherOptions")
+        works = [self.allgather([o], [i], part) for o, i in zip(outputs, inputs)]
+        return self._together(works, [list(o) for o in outputs], "allgather_coalesced", part)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Work:
         """Several ``all_gather_into_tensor`` calls, completed together."""
-        works = [self.all_gather_single(o, i, _async(opts, "AllgatherOptions")) for o, i in zip(outputs, inputs)]
-        return self._together(works, list(outputs), "allgather_into_tensor_coalesced", opts)
+        part = _part(opts, "AllgatherOptions")
+        works = [self.all_gather_single(o, i, part) for o, i in zip(outputs, inputs)]
+        return self._together(works, list(outputs), "allgather_into_tensor_coalesced", part)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -558,26 +591,25 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         """``dist.monitored_barrier``: rank 0 names the ranks that did not arrive within *timeout*."""
         seconds = _seconds(timeout if timeout is not None else self.timeout)
         comm, tag = self.comm, 0x6D62
-        with self._engine.lock:
-            if self.rank() != 0:
-                comm.Send(np.zeros(1, np.int8), 0, tag)
-                status = np.zeros(1, np.int8)
-                comm.Recv(status, 0, tag + 1)
-                if status[0]:
-                    raise RuntimeError(f"mpicomm backend: monitored_barrier failed on rank 0 (rank {self.rank()} "
-                                       f"arrived)")
-                return
-            pending = {r: comm.Irecv(np.zeros(1, np.int8), r, tag) for r in range(1, self._p)}
-            missing = _wait_until(pending, seconds)
-            for r in range(1, self._p):
-                if r not in missing:
-                    comm.Send(np.zeros(1, np.int8), r, tag + 1)
-            if missing:
-                for r in missing:
-                    pending[r].Cancel()
-                names = sorted(missing) if wait_all_ranks else sorted(missing)[:1]
-                raise RuntimeError(f"mpicomm backend: monitored_barrier: rank(s) {names} did not arrive within "
-                                   f"{seconds:g} s")
+        if self.rank() != 0:
+            comm.Send(np.zeros(1, np.int8), 0, tag)
+            status = np.zeros(1, np.int8)
+            comm.Recv(status, 0, tag + 1)
+            if status[0]:
+                raise RuntimeError(f"mpicomm backend: monitored_barrier failed on rank 0 (rank {self.rank()} "
+                                   f"arrived)")
+            return
+        pending = {r: comm.Irecv(np.zeros(1, np.int8), r, tag) for r in range(1, self._p)}
+        missing = _wait_until(pending, seconds)
+        for r in range(1, self._p):
+            if r not in missing:
+                comm.Send(np.zeros(1, np.int8), r, tag + 1)
+        if missing:
+            for r in missing:
+                pending[r].Cancel()
+            names = sorted(missing) if wait_all_ranks else sorted(missing)[:1]
+            raise RuntimeError(f"mpicomm backend: monitored_barrier: rank(s) {names} did not arrive within "
+                               f"{seconds:g} s")
 
     # ------------------------------------------------------------ point to point
 
@@ -585,71 +617,41 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         """``dist.send``/``isend`` (nonblocking; ``batch_isend_irecv`` issues these)."""
         staged = stage(tensors, "send tensor", output=False)
         dst = self._root(dst, "send destination")
-        comm = self.comm
-        return self._engine.submit(lambda blocking: _one([comm.Isend(s.array, dst, tag) for s in staged]),
-                                   None, list(tensors), "send", False)
+        return point_to_point([self.comm.Isend(s.array, dst, tag) for s in staged], None, list(tensors), "send")
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """``dist.recv``/``irecv`` from one rank."""
         staged = stage(tensors, "recv tensor")
         src = self._root(src, "recv source")
-        comm = self.comm
-        return self._engine.submit(lambda blocking: _one([comm.Irecv(s.array, src, tag) for s in staged]),
-                                   finisher(staged), list(tensors), "recv", False)
+        return point_to_point([self.comm.Irecv(s.array, src, tag) for s in staged], finisher(staged), list(tensors),
+                              "recv")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         """``dist.recv`` without a source: ``work._source_rank()`` names the sender."""
         if len(tensors) != 1:
             raise ValueError(f"mpicomm backend: recv from any source takes one tensor, got {len(tensors)}")
         staged = stage(tensors, "recv tensor")
-        comm = self.comm
-        return self._engine.submit(lambda blocking: comm.Irecv(staged[0].array, MPI.ANY_SOURCE, tag),
-                                   finisher(staged), list(tensors), "recv_anysource", False)
+        return point_to_point(self.comm.Irecv(staged[0].array, MPI.ANY_SOURCE, tag), finisher(staged),
+                              list(tensors), "recv_anysource", MPI.Status())
 
     # ------------------------------------------------------------ helpers
 
-    def _together(self, works: list[Work], result: Any, name: str, opts: Any) -> Work:
-        """One Work that completes when all of *works* have (waited on at once when the caller blocks)."""
-        work = _Together(self._engine, works, result, name)
-        if _blocking(opts) or not self._engine.threaded:
-            work.wait()
-        return work
-
-
-class _Together(Work):
-    """A Work standing for several (coalesced calls): done when each of them is."""
-
-    def __init__(self, engine: Engine, works: list[Work], result: Any, name: str):
-        super().__init__(engine, None, None, result, name)
-        self._works = works
-
-    def _test(self) -> bool:
-        if self._completed:
-            return True
-        if all(w._test() for w in self._works):
-            self._gather()
-            return True
-        return False
-
-    def _wait(self) -> None:
-        for w in self._works:
-            w._wait()
-        self._gather()
-
-    def _gather(self) -> None:
-        for w in self._works:
-            self._engine.forget(w)
-        errors = [w._error for w in self._works if w._error is not None]
-        if errors:
-            self._fail(errors[0])
-        else:
-            self._finish = None
-            self._complete()
+    def _together(self, works: list[Work], result: Any, name: str, part: Any) -> Work:
+        """One Work that completes when all of *works* (made with options *part*) have."""
+        if _blocking(part):  # each part completed in its call
+            return done(result, name)
+        return started(works, None, result, name)
 
 
 #: dtypes whose CPU tensors are NumPy arrays as they are (bfloat16 is not: it is staged).
 _DIRECT = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
                      torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
+#: Tensor types the blocking all-reduce's remembered path takes (subclasses with their own dispatch do not).
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+#: Op codes (``hash(ReduceOp)``, the op's code): AVG (SUM, then 1/p), and PREMUL_SUM, whose factor the code does
+#: not carry (never remembered by address).
+_AVG, _PREMUL = int(_RED.AVG), int(_RED.PREMUL_SUM)
+_ALLREDUCE = "torch-allreduce"
 
 
 def _one(requests: list) -> Any:
@@ -671,13 +673,13 @@ def _options(name: str) -> Any:
     return getattr(torch._C._distributed_c10d, name)()
 
 
-def _async(opts: Any, kind: str) -> Any:
-    """Options (class *kind*) for a part of a coalesced call: the part never blocks (the whole waits once)."""
+def _part(opts: Any, kind: str) -> Any:
+    """Options (class *kind*) for each part of a coalesced call: blocking when the whole call is."""
     part = _options(kind)
     for field in ("reduceOp", "timeout"):
         if opts is not None and hasattr(opts, field) and hasattr(part, field):
             setattr(part, field, getattr(opts, field))
-    part.asyncOp = True
+    part.asyncOp = not _blocking(opts)
     return part
 
 

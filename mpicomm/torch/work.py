@@ -1,142 +1,197 @@
-"""``Work`` objects for the torch backend, and the engine that completes them.
+"""``Work`` objects of the torch backend: mpicomm requests whose futures complete on the core's progress thread.
 
-Every collective returns at once with a :class:`Work`. Its operation has
-already started (in program order, on the calling thread: every rank starts
-the same operations in the same order, which MPI's matching needs); it
-completes in one of two ways:
+Every collective of the backend is an mpicomm collective on the group's
+communicator (:mod:`.group`). A call that waits at once (``opts.asyncOp``
+False, as ``dist.all_reduce(t)`` sets) runs the *blocking* mpicomm call and
+returns a completed :class:`Work`. An asynchronous call (``async_op=True``,
+DDP's bucket all-reduces) starts the *nonblocking* mpicomm call - in program
+order, on the calling thread, as MPI's matching needs - and returns a
+:class:`Work` that wraps its :class:`~mpicomm.engine.requests.CollectiveRequest`:
 
-* the caller waits (``work.wait()``, ``dist.all_reduce(t)`` without
-  ``async_op``): the calling thread drives mpicomm's progress engine until the
-  request is done, then delivers the results and completes the future;
-* nobody waits, but someone holds the future: DDP's reducer launches a bucket's
-  all-reduce from a gradient hook and later blocks in C++ on the future, where
-  no Python runs. A progress thread (one per process, started with the first
-  such operation, asleep while nothing is in flight) tests the outstanding
-  requests with a short back-off and completes each future as its request
-  completes, so bucket all-reduces progress while backward computes.
+* the collective completes whether or not anyone waits: the core queues it
+  on the communicator and its progress thread (one per process, asleep while
+  nothing is queued, sleeping between polls) advances it while the caller
+  computes (:mod:`mpicomm.engine.progress`);
+* the Work completes through ``request.add_done_callback``: from whichever
+  thread completes the collective - the progress thread, or the caller's in
+  ``wait()`` - it delivers the results into the caller's tensors (copies
+  back, AVG's scaling) and then completes the future. DDP's reducer, which
+  waits on a bucket's future in C++ where no Python runs, therefore gets its
+  buckets completed while backward computes.
 
-One lock (:data:`Engine.lock`) serialises every use of MPI by the backend, so
-the thread level needed is ``MPI_THREAD_SERIALIZED`` (mpi4py asks for
-``MULTIPLE``).
+Point-to-point operations (``send``/``recv``) wrap plain MPI requests: they
+complete in ``wait()``/``is_completed()``, and when someone asks for their
+future they are handed to the core's progress thread too (each on a queue of
+its own, so no transfer waits behind another).
 
-``MPICOMM_TORCH_PROGRESS`` chooses: ``thread`` (the progress thread),
-``sync`` (every operation completes before its call returns: correct, no
-overlap, no thread) or ``auto``, the default: ``thread`` when each rank of the
-node has at least two cores, else ``sync``. mpicomm's algorithms advance only
-when someone calls into them, so the thread must test often; with no spare
-core its polling takes cycles from backward itself (measured with DDP on 2
-ranks sharing 2 cores, over several runs: 1.07–1.42× gloo's steps/s with the
-thread, 1.33–1.89× without).
-Where the library gives less than ``MPI_THREAD_SERIALIZED``, ``sync``.
-A program that uses mpicomm directly from another thread while backend work is
-in flight should hold :data:`Engine.lock` around those calls.
+What changed with the core's engine (core v2): the backend's own ``Engine`` -
+its progress thread (``mpicomm-torch-progress``), the process-wide lock it
+held around every MPI call (``Engine.lock``, ``engine()``) and its choice of
+``sync`` on machines with fewer than two cores per rank - is gone. The core's
+rules apply instead: collectives on one communicator are issued by one thread
+at a time (a second thread is refused, and the communicator poisoned, on every
+rank), and the core's progress thread completes them meanwhile; a program that
+also calls mpicomm from another thread uses its own communicator
+(``comm.Dup()``), not the group's. A future's callbacks (``fut.then(...)``)
+run where the collective completed, often on the progress thread; one that
+starts another asynchronous collective of the group from there (DDP's
+PowerSGD hooks do) queues it behind everything already issued on the group,
+as the core allows from a completion callback (a blocking one is refused
+there: it would wait for itself).
+
+``MPICOMM_TORCH_PROGRESS``: ``async`` (the default; ``auto`` and ``thread``,
+the old settings, mean it too) as above, or ``sync``: every operation
+completes before its call returns (the blocking mpicomm call - for one CPU
+tensor, the remembered one of :mod:`.group` - so callbacks run on the calling
+thread: no overlap with backward, nothing left to the progress thread).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from mpi4py import MPI
 
-from ..requests import Request
+from ..engine.requests import CollectiveRequest, watched
 
-__all__ = ["Work", "Engine", "engine"]
+__all__ = ["Work", "done", "started", "point_to_point", "watch", "SYNC", "synchronous", "progress_setting"]
+
+
+def progress_setting(env: Any = None) -> str:
+    """``MPICOMM_TORCH_PROGRESS`` as ``"async"`` or ``"sync"`` (ValueError naming the value otherwise)."""
+    raw = (os.environ if env is None else env).get("MPICOMM_TORCH_PROGRESS", "async")
+    setting = raw.strip().lower()
+    if setting in ("async", "auto", "thread", ""):
+        return "async"
+    if setting == "sync":
+        return "sync"
+    raise ValueError(f"MPICOMM_TORCH_PROGRESS={raw!r}: expected async (the default) or sync")
+
+
+#: True when every operation completes before its call returns (``MPICOMM_TORCH_PROGRESS=sync``).
+SYNC = progress_setting() == "sync"
+
+
+def synchronous() -> bool:
+    """:data:`SYNC`, read when asked (a test may switch it)."""
+    return SYNC
 
 
 class Work(torch.distributed.Work):
-    """One backend operation: ``wait()``, ``is_completed()``, ``get_future()``, ``source_rank()``."""
+    """One backend operation: ``wait()``, ``is_completed()``, ``get_future()``, ``result()``, ``source_rank()``.
 
-    # Class defaults: a Work that completed inside its call (the blocking path) sets nothing else.
-    _request: Any = None  # an mpicomm Request, an MPI request, a list of them, or None (done)
-    _finish: Callable[[], Any] | None = None
-    _future: torch.futures.Future | None = None  # made when asked for (most callers only wait)
+    Made by :func:`done` (completed inside its call) or :func:`started` (in flight). No ``__init__`` of its
+    own: the class attributes are a completed operation's, so the blocking path sets one attribute.
+    """
+
+    _result: Any = None
+    _name: str = "operation"
+    _completed = True
     _error: BaseException | None = None
+    _future: torch.futures.Future | None = None
+    _requests: Sequence[Any] = ()  # CollectiveRequests, or plain MPI requests (point to point) until handed over
+    _plain = False  # _requests are plain MPI requests not handed to the progress thread
     _status: MPI.Status | None = None
-
-    def __init__(self, engine: "Engine", request: Any, finish: Callable[[], Any] | None, result: Any, name: str,
-                 done: bool = False):
-        super().__init__()
-        self._engine = engine
-        self._result = result
-        self._name = name
-        self._completed = done  # True: the operation has completed already (a blocking call)
-        if not done:
-            self._request = request
-            self._finish = finish
-            if name == "recv_anysource":
-                self._status = MPI.Status()
+    _finish: Callable[[], Any] | None = None
+    _lock: Any = None
+    _then: list | None = None  # callables run once completed (a coalesced Work's parts report to it)
 
     def __repr__(self) -> str:
         return f"<mpicomm Work {self._name} {'completed' if self._completed else 'in flight'}>"
 
-    # ------------------------------------------------------------ completion (engine lock held)
+    # ------------------------------------------------------------ completion
 
-    def _test(self) -> bool:
-        """Advance progress; complete this work if its request has completed. True when completed."""
-        if self._completed:
-            return True
-        try:
-            if not _test(self._request, self._status):
-                return False
-        except BaseException as exc:  # the operation failed on this rank: deliver the error
-            self._fail(exc)
-            return True
-        self._complete()
-        return True
-
-    def _wait(self) -> None:
+    def _part_done(self, _: Any = None) -> None:
+        """A request (or part) completed: complete the Work once every one has (any thread)."""
         if self._completed:
             return
-        try:
-            _wait(self._request, self._status)
-        except BaseException as exc:
-            self._fail(exc)
-            return
+        for r in self._requests:
+            if not _finished(r):
+                return
         self._complete()
 
     def _complete(self) -> None:
-        try:
-            if self._finish is not None:
-                self._finish()
-        except BaseException as exc:
-            self._fail(exc)
-            return
-        self._completed = True
-        self._request = None
-        if self._future is not None:
-            self._future.set_result(self._result)
+        """Deliver the results (once, whichever thread gets here first), then complete the future."""
+        with self._lock:
+            if self._completed:
+                return
+            error = self._error_plain
+            if error is None:
+                error = next((e for e in map(_error_of, self._requests) if e is not None), None)
+            if error is None and self._finish is not None:
+                try:
+                    self._finish()
+                except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
+                    error = exc
+            self._error = error
+            self._finish = None
+            self._completed = True
+            future, then = self._future, self._then
+            self._then = None
+        if future is not None:
+            _settle(future, self._result, error)
+        for fn in then or ():
+            fn(self)
 
-    def _fail(self, exc: BaseException) -> None:
-        self._completed = True
-        self._request = None
-        self._error = exc
-        if self._future is not None:
-            self._future.set_exception(exc)
+    def _on_done(self, fn: Callable[["Work"], None]) -> None:
+        """Call ``fn(self)`` once completed (now, if it is)."""
+        if not self._completed:
+            with self._lock:
+                if not self._completed:
+                    if self._then is None:
+                        self._then = []
+                    self._then.append(fn)
+                    return
+        fn(self)
 
     # ------------------------------------------------------------ torch.distributed.Work
 
     def wait(self, timeout: Any = None) -> bool:
-        """Block until the operation completes (driving progress on this thread); raise its error, if any."""
+        """Block until the operation completes (driving it on this thread); raise its error, if any."""
         if not self._completed:
-            with self._engine.lock:
-                self._wait()
-                self._engine.forget(self)
+            if self._plain:
+                try:
+                    if self._status is not None:
+                        self._requests[0].Wait(self._status)
+                    else:
+                        MPI.Request.Waitall(list(self._requests))
+                except MPI.Exception as exc:
+                    self._error_plain = exc
+            else:
+                for r in self._requests:
+                    try:
+                        r.wait() if isinstance(r, Work) else r.Wait()
+                    except BaseException:  # noqa: BLE001 - the Work's error, raised below
+                        pass
+            self._complete()
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        """True once the operation has completed (a test: advances progress when it can without blocking)."""
-        if not self._completed and self._engine.lock.acquire(blocking=False):
-            try:
-                if self._test():
-                    self._engine.forget(self)
-            finally:
-                self._engine.lock.release()
+        """True once the operation has completed (a test: advances it when it can without blocking)."""
+        if not self._completed:
+            if self._plain:
+                try:
+                    ready = (self._requests[0].Test(self._status) if self._status is not None
+                             else MPI.Request.Testall(list(self._requests)))
+                except MPI.Exception as exc:
+                    self._error_plain, ready = exc, True
+                if ready:
+                    self._complete()
+            else:
+                for r in self._requests:
+                    if isinstance(r, Work):
+                        r.is_completed()
+                    elif not r.done:
+                        try:
+                            r.Test()
+                        except BaseException:  # noqa: BLE001 - the Work's error, raised by wait()
+                            pass
+                self._part_done()
         return self._completed
 
     def is_success(self) -> bool:
@@ -146,18 +201,28 @@ class Work(torch.distributed.Work):
         return self._error
 
     def get_future(self) -> torch.futures.Future:
-        """A future completed with the operation's output tensors (DDP's reducer waits on it)."""
-        with self._engine.lock:
+        """A future completed with the operation's output tensors once it completes (DDP's reducer waits on it)."""
+        future = self._future
+        if future is not None:
+            return future
+        if self._completed:
+            future = self._future = torch.futures.Future()
+            _settle(future, self._result, self._error)
+            return future
+        with self._lock:
             if self._future is None:
                 self._future = torch.futures.Future()
-                if self._completed:
-                    if self._error is not None:
-                        self._future.set_exception(self._error)
-                    else:
-                        self._future.set_result(self._result)
-            if not self._completed:
-                self._engine.watch(self)
-        return self._future
+            future = self._future
+            completed = self._completed  # completed since the check: _complete saw no future
+            handed = None
+            if not completed and self._plain:  # nobody may test them now but the progress thread
+                handed = self._requests = (watch(self._requests, self._status),)
+                self._plain = False
+        if completed:
+            _settle(future, self._result, self._error)
+        elif handed is not None:
+            handed[0].add_done_callback(self._part_done)  # (at once, if already complete: outside the lock)
+        return future
 
     def result(self) -> list:
         self.wait()
@@ -166,6 +231,8 @@ class Work(torch.distributed.Work):
     def source_rank(self) -> int:
         """The sender of a receive from any source (``recv_anysource``)."""
         self.wait()
+        if self._status is None:
+            raise ValueError(f"mpicomm backend: source_rank() is for a receive from any source, not {self._name}")
         return self._status.Get_source()
 
     _source_rank = source_rank
@@ -173,116 +240,95 @@ class Work(torch.distributed.Work):
     def synchronize(self) -> None:
         self.wait()
 
-
-def _test(request: Any, status: MPI.Status | None) -> bool:
-    if request is None:
-        return True
-    if isinstance(request, list):
-        return bool(Request.Testall(request))
-    return bool(request.Test() if status is None else request.Test(status))
+    _error_plain: BaseException | None = None  # a plain MPI request's error (point to point)
 
 
-def _wait(request: Any, status: MPI.Status | None) -> None:
-    if request is None:
-        return
-    if isinstance(request, list):
-        Request.Waitall(request)
-    elif status is None:
-        request.Wait()
-    else:
-        request.Wait(status)
+def done(result: Any, name: str = "operation") -> Work:
+    """A :class:`Work` for an operation that completed inside its call (its results already delivered)."""
+    work = Work()
+    work._result = result
+    if name != "operation":
+        work._name = name
+    return work
 
 
-class Engine:
-    """The backend's lock, the works nobody waits on yet, and the thread that completes them."""
+def started(requests: Any, finish: Callable[[], Any] | None, result: Any, name: str) -> Work:
+    """A :class:`Work` for operations in flight.
 
-    #: Serialises every MPI call the backend makes (see the module docstring).
-    lock = threading.RLock()
+    *requests*: a ``CollectiveRequest`` or other :class:`Work` (a coalesced
+    call's parts), a list of them, or None (nothing in flight). *finish* runs
+    once all have completed without error, before the future completes.
+    """
+    requests = _listed(requests)
+    if not requests:
+        if finish is not None:
+            finish()
+        return done(result, name)
+    work = Work()
+    work._result, work._name = result, name
+    work._completed = False
+    work._lock = threading.Lock()
+    work._finish = finish
+    work._requests = requests
+    for r in requests:
+        if isinstance(r, Work):
+            r._on_done(work._part_done)
+        else:
+            r.add_done_callback(work._part_done)
+    return work
 
-    def __init__(self) -> None:
-        self._watched: list[Work] = []
-        self._wake = threading.Condition(self.lock)
-        self._thread: threading.Thread | None = None
-        setting = os.environ.get("MPICOMM_TORCH_PROGRESS", "auto").strip().lower()
-        if setting not in ("auto", "thread", "sync"):
-            raise ValueError(f"MPICOMM_TORCH_PROGRESS={setting!r}: expected auto (the default), thread or sync")
-        if setting == "auto":
-            setting = "thread" if _cores_per_rank() >= 2 else "sync"
-        #: True: a progress thread completes the futures nobody waits on; False: every call completes at once.
-        self.threaded = setting == "thread" and MPI.Query_thread() >= MPI.THREAD_SERIALIZED
 
-    def submit(self, start: Callable[[bool], Any], finish: Callable[[], Any] | None, result: Any, name: str,
-               wait: bool) -> Work:
-        """Start an operation now; a :class:`Work` for it.
-
-        ``start(blocking)`` starts it and returns its request (None when done).
-        *blocking* is True when the caller waits at once (*wait*: ``asyncOp``
-        False) or there is no progress thread: the operation then completes
-        (through the blocking mpicomm call, the cheaper one) before this returns.
-        """
-        blocking = wait or not self.threaded
-        with self.lock:
-            work = Work(self, start(blocking), finish, result, name)
-            if blocking:
-                work._wait()
-            else:
-                work._test()
+def point_to_point(requests: Any, finish: Callable[[], Any] | None, result: Any, name: str,
+                   status: MPI.Status | None = None) -> Work:
+    """A :class:`Work` for plain MPI point-to-point requests (*status*: a receive from any source's)."""
+    requests = _listed(requests)
+    work = Work()
+    work._result, work._name = result, name
+    if not requests:
+        if finish is not None:
+            finish()
         return work
-
-    def watch(self, work: Work) -> None:
-        """Complete *work* on the progress thread once its request completes (its future is being waited on)."""
-        with self.lock:
-            if work._completed or work in self._watched:
-                return
-            if not self.threaded:
-                work._wait()
-                return
-            self._watched.append(work)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mpicomm-torch-progress", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def forget(self, work: Work) -> None:
-        if work in self._watched:
-            self._watched.remove(work)
-
-    def _run(self) -> None:
-        pause = 0.0
-        while True:
-            with self.lock:
-                while not self._watched:
-                    pause = 0.0
-                    self._wake.wait()
-                done = [w for w in self._watched if w._test()]
-                for w in done:
-                    self._watched.remove(w)
-            if done:
-                pause = 0.0
-            else:  # nothing finished: back off from a yield to 1 ms, so backward keeps the cores
-                pause = min(1e-3, pause * 2 or 2e-5)
-            time.sleep(pause)
+    work._completed = False
+    work._lock = threading.Lock()
+    work._finish = finish
+    work._requests = requests
+    work._plain = True
+    work._status = status
+    return work
 
 
-def _cores_per_rank() -> float:
-    """The cores this process may run on, shared by the ranks of its node (``LOCAL_WORLD_SIZE``, else 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    return cores / local
+def _listed(requests: Any) -> list:
+    if requests is None:
+        return []
+    if isinstance(requests, (list, tuple)):
+        return [r for r in requests if r is not None]
+    return [requests]
 
 
-_ENGINE: Engine | None = None
+def _finished(r: Any) -> bool:
+    if isinstance(r, Work):
+        return r._completed
+    if isinstance(r, MPI.Request):  # a plain request tested (and completed) by the Work itself
+        return True
+    return r.run.done
 
 
-def engine() -> Engine:
-    """The process's one :class:`Engine` (every group shares it: one lock for all the backend's MPI use)."""
-    global _ENGINE
-    if _ENGINE is None:
-        _ENGINE = Engine()
-    return _ENGINE
+def _error_of(r: Any) -> BaseException | None:
+    if isinstance(r, Work):
+        return r._error
+    if isinstance(r, MPI.Request):
+        return None
+    return r.run.error
+
+
+def _settle(future: torch.futures.Future, result: Any, error: BaseException | None) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def watch(requests: Sequence[MPI.Request], status: MPI.Status | None = None) -> CollectiveRequest:
+    """A ``CollectiveRequest`` that completes once the plain MPI *requests* have (the core's progress thread
+    tests them: :func:`mpicomm.engine.requests.watched`); *status*: a single receive's."""
+    return watched(requests, status)

@@ -12,7 +12,7 @@ from mpi4py import MPI
 import mpicomm
 from mpicomm import registry
 from mpicomm.coll import allreduce
-from mpicomm.coll.schedules import block_partition
+from mpicomm.coll.patterns import block_partition
 
 from ..conftest import host
 from . import reference as R

@@ -23,13 +23,22 @@ def test_bench_reports_every_variant_and_agrees_with_gloo(tmp_path):
                     "--json", str(js), "--quiet")
     assert result.returncode == 0, result.stderr
     assert "gloo / mpicomm" in result.stdout and "Comm.Allreduce" in result.stdout
+    assert "passthrough (µs)" in result.stdout and "mpicomm / passthrough" in result.stdout  # the default baseline
     doc = json.loads(js.read_text())
     assert doc["schema"] == "mpicomm-results" and doc["ranks"] == 2 and doc["command"].startswith("mpiexec -n 2")
     assert [r["bytes"] for r in doc["results"]] == [8, 4096]
-    assert all(r["wrong"] == 0 and r["mpicomm"] > 0 and r["gloo"] > 0 for r in doc["results"])
+    assert all(r["wrong"] == 0 and r["mpicomm"] > 0 and r["gloo"] > 0 and r["passthrough"] > 0
+               for r in doc["results"])
     assert "Command: `mpiexec -n 2 python -m mpicomm.torch.bench" in out.read_text()
     again = _bench(tmp_path, "--sizes", "8", "--out", str(out))  # an existing report is kept
     assert again.returncode == 2 and "--append" in again.stderr and "--force" in again.stderr
+
+
+@pytest.mark.launches
+def test_bench_without_the_baseline(tmp_path):
+    result = _bench(tmp_path, "--sizes", "8", "--rounds", "1", "--iters", "2", "--baseline", "none", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "passthrough" not in result.stdout and "gloo / mpicomm" in result.stdout
 
 
 @pytest.mark.launches
@@ -38,3 +47,5 @@ def test_bench_usage_errors_name_the_value(tmp_path):
     assert result.returncode == 2 and "1.3K" in result.stderr and "not a whole number" in result.stderr
     result = _bench(tmp_path, "--rounds", "0")
     assert result.returncode == 2 and "--rounds 0" in result.stderr
+    result = _bench(tmp_path, "--baseline", "gloo")
+    assert result.returncode == 2 and "--baseline" in result.stderr and "passthrough" in result.stderr

@@ -56,22 +56,76 @@ def test_all_reduce_matches_gloo(groups, op, kind, dtypes):
             _same(a, b, f"all_reduce {op} {dtype} n={n}")
 
 
-def test_sync_progress_completes_every_call_before_it_returns(groups):
-    """MPICOMM_TORCH_PROGRESS=sync (the default with fewer than 2 cores per rank): no thread, nothing pending."""
-    from mpicomm.torch import engine
+def test_sync_progress_completes_every_call_before_it_returns(groups, monkeypatch):
+    """MPICOMM_TORCH_PROGRESS=sync: every call completes before it returns (nothing left in flight)."""
+    from mpicomm.torch import work as work_module
 
     r = dist.get_rank()
-    threaded, engine().threaded = engine().threaded, False
-    try:
-        t = values(r, 100, torch.float32)
-        work = dist.all_reduce(t, async_op=True)
-        assert work.is_completed()
-        (value,) = work.get_future().wait()
-        ref = values(r, 100, torch.float32)
-        dist.all_reduce(ref, group=groups[1])
-        _same(value, ref, "sync progress")
-    finally:
-        engine().threaded = threaded
+    monkeypatch.setattr(work_module, "SYNC", True)
+    t = values(r, 100, torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.is_completed() and work._requests == ()
+    (value,) = work.get_future().wait()
+    ref = values(r, 100, torch.float32)
+    dist.all_reduce(ref, group=groups[1])
+    _same(value, ref, "sync progress")
+    out = torch.empty(10 * dist.get_world_size())
+    gathered = dist.all_gather_into_tensor(out, values(r, 10, torch.float32), async_op=True)
+    assert gathered.is_completed() and gathered._requests == ()
+    received = dist.broadcast(values(r, 7, torch.int64), 0, async_op=True)
+    assert received.is_completed()
+
+
+def test_the_backend_has_no_thread_of_its_own(groups):
+    """Asynchronous work is completed by the core's progress thread: the backend starts none."""
+    import threading
+
+    r = dist.get_rank()
+    works = [dist.all_reduce(values(r, 1000, torch.float64), async_op=True) for _ in range(3)]
+    for w in works:
+        w.wait()
+    names = {t.name for t in threading.enumerate()}
+    assert not any(name.startswith("mpicomm-torch") for name in names), names
+
+
+def test_blocking_all_reduce_is_remembered_by_address(groups):
+    """dist.all_reduce(t) repeated runs its kept plan by the tensor's address, size, dtype and op; another
+    tensor at that address, another dtype or op of the same bytes, a strided view: each still correct."""
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    fast = ours._state.fast
+    t = values(r, 64, torch.float32)
+    for _ in range(3):
+        t.copy_(values(r, 64, torch.float32))
+        dist.all_reduce(t)
+        _same(t, sum(values(k, 64, torch.float32) for k in range(p)), "repeated all_reduce")
+    # (an earlier test's tensor may have had this address too: its entry may be there as well)
+    remembered = [k for k in fast if k[0] == "torch-allreduce"]
+    assert ("torch-allreduce", t.data_ptr(), 64, torch.float32, 0) in remembered, remembered
+    t.copy_(values(r, 64, torch.float32))
+    dist.all_reduce(t, op=R.MAX)  # the same address, another op
+    _same(t, values(p - 1, 64, torch.float32), "MAX at a remembered address")
+    as_int = t.view(torch.int32)  # the same bytes as another dtype
+    as_int.copy_(values(r, 64, torch.int32))
+    dist.all_reduce(as_int)
+    _same(as_int, sum(values(k, 64, torch.int32) for k in range(p)), "int32 view at a remembered address")
+    base = values(r, 128, torch.float32)
+    dist.all_reduce(base[:64])  # contiguous: remembered
+    strided = base[::2]  # the same address and size, not contiguous: never the remembered plan
+    strided.copy_(values(r, 64, torch.float32))
+    expected = base.clone()
+    expected[::2] = sum(values(k, 64, torch.float32) for k in range(p))
+    dist.all_reduce(strided)
+    _same(base, expected, "strided view at a remembered address")
+    for _ in range(3):  # a new tensor each time, likely at a freed one's address
+        u = values(r, 33, torch.float64)
+        dist.all_reduce(u)
+        _same(u, sum(values(k, 33, torch.float64) for k in range(p)), "fresh tensor")
+    avg = values(r, 8, torch.float64)  # AVG and PREMUL_SUM take the general path, repeated too
+    for _ in range(2):
+        avg.copy_(values(r, 8, torch.float64))
+        dist.all_reduce(avg, op=R.AVG)
+        _same(avg, sum(values(k, 8, torch.float64) for k in range(p)) / p, "AVG")
 
 
 def test_all_reduce_async_and_noncontiguous(groups):
@@ -340,32 +394,128 @@ def test_mismatched_counts_raise_on_every_rank(groups):
     dist.barrier()
 
 
-def test_async_work_returns_at_once_and_its_future_completes_without_a_wait(groups):
-    """The call returns before a late peer arrives; the future completes on the progress thread (as DDP needs)."""
+def _late_last_rank(seconds: float = 0.5) -> None:
+    """The last rank arrives *seconds* late: the others' asynchronous calls must not wait for it."""
     import time
 
+    if dist.get_rank() == dist.get_world_size() - 1:
+        time.sleep(seconds)
+
+
+def _needs_progress_thread(p: int) -> None:
     from mpi4py import MPI
 
-    from mpicomm.torch import engine
-
-    r, p = dist.get_rank(), dist.get_world_size()
     if p == 1:
         pytest.skip("needs a peer that arrives late")
-    if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-        pytest.skip("the MPI library gives less than MPI_THREAD_SERIALIZED: no progress thread")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        pytest.skip("the MPI library gives less than MPI_THREAD_MULTIPLE: the core starts no progress thread")
+
+
+def test_async_work_returns_at_once_and_its_future_completes_without_a_wait(groups):
+    """The call returns before a late peer arrives; the future completes on the progress thread (as DDP needs)."""
+    from mpi4py import MPI
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    _needs_progress_thread(p)
     t = values(r, 1000, torch.float64)
-    threaded, engine().threaded = engine().threaded, True  # the default on a machine with cores to spare
-    if r == p - 1:
-        time.sleep(1.0)  # the others call first and must not be held up
-    try:
-        work = dist.all_reduce(t, async_op=True)
-        pending = not work.is_completed()
-        fut = work.get_future()
-        (value,) = fut.wait()  # blocks in C++: only the progress thread can complete it
-    finally:
-        engine().threaded = threaded
+    _late_last_rank(1.0)
+    work = dist.all_reduce(t, async_op=True)
+    pending = not work.is_completed()
+    fut = work.get_future()
+    (value,) = fut.wait()  # blocks in C++: only the progress thread can complete it
     if r != p - 1:
         assert pending, "the all-reduce completed before the last rank had called it"
     _same(value, sum(values(k, 1000, torch.float64) for k in range(p)), "future's value")
     assert work.is_completed() and work.is_success()
     MPI.COMM_WORLD.Barrier()
+
+
+def test_async_future_completes_while_the_caller_sleeps(groups):
+    """Nobody waits, tests or calls into the backend: the core's progress thread completes the collective and
+    the Work's callback delivers the result (AVG's scaling, a non-contiguous tensor's copy back) and the future."""
+    import time
+
+    from mpi4py import MPI
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    _needs_progress_thread(p)
+    base = values(r, 200, torch.float64).reshape(10, 20)
+    t = base.t()  # non-contiguous: staged, copied back by the completion
+    _late_last_rank()
+    work = dist.all_reduce(t, op=R.AVG, async_op=True)
+    fut = work.get_future()
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(True))
+    deadline = time.monotonic() + 60
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.01)  # only sleeps: no wait(), no is_completed(), no MPI call
+    assert fut.done() and seen, "the future did not complete while the caller slept"
+    expected = sum(values(k, 200, torch.float64) for k in range(p)).reshape(10, 20) / p
+    (value,) = fut.value()
+    _same(base, expected, "AVG all_reduce delivered by the completion")
+    _same(value, expected.t(), "future's value")
+    assert work.is_completed() and work.is_success()
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_a_collective_chained_from_a_future_callback_runs(groups):
+    """A future's callback that starts an asynchronous collective (as DDP's PowerSGD hook does) runs where the
+    collective completed - often the progress thread - and queues the new one behind what the group issued."""
+    import time
+
+    from mpi4py import MPI
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    _needs_progress_thread(p)
+    _late_last_rank()
+    fut = dist.all_reduce(values(r, 10, torch.float64), async_op=True).get_future()
+    ones = torch.ones(3)
+    chained = fut.then(lambda f: dist.all_reduce(ones, async_op=True).get_future()).wait()
+    deadline = time.monotonic() + 60
+    while not chained.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    chained.wait()
+    _same(ones, torch.full((3,), float(p)), "the chained all_reduce")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    _same(t, torch.full((3,), float(p)), "all_reduce after the chained one")
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_point_to_point_future_completes_without_a_wait(groups):
+    """A receive whose future is asked for is handed to the core's progress thread."""
+    import time
+
+    from mpi4py import MPI
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    _needs_progress_thread(p)
+    if r == 0:
+        got = torch.empty(50, dtype=torch.int64)
+        work = dist.irecv(got, p - 1, tag=9)
+        fut = work.get_future()
+        deadline = time.monotonic() + 60
+        while not fut.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fut.done()
+        _same(got, torch.arange(50) * 3, "irecv's future")
+        work.wait()
+    elif r == p - 1:
+        time.sleep(0.3)
+        dist.send(torch.arange(50) * 3, 0, tag=9)
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_coalesced_async_work_completes_when_every_part_has(groups):
+    ours, gloo = groups
+    r, p = dist.get_rank(), dist.get_world_size()
+    ins = [values(r, n, torch.float32) for n in (4, 100)]
+    outs = [torch.empty(p * n) for n in (4, 100)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for o, i in zip(outs, ins):
+        ref = torch.empty_like(o)
+        dist.all_gather_into_tensor(ref, i, group=gloo)
+        _same(o, ref, "coalesced all_gather_into_tensor")

@@ -1,0 +1,1 @@
+"""Documentation with code: ``docs.examples`` holds worked examples importable from the repository root."""

@@ -1,0 +1,504 @@
+"""The dispatcher: from one call's arguments to a run of its plan.
+
+Every entry point - ``Comm.Allreduce``, ``Comm.Iallreduce``, ``Comm.Allreduce_init``,
+``mpicomm.allreduce``, the torch backend - reads its arguments into an
+:class:`~mpicomm.plan.args.Args` (:mod:`.readers`) and calls :func:`start`
+(or :func:`persistent`), which walks down once:
+
+1. **selection** - the algorithm (:func:`choose`: the call, the communicator,
+   ``MPICOMM_<COLLECTIVE>_ALGORITHM``, the measured rules, the default rules), kept per
+   communicator for facts seen before;
+2. **plan** - the compiled plan of this signature (:mod:`mpicomm.plan.compile`),
+   kept per communicator (at most :data:`PLANS_KEPT`, by collective, algorithm,
+   counts, element type, op, root and the buffers' addresses); built the first
+   time a signature is seen, never collectively;
+3. **executor** - a run of the plan: on this thread to its end for a blocking
+   call (or behind the communicator's queued runs), queued for a nonblocking
+   or persistent one (:mod:`mpicomm.engine.progress`).
+
+Validation (``MPICOMM_VALIDATE``, on by default) travels inside the plan's
+messages (:mod:`mpicomm.plan.agreement`): a rank whose arguments have a problem
+still runs the agreement's part of the call, so every rank raises the same
+:class:`ArgumentError`. With it off a local problem raises at once, on the
+rank that has it.
+
+:func:`planner` builds the plans of nested calls (a hierarchical algorithm's
+levels) the same way, without validation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any, Callable
+
+import mpi4py
+import numpy as np
+from mpi4py import MPI
+
+from .. import config, registry
+from .. import trace as _trace
+from ..transport.buffers import array_module
+from ..catalogue import COLLECTIVES, REDUCING, family
+from ..engine import progress
+from ..engine.executor import Run, complete, in_callback
+from ..engine.requests import CollectiveRequest, pending_elsewhere
+from ..engine.watchdog import Watchdog
+from ..ops import Op, resolve
+from ..plan.args import Args, ArgumentError, selection_bytes
+from ..plan.compile import Plan, agreement_only, build, library_plan, traced
+from ..state import State, as_state
+
+__all__ = ["start", "persistent_plan", "choose", "planner", "execute", "ArgumentError", "Args", "PLANS_KEPT"]
+
+log = logging.getLogger("mpicomm")
+
+PLANS_KEPT = 64  #: compiled plans a communicator keeps (the oldest is dropped first)
+_CHOICES_KEPT = 512
+_UINT8 = np.dtype(np.uint8)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def _facts(state: Any, args: Args, nbytes: int | None, blocking: bool = True, nested: bool = False) -> dict:
+    """What the selection may look at: facts every rank of the communicator knows alike."""
+    return {
+        "p": state.size,
+        "bytes": nbytes,
+        "count": args.count if args.count >= 0 else None,
+        "commutative": args.op is None or args.op.commutative,
+        "op": args.op.name if args.op is not None else None,
+        "nodes": state.nodes,
+        "ppn": state.ppn,
+        "device": args.xp is not None and args.xp is not np,
+        "rules": state.rules,
+        "blocking": blocking,
+        "nested": nested,
+    }
+
+
+def choose(state: Any, args: Args, algorithm: str | None, blocking: bool = True,
+           nested: bool = False) -> tuple[registry.Algorithm, str]:
+    """The algorithm for this call and where the choice came from (call, communicator, environment, rules,
+    table); kept per communicator for the facts seen before and the rule lists they were chosen by (a new list,
+    ``registry.SELECTION[c] = [...]`` or in the measured rules, makes new choices). *state*: a communicator's
+    state (or a ``Comm``, or an mpi4py communicator)."""
+    if type(state) is not State:
+        state = as_state(state)
+    collective = args.collective
+    default = state.defaults.get(collective)
+    setting = config.algorithm_setting(collective)
+    nbytes = selection_bytes(args, state.size)
+    op = args.op
+    cacheable = algorithm is None or type(algorithm) is str
+    if cacheable:
+        key = (collective, algorithm, default, setting, nbytes, args.count, op is None or op.commutative,
+               None if op is None else op.name, args.xp is not None and args.xp is not np, blocking, nested,
+               id(registry.SELECTION.get(collective)),
+               None if state.rules is None else id(state.rules.collectives.get(collective)))
+        known = state.choices.get(key)
+        if known is not None:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s: algorithm %s (from the %s)", collective, known[0].name, known[1])
+            return known
+    chosen = registry.choose(collective, algorithm, default, _facts(state, args, nbytes, blocking, nested))
+    if cacheable:
+        if len(state.choices) >= _CHOICES_KEPT:
+            state.choices.clear()
+        state.choices[key] = chosen
+    return chosen
+
+
+# ---------------------------------------------------------------- plans
+
+
+def _address(x: Any) -> int:
+    if x is None or x.size == 0:
+        return 0
+    if type(x) is np.ndarray:
+        return x.__array_interface__["data"][0]
+    return -1  # not a host array: not kept
+
+
+def _signature(args: Args, chosen: registry.Algorithm, validate: bool, blocking: bool) -> tuple | None:
+    """The key a plan is kept under, or None when it is not kept (device buffers, staged transfers)."""
+    send, recv = args.send, args.recv
+    a, b = _address(send), _address(recv)
+    if a < 0 or b < 0 or config.transfer_mode() == "staged":
+        return None
+    op = args.op
+    return (args.collective, chosen.name, chosen.tunables(), validate, blocking, args.count, args.dtype,
+            None if op is None else id(op),
+            args.root, args.in_place, args.recvcounts, args.recvdispls, args.sendcounts, args.senddispls,
+            a, 0 if send is None else send.nbytes, b, 0 if recv is None else recv.nbytes)
+
+
+def _keep(state: Any, key: tuple, plan: Plan) -> None:
+    plans = state.plans
+    if len(plans) >= PLANS_KEPT:
+        del plans[next(iter(plans))]
+    plans[key] = plan
+
+
+def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, validate: bool | None = None,
+             persistent: int | None = None) -> Plan:
+    """The plan of this rank's call (kept for later calls with the same signature, where it can be).
+
+    A rank whose arguments have a problem (or whose selection failed) gets a
+    plan that only takes part in the agreement, so that every rank raises
+    the same error; with validation off the problem raises here.
+    """
+    collective = args.collective
+    if validate is None:
+        validate = config.validate() and collective != "barrier"
+    if state.poisoned is not None:
+        args.fail(RuntimeError(state.poisoned))
+    chosen: registry.Algorithm | None = None
+    source = "?"
+    try:
+        chosen, source = choose(state, args, algorithm, blocking)
+    except ValueError as exc:
+        args.fail(exc)
+    if args.problem is not None or chosen is None or (args.unsupported is not None and args.native is None):
+        if not validate:
+            if args.problem is not None:
+                raise args.problem
+            raise TypeError(f"{collective}: {args.unsupported}, and this call has no MPI library form")
+        return agreement_only(state, args, chosen.name if chosen is not None else str(algorithm), persistent)
+    if args.unsupported is not None:
+        return library_plan(state, args, validate, persistent)
+    key = _signature(args, chosen, validate, blocking) if persistent is None else None
+    if key is not None:
+        plan = state.plans.get(key)
+        if plan is not None:
+            return plan
+    try:
+        plan = build(state, args, chosen, source, blocking=blocking, validate=validate, persistent=persistent,
+                     planner=planner, cached=key is not None)
+    except (ValueError, TypeError) as exc:  # the algorithm cannot describe this call: a problem of this rank's
+        if not validate:
+            raise
+        args.fail(exc)
+        return agreement_only(state, args, chosen.name, persistent)
+    if key is not None:
+        _keep(state, key, plan)
+    return plan
+
+
+def planner(state: Any, collective: str, *, send: Any = None, recv: Any = None, op: Any = None, root: int = 0,
+            count: int = -1, algorithm: str | None = None, blocking: bool = True, recvcounts: Any = None,
+            recvdispls: Any = None, sendcounts: Any = None, senddispls: Any = None) -> Plan:
+    """The plan of a nested call: *collective* on *state*'s communicator with arrays *send*/*recv* (views of the
+    outer call's buffers), chosen as any call there but never validated (the outer call was)."""
+    args = nested_args(state, collective, send, recv, op, root, sendcounts, senddispls, recvcounts, recvdispls, count)
+    chosen, source = choose(state, args, algorithm, blocking, nested=True)
+    return build(state, args, chosen, source, blocking=blocking, validate=False, planner=planner)
+
+
+def _packed(counts: Any) -> tuple[int, ...]:
+    displs, at = [], 0
+    for c in counts:
+        displs.append(at)
+        at += c
+    return tuple(displs)
+
+
+_EQUAL_BLOCKS = frozenset({"bcast", "reduce", "allreduce", "scan", "exscan", "gather", "allgather", "scatter",
+                           "alltoall", "reduce_scatter_block"})
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if a is None or b is None or a.size == 0 or b.size == 0:
+        return False
+    from ..transport.buffers import overlap
+
+    return overlap(a, b) is not None
+
+
+def nested_args(state: Any, collective: str, send: Any, recv: Any, op: Any, root: int, sendcounts: Any,
+                senddispls: Any, recvcounts: Any, recvdispls: Any, count: int) -> Args:
+    """The :class:`Args` of a nested call (flat arrays already checked; counts in elements)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    fam = family(collective)
+    p = state.size
+    if not 0 <= root < p:
+        raise ValueError(f"root {root} is not a rank of the {p}-rank communicator; use 0..{p - 1}")
+    if fam == "bcast":
+        send = recv = recv if recv is not None else send
+    args = Args(collective)
+    args.send, args.recv, args.root, args.count = send, recv, root, count
+    array = send if send is not None else recv
+    if array is not None:
+        args.xp = array_module(array)
+        args.dtype = array.dtype
+        if args.xp is not np:
+            args.device = array.device
+    if collective in REDUCING:
+        args.op = resolve("sum" if op is None else op)
+    args.in_place = fam != "bcast" and send is not None and recv is not None and _overlap(send, recv)
+    if count < 0 and collective in _EQUAL_BLOCKS:
+        if collective == "alltoall":
+            args.count = int(send.size) // p if send is not None else 0
+        elif collective in ("scatter", "reduce_scatter_block"):
+            args.count = int(recv.size) if recv is not None else 0
+        else:
+            args.count = int(send.size) if send is not None else int(recv.size) if recv is not None else 0
+    n = args.count
+    if collective in ("gather", "allgather", "alltoall"):
+        recvcounts, recvdispls = (n,) * p, tuple(i * n for i in range(p))
+    if collective in ("scatter", "alltoall"):
+        sendcounts, senddispls = (n,) * p, tuple(i * n for i in range(p))
+    if collective == "reduce_scatter_block":
+        recvcounts = (n,) * p
+    if sendcounts is not None:
+        args.sendcounts = tuple(sendcounts)
+        args.senddispls = _packed(args.sendcounts) if senddispls is None else tuple(senddispls)
+    if recvcounts is not None:
+        args.recvcounts = tuple(recvcounts)
+        args.recvdispls = _packed(args.recvcounts) if recvdispls is None else tuple(recvdispls)
+    return args
+
+
+# ---------------------------------------------------------------- running
+
+
+def _concurrent(state: Any) -> RuntimeError:
+    """The error for a second thread entering a collective on *state*; poisons the communicator.
+
+    Two threads calling collectives on one communicator pair up their calls
+    differently on each rank, so results would mix. The call is refused before
+    it runs; every later call on the communicator fails too (with validation
+    on, the same error on every rank at the next call).
+    """
+    level = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+    message = (f"collectives on one communicator from two threads at once (rank {state.rank}: thread "
+               f"{threading.current_thread().name!r} entered while another was inside a call or had a "
+               f"nonblocking or persistent collective pending on it): each rank would pair the threads' calls "
+               f"differently and results would mix. Use one communicator per thread (comm.Dup() for each "
+               f"thread, created in the same order on every rank), or one lock around every call and wait. "
+               f"This communicator now refuses further collectives. (mpi4py requested "
+               f"{mpi4py.rc.thread_level!r}; the MPI library provides {level.get(MPI.Query_thread(), '?')})")
+    if state.poisoned is None:
+        state.poisoned = message
+    return RuntimeError(message)
+
+
+def enter(state: Any) -> bool:
+    """Take *state*'s call lock for this thread (RuntimeError, poisoning it, when another thread holds it or has
+    collectives queued on it); True when taken (release it with ``state.lock.release()``).
+
+    A call made by a completion callback (a future's callback chaining the next collective, as DDP's
+    PowerSGD hook does) takes no lock: it runs on whichever thread finished the earlier collective, and is
+    queued behind everything already called on the communicator (nonblocking only: see :func:`execute`).
+    """
+    if in_callback():
+        return False
+    if not state.lock.acquire(False):
+        raise _concurrent(state)
+    q = state.queue
+    if q.runs and q.owner != threading.get_ident():
+        state.lock.release()
+        raise _concurrent(state)
+    return True
+
+
+def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any:
+    """Run the collective *args* describes on *state*'s communicator: blocking, return its result; else return
+    a request (see the module docstring).
+
+    *fast*: ``(key, objects)`` of a blocking call whose arguments are plain
+    arrays (and ops): when its plan is kept, the call is remembered in
+    ``state.fast`` under *key* (the objects' identities), so the next call
+    with the same objects runs the plan without reading its arguments again
+    (:class:`Fast`). *state*: the communicator's state (or a ``Comm``).
+    """
+    if type(state) is not State:
+        state = as_state(state)
+    locked = enter(state)
+    try:
+        began = _trace.now() if _trace.ON else 0.0
+        try:
+            plan = plan_for(state, args, algorithm, blocking)
+        except BaseException as exc:
+            if _trace.ON:
+                _event(state, args, began, state.collectives, error=f"{type(exc).__name__}: {exc}")
+            raise
+        result = execute(state, plan, args.result, blocking, began, None if blocking else args)
+        if fast is not None and plan.cached and args.problem is None:
+            _remember(state, plan, *fast)
+        return result
+    finally:
+        if locked:
+            state.lock.release()
+
+
+# ---------------------------------------------------------------- the fast path: a repeated call on the same arrays
+
+
+class Fast:
+    """A blocking call seen before, by the identity of its arguments: run its plan at once.
+
+    Valid while every array it was made for is alive and unchanged in type and
+    size (weak references: it never keeps an array alive), and the settings
+    that decide the plan (``MPICOMM_VALIDATE``, ``MPICOMM_<COLLECTIVE>_ALGORITHM``,
+    ``MPICOMM_TIMEOUT``, ``MPICOMM_TRANSFER``, the communicator's defaults, the
+    tags) have not changed; else :meth:`run` returns False and the caller takes
+    the full path.
+    """
+
+    __slots__ = ("state", "plan", "program", "checks", "env", "watch", "epoch")
+
+    def __init__(self, state: Any, plan: Plan, objects: tuple, env: tuple):
+        self.state = state
+        self.plan = plan
+        self.program = plan.program
+        checks = []
+        for x in objects:
+            if type(x) is np.ndarray:
+                checks.append((weakref.ref(x), x.dtype, x.size))
+            else:
+                checks.append((None, x, None))  # MPI.IN_PLACE, an op: the object itself is kept
+        self.checks = tuple(checks)
+        self.env = env
+        self.watch = config.timeout() is not None
+        self.epoch = state.epoch
+
+    def run(self, *objects: Any) -> bool:
+        """Run the plan if this entry is still valid for *objects*; False when the full path must run."""
+        for (ref, kind, size), x in zip(self.checks, objects):
+            if ref is None:
+                if x is not kind:
+                    return False
+            elif ref() is not x or x.dtype is not kind or x.size != size:
+                return False
+        if _environment(self.plan.collective) != self.env:
+            return False
+        state = self.state
+        if not state.lock.acquire(False):
+            return False
+        try:
+            if state.queue.runs or state.poisoned is not None or _trace.ON or state.epoch != self.epoch:
+                return False
+            seq = state.collectives
+            state.collectives = seq + 1
+            run = Run(self.program, seq)
+            state.recent.append(run)
+            run.start()
+            if not run.poll():
+                complete(run, Watchdog.start() if self.watch else None)
+            if run.error is not None:
+                raise run.error
+            return True
+        finally:
+            state.lock.release()
+
+
+_ENV = getattr(config, "_DATA", None)
+_ENV_KEYS: dict[str, Any] = {}
+
+
+def _environment(collective: str = "") -> tuple:
+    """The raw values of the settings a kept plan depends on (cheap: compared by identity)."""
+    if _ENV is None:
+        return (object(),)  # no fast look-up of the environment here: never equal, so never fast
+    get = _ENV.get
+    keys = _ENV_KEYS.get(collective)
+    if keys is None:
+        names = ["MPICOMM_VALIDATE", "MPICOMM_TIMEOUT", "MPICOMM_TRANSFER"]
+        if collective:
+            names.append(f"MPICOMM_{collective.upper()}_ALGORITHM")
+        keys = _ENV_KEYS[collective] = tuple(config._ENCODE(n) for n in names)  # type: ignore[attr-defined]
+    return tuple(get(k) for k in keys)
+
+
+def _remember(state: Any, plan: Plan, key: tuple, objects: tuple) -> None:
+    """Keep a :class:`Fast` entry for a call whose arguments are all plain arrays, ``MPI.IN_PLACE`` or ops."""
+    for x in objects:
+        if type(x) is not np.ndarray and x is not MPI.IN_PLACE and not isinstance(x, (MPI.Op, str, Op)):
+            return
+    fast = state.fast
+    if len(fast) >= PLANS_KEPT:
+        del fast[next(iter(fast))]
+    fast[key] = Fast(state, plan, objects, _environment(plan.collective))
+
+
+def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, began: float = 0.0,
+            keep: Any = None) -> Any:
+    """Run *plan* once (the call lock held): to its end for a blocking call, else queued (returns a request);
+    *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none)."""
+    seq = state.collectives
+    state.collectives = seq + 1
+    run = Run(plan.program, seq)
+    state.recent.append(run)
+    q = state.queue
+    if _trace.ON:
+        traced(run, plan, began)
+    if blocking:
+        if in_callback():
+            raise RuntimeError(f"{plan.name(seq)}: a blocking collective inside a completion callback would wait "
+                               f"for the collectives queued behind the one that just finished; start it "
+                               f"nonblocking (Iallreduce, async_op=True) and chain on its request")
+        others = pending_elsewhere(q)
+        if not q.runs and others is None:
+            run.start()
+            if not run.poll():
+                complete(run, Watchdog.start())
+        else:
+            progress.submit(q, run)
+            progress.wait(run, q, Watchdog.start(), others)
+        if run.error is not None:
+            raise run.error
+        if state.poisoned is not None:
+            raise RuntimeError(state.poisoned)
+        return result()
+    if not in_callback():
+        q.owner = threading.get_ident()
+    run.keep = keep
+    progress.submit(q, run)
+    return CollectiveRequest(run, q, result)
+
+
+def persistent_plan(state: Any, args: Args, algorithm: str | None) -> Plan:
+    """The plan of a persistent request (collective over the communicator: the ranks agree on it now, and it
+    takes the communicator's next persistent number, part of every start's agreement)."""
+    locked = enter(state)
+    try:
+        number = state.persistent
+        state.persistent += 1
+        validate = config.validate() and args.collective != "barrier"
+        plan = plan_for(state, args, algorithm, False, validate=validate, persistent=number)
+        if validate:
+            _creation_agreement(state, args, plan)
+        return plan
+    finally:
+        if locked:
+            state.lock.release()
+
+
+def _creation_agreement(state: Any, args: Args, plan: Plan) -> None:
+    """One agreement on the persistent request's words before any start, no data: a bad argument or a
+    mismatch raises the same error on every rank at creation."""
+    probe = agreement_only(state, args, plan.name_, plan.persistent, suspect=args.problem is not None)
+    run = Run(probe.program, state.collectives)
+    run.start()
+    if not run.poll():
+        complete(run, Watchdog.start())
+    if run.error is not None:
+        raise run.error
+
+
+# ---------------------------------------------------------------- the trace event of a failed call
+
+
+def _event(state: Any, args: Args, began: float, seq: int, **extra: Any) -> None:
+    """The trace event of a call that failed before it ran (its plan could not be made)."""
+    _trace.record(args.collective, "collective", began, _trace.now(), algorithm="?", source="?",
+                  bytes=selection_bytes(args, state.size), count=args.count if args.count >= 0 else None,
+                  dtype=str(args.dtype) if args.dtype is not None else None, seq=seq, root=args.root, p=state.size,
+                  peers=[], **extra)

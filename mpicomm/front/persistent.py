@@ -1,0 +1,141 @@
+"""Persistent collectives (MPI-4's ``MPI_Allreduce_init`` & co.): plan once, start many times.
+
+``comm.Allreduce_init(sendbuf, recvbuf, op)`` returns a :class:`Prequest`
+bound to those buffers; each ``Start()`` runs the collective on whatever the
+buffers hold then, and ``Wait()``/``Test()`` complete it, as many times as
+wanted; ``Free()`` releases it. As in MPI, every rank creates its persistent
+collectives in the same order (creation is collective), starts them in the
+same order, and a request is not started again before it completed.
+
+At creation (collective): the arguments are read and checked, the algorithm
+chosen, the plan compiled (prepared point-to-point requests, scratch,
+reductions bound to the buffers) and the ranks agree on it - any problem
+raises the same :class:`~mpicomm.plan.args.ArgumentError` on every rank - and
+the request takes the communicator's next persistent number. A ``Start``
+queues one run of the plan (its first messages are posted at once when
+nothing else is queued on the communicator) and returns; the progress thread
+completes it while the program computes. Every start's agreement carries
+the request's number, so requests started in different orders on different
+ranks raise the same error on every rank instead of exchanging each other's
+data.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from ..engine.executor import Program, Run
+from ..engine.progress import callback_when_done, submit
+from ..engine.requests import CollectiveRequest
+from ..plan.args import Args
+from ..plan.compile import Plan
+from . import dispatch
+
+__all__ = ["Prequest", "create"]
+
+
+_INACTIVE = Program([], "inactive persistent request")
+
+
+class Prequest(CollectiveRequest):
+    """A persistent collective request: ``Start``, ``Wait``/``Test`` (or ``Request.Waitall``...), ``Free``.
+
+    Inactive until started, and again once a wait or test has reported its
+    completion; ``Start`` on an active request, or any use after ``Free``,
+    raises ValueError naming the request.
+    """
+
+    __slots__ = ("_plan", "_args", "_algorithm", "starts")
+
+    def __init__(self, plan: Plan, args: Args, algorithm: str | None):
+        self._plan: Plan | None = plan
+        self._args = args
+        self._algorithm = algorithm
+        self.starts = 0
+        run = Run(_INACTIVE, -1)
+        run.done = True  # inactive: a wait returns at once, Waitany skips it
+        CollectiveRequest.__init__(self, run, plan.state.queue, None, self)
+        self._delivered = True
+
+    def _live_plan(self) -> Plan:
+        plan = self._plan
+        if plan is None:
+            raise ValueError(f"{self.label}: this persistent request was freed; make a new one with *_init")
+        return plan
+
+    @property
+    def label(self) -> str:
+        plan = self._plan
+        if plan is None:
+            return "persistent request (freed)"
+        return f"persistent {plan.collective} #{plan.persistent} ({plan.name_}, {self.starts} starts)"
+
+    def Start(self) -> None:
+        """Start one run of the collective on the buffers' current contents (every rank, in the same order)."""
+        plan = self._live_plan()
+        if not self._done:
+            raise ValueError(f"{self.label}: started again before it completed; Wait (or Test until done) first")
+        state = plan.state
+        locked = dispatch.enter(state)
+        try:
+            if plan.epoch != state.epoch:  # a call failed on a disagreement since: fresh tags, so a fresh plan
+                plan = self._plan = dispatch.plan_for(state, self._args, self._algorithm, False,
+                                                      persistent=plan.persistent)
+            self.starts += 1
+            seq = state.collectives
+            state.collectives = seq + 1
+            run = Run(plan.program, seq)
+            run.keep = self._args  # (the request keeps them too; the run may outlive a dropped request)
+            state.recent.append(run)
+            self.run = run
+            self._done = False
+            self._delivered = False
+            self._error = None
+            self._result = None
+            if locked:
+                state.queue.owner = threading.get_ident()
+            callback_when_done(run, self._finished, state.queue)
+            submit(state.queue, run)
+            if run.done:
+                self._settle()
+        finally:
+            if locked:
+                state.lock.release()
+
+    @staticmethod
+    def Startall(requests: Sequence["Prequest"]) -> None:
+        """Start every request in *requests*, in order."""
+        for r in requests:
+            if not isinstance(r, Prequest):
+                raise TypeError(f"Startall takes mpicomm persistent requests (from *_init), got {type(r).__qualname__}")
+            r.Start()
+
+    def Free(self) -> None:
+        """Release the request (it must not be active: wait for it first)."""
+        if self._plan is None:
+            return
+        if not self._done:
+            raise ValueError(f"{self.label}: freed while active; Wait for it first")
+        plan, self._plan = self._plan, None
+        plan.release()
+
+    @property
+    def plan(self) -> Plan:
+        """What was fixed at creation: the arguments, the chosen algorithm (``plan.algorithm``), the program."""
+        return self._live_plan()
+
+    def __bool__(self) -> bool:
+        """True until freed (an inactive persistent request is not a null request)."""
+        return self._plan is not None
+
+    def __repr__(self) -> str:
+        if self._plan is None:
+            return "<mpicomm.Prequest: freed>"
+        state = "inactive" if self._done else "active"
+        return f"<mpicomm.Prequest {self.label}: {state}>"
+
+
+def create(state: Any, args: Args, algorithm: str | None) -> Prequest:
+    """A :class:`Prequest` for the collective *args* describes on *state*'s communicator (collective)."""
+    return Prequest(dispatch.persistent_plan(state, args, algorithm), args, algorithm)

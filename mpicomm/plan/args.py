@@ -1,0 +1,208 @@
+"""``Args``: one rank's arguments to one collective, read and checked locally; ``ArgumentError``.
+
+Every entry point (``Comm.Allreduce``, ``mpicomm.allreduce``...) reads its
+arguments into an :class:`Args` (:mod:`.arguments` for mpi4py's buffer
+specs), which the agreement (:mod:`.agreement`) compares across ranks and the
+dispatcher (:mod:`.dispatch`) binds to an algorithm. :func:`selection_bytes`
+is the message size n of the catalogue's size rule for one call.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from ..transport.buffers import overlap
+from ..catalogue import CATALOGUE
+from ..ops import Op
+
+__all__ = ["ArgumentError", "Args", "selection_bytes"]
+
+
+class ArgumentError(ValueError, TypeError):
+    """Bad or mismatched collective arguments, raised with the same message on every rank.
+
+    It is both a ValueError and a TypeError, so code catching either (as for
+    a local argument error) catches it.
+    """
+
+
+def _nothing() -> None:
+    return None
+
+
+def _kept_away() -> Any:
+    raise RuntimeError("a kept plan's arguments no longer hold the caller's buffer specs")
+
+
+def library_request(args: "Args", comm: MPI.Intracomm) -> MPI.Request:
+    """Start the MPI library's own nonblocking collective on *args*' arrays (plain arrays: what a kept plan
+    has), on *comm* (the user's communicator) - for when another rank's buffer spec only the library takes."""
+    c = args.collective
+    send, recv = args.send, args.recv
+    place = MPI.IN_PLACE
+    op = args.op.mpi if args.op is not None else None
+    if op is None and args.op is not None:
+        raise TypeError(f"op {args.op.name} is a Python op; the MPI library path needs an MPI.Op")
+    if c == "bcast":
+        return comm.Ibcast(recv if recv is not None else send, args.root)
+    if c == "reduce":
+        root = comm.Get_rank() == args.root
+        return comm.Ireduce(place if root and args.in_place else send, recv if root else None, op, args.root)
+    if c in ("allreduce", "scan", "exscan"):
+        method = {"allreduce": comm.Iallreduce, "scan": comm.Iscan, "exscan": comm.Iexscan}[c]
+        return method(place if args.in_place else send, recv, op)
+    v = c.endswith("v")
+    if c in ("gather", "gatherv"):
+        root = comm.Get_rank() == args.root
+        spec = ([recv, (args.recvcounts, args.recvdispls)] if v else recv) if root else None
+        method = comm.Igatherv if v else comm.Igather
+        return method(place if root and args.in_place else send, spec, args.root)
+    if c in ("scatter", "scatterv"):
+        root = comm.Get_rank() == args.root
+        spec = ([send, (args.sendcounts, args.senddispls)] if v else send) if root else None
+        method = comm.Iscatterv if v else comm.Iscatter
+        return method(spec, place if root and args.in_place else recv, args.root)
+    if c in ("allgather", "allgatherv"):
+        spec = [recv, (args.recvcounts, args.recvdispls)] if v else recv
+        return (comm.Iallgatherv if v else comm.Iallgather)(place if args.in_place else send, spec)
+    if c in ("alltoall", "alltoallv"):
+        if not v:
+            return comm.Ialltoall(place if args.in_place else send, recv)
+        source = place if args.in_place else [send, (args.sendcounts, args.senddispls)]
+        return comm.Ialltoallv(source, [recv, (args.recvcounts, args.recvdispls)])
+    if c == "reduce_scatter_block":
+        return comm.Ireduce_scatter_block(place if args.in_place else send, recv, op)
+    if c == "reduce_scatter":
+        return comm.Ireduce_scatter(place if args.in_place else send, recv, list(args.recvcounts or ()), op)
+    if c == "barrier":
+        return comm.Ibarrier()
+    raise ValueError(f"no library form for collective {c!r}")
+
+
+class Args:
+    """One rank's arguments to one collective, read and checked locally.
+
+    Every field but the collective has a default (read from the class until
+    set, so building one per call costs little); ``Args("bcast", root=2)``
+    sets fields by keyword.
+    """
+
+    xp: ModuleType | None = None
+    dtype: np.dtype | None = None
+    send: Any = None
+    recv: Any = None
+    count: int = -1  # the count all ranks must give alike (-1: none, as for v-variants)
+    root: int = 0
+    op: Op | None = None
+    in_place: bool = False
+    sendcounts: tuple[int, ...] | None = None
+    senddispls: tuple[int, ...] | None = None
+    recvcounts: tuple[int, ...] | None = None
+    recvdispls: tuple[int, ...] | None = None
+    problem: BaseException | None = None  # what is wrong with this rank's arguments
+    unsupported: str | None = None  # why the MPI library must run this call instead
+    native: Callable[[], MPI.Request] | None = None  # start the library's own collective
+    result: Callable[[], Any] = staticmethod(_nothing)  # what the call returns
+    device: Any = None
+    library: bool = False  # set once the ranks agreed to hand the call to the MPI library
+
+    def __init__(self, collective: str, **fields: Any):
+        self.collective = collective
+        for name, value in fields.items():
+            if not hasattr(Args, name):
+                raise TypeError(f"Args has no field {name!r}")
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"Args({self.collective!r}, {', '.join(f'{k}={v!r}' for k, v in vars(self).items() if k != 'collective')})"
+
+    def detached(self, send: Any, recv: Any) -> "Args":
+        """A copy for a plan kept for later calls: *send*/*recv* instead of the caller's arrays (views over the
+        same memory that hold no reference to them), and no closure over the caller's objects (the library
+        call is replaced by a marker: a kept plan never runs it)."""
+        other = Args(self.collective)
+        other.__dict__.update(self.__dict__)
+        other.send, other.recv = send, recv
+        if self.native is not None:
+            other.native = _kept_away
+        other.result = _nothing
+        return other
+
+    def fail(self, problem: BaseException) -> "Args":
+        """Record *problem* (the first one wins); returns self."""
+        if self.problem is None:
+            self.problem = problem
+        return self
+
+    def check_op(self) -> "Args":
+        """Record a problem if the op is not defined on the element type."""
+        op, dtype = self.op, self.dtype
+        if self.problem is None and op is not None and dtype is not None and (op, dtype) not in _OP_FITS:
+            message = op.check_dtype(dtype)
+            if message:
+                self.fail(TypeError(message))
+            else:
+                if len(_OP_FITS) > 1024:
+                    _OP_FITS.clear()
+                _OP_FITS.add((op, dtype))
+        return self
+
+
+    def check_overlap(self) -> "Args":
+        """Record a problem if the send and receive buffers partly overlap (not in place, not the same bytes).
+
+        MPI calls aliased send and receive buffers erroneous (``MPI.IN_PLACE``
+        says in place); mpicomm's algorithms read the input while they write
+        the output, so a partial overlap silently gives wrong results.
+        Buffers over exactly the same bytes stay accepted, as before: the call
+        is then in place, as with ``MPI.IN_PLACE`` (the algorithms copy or
+        combine in place).
+        """
+        if self.problem is None and not self.in_place and self.collective not in _NO_SEND:
+            send, recv = self.send, self.recv
+            shared = overlap(send, recv) if send is not None and recv is not None else None
+            if shared == "same":
+                self.in_place = True
+            elif shared == "partial":
+                self.fail(ValueError(
+                    f"{self.collective}: the send buffer ({send.nbytes} bytes) and the receive buffer "
+                    f"({recv.nbytes} bytes) partly overlap in memory; MPI forbids aliased buffers: use "
+                    f"separate arrays, or MPI.IN_PLACE for an in-place call"))
+        return self
+
+
+_NO_SEND = frozenset({"bcast", "barrier"})  # one buffer only
+_OP_FITS: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs already found defined
+
+
+
+def selection_bytes(args: Args, p: int) -> int | None:
+    """n for this call, by the catalogue's size rule (None where ranks cannot know it alike).
+
+    ``vector``: the whole vector (bcast, reduce, allreduce, scan, exscan);
+    ``block``: one rank's block (gather, scatter; None for the v-forms);
+    ``gathered``: all p blocks (allgather, allgatherv); ``send``: each
+    rank's whole send (alltoall; None for alltoallv); ``input``: the whole
+    input (reduce_scatter, reduce_scatter_block).
+    """
+    if args.dtype is None:
+        return None
+    item = args.dtype.itemsize
+    c = args.collective
+    if c in _PER_CALL:
+        return args.count * item if args.count >= 0 else None  # (no count: a spec the library runs)
+    if c in _PER_RANK:
+        return args.count * item * p if args.count >= 0 else None
+    if c in ("allgatherv", "reduce_scatter") and args.recvcounts is not None:
+        return sum(args.recvcounts) * item
+    return None
+
+
+#: Equal-count collectives whose n is the count itself (vector, block) or p counts (gathered, send, input).
+_PER_CALL = frozenset(c.name for c in CATALOGUE.values() if c.equal_blocks and c.size in ("vector", "block")
+                      and c.name != "barrier")
+_PER_RANK = frozenset(c.name for c in CATALOGUE.values() if c.equal_blocks and c.size in ("gathered", "send", "input"))

@@ -1,0 +1,276 @@
+"""mpicomm.front.dispatch: selection and its source, kept plans and the fast path, nested plans, trace events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpicomm
+from mpicomm import registry
+from mpicomm.engine.executor import complete
+from mpicomm.front import dispatch
+
+from ..coll import reference as R
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
+
+WORLD = MPI.COMM_WORLD
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+
+
+@pytest.fixture(scope="module")
+def halves():
+    """(mpicomm.Comm over this rank's half of the world - even or odd ranks -, the same as a plain MPI comm)."""
+    plain = WORLD.Split(RANK % 2, RANK)
+    sub = mpicomm.Comm(plain)
+    yield sub, plain
+    plain.Free()
+
+
+def _nested(comm: Any, collective: str, **kwargs: Any) -> dispatch.Plan:
+    """Make the plan of a nested call on *comm* and run it to its end."""
+    plan = dispatch.planner(comm._state, collective, **kwargs)
+    run = plan.run(comm._state.next_seq())
+    run.start()
+    complete(run)
+    run.raise_error()
+    return plan
+
+
+# ---------------------------------------------------------------- nested plans (compositions)
+
+
+def test_nested_collectives_match_the_library(halves):
+    sub, plain = halves
+    p, rank = plain.Get_size(), plain.Get_rank()
+    n = 5
+    x = R.data(rank, n, np.int64)
+    root = p - 1
+
+    buf = x.copy() if rank == root else np.zeros(n, np.int64)
+    _nested(sub, "bcast", recv=buf, root=root)
+    R.assert_matches(buf, R.data(root, n, np.int64), "nested bcast")
+
+    got = np.zeros(n, np.int64) if rank == root else None
+    _nested(sub, "reduce", send=x, recv=got, op="max", root=root)
+    expected = np.empty_like(x)
+    plain.Reduce(x, expected if rank == root else None, op=MPI.MAX, root=root)
+    if rank == root:
+        R.assert_matches(got, expected, "nested reduce")
+
+    gathered = np.zeros(n * p, np.int64)
+    _nested(sub, "allgather", send=x, recv=gathered)
+    expected = np.empty_like(gathered)
+    plain.Allgather(x, expected)
+    R.assert_matches(gathered, expected, "nested allgather")
+
+    big = R.data(rank, n * p, np.int64)
+    mixed = np.zeros_like(big)
+    _nested(sub, "alltoall", send=big, recv=mixed)
+    expected = np.empty_like(big)
+    plain.Alltoall(big, expected)
+    R.assert_matches(mixed, expected, "nested alltoall")
+
+    block = np.zeros(n, np.int64)
+    _nested(sub, "reduce_scatter_block", send=big, recv=block, op="sum")
+    expected = np.empty_like(block)
+    plain.Reduce_scatter_block(big, expected)
+    R.assert_matches(block, expected, "nested reduce_scatter_block")
+
+    counts = [r + 1 for r in range(p)]
+    mine = R.data(rank, counts[rank], np.int64)
+    every = np.zeros(sum(counts), np.int64)
+    _nested(sub, "allgatherv", send=mine, recv=every, recvcounts=counts)
+    expected = np.empty_like(every)
+    plain.Allgatherv(mine, [expected, counts])
+    R.assert_matches(every, expected, "nested allgatherv")
+
+    scan = np.zeros(n, np.int64)
+    _nested(sub, "scan", send=x, recv=scan, op="sum")
+    expected = np.empty_like(x)
+    plain.Scan(x, expected)
+    R.assert_matches(scan, expected, "nested scan")
+
+
+def test_nested_in_place_gather(halves):
+    sub, plain = halves
+    p, rank = plain.Get_size(), plain.Get_rank()
+    n = 3
+    x = R.data(rank, n, np.float64)
+    if rank == 0:
+        whole = np.zeros(n * p)
+        whole[:n] = x
+        _nested(sub, "gather", send=whole[:n], recv=whole, root=0, count=n)
+        expected = np.empty_like(whole)
+        plain.Gather(x, expected, root=0)
+        R.assert_matches(whole, expected, "nested in-place gather")
+    else:
+        _nested(sub, "gather", send=x, root=0)
+        plain.Gather(x, None, root=0)
+
+
+def test_nested_named_algorithm_and_source(halves):
+    sub, plain = halves
+    x = R.data(plain.Get_rank(), 4, np.int64)
+    runnable = [a for a in mpicomm.algorithms("allreduce")  # shared memory needs one node (not so under --ranks 2x2)
+                if registry.allowed(registry.lookup("allreduce", a), {"nodes": sub.nodes, "nested": True}) is None]
+    for algorithm in runnable:
+        out = np.zeros_like(x)
+        plan = _nested(sub, "allreduce", send=x, recv=out, algorithm=algorithm)
+        assert (plan.algorithm.name, plan.source) == (algorithm, "call")
+        expected = np.empty_like(x)
+        plain.Allreduce(x, expected)
+        R.assert_matches(out, expected, f"nested allreduce {algorithm}")
+    plan = _nested(sub, "allreduce", send=x, recv=np.zeros_like(x))
+    assert plan.source in ("table", "environment", "rules"), plan.source
+
+
+def test_nested_rejects_what_it_cannot_run(halves):
+    sub, _ = halves
+    x = np.zeros(2)
+    with pytest.raises(ValueError, match="unknown collective 'allreduse'"):
+        dispatch.planner(sub._state, "allreduse", send=x, recv=x)
+    with pytest.raises(ValueError, match=f"root {sub.Get_size()} is not a rank"):
+        dispatch.planner(sub._state, "bcast", recv=x, root=sub.Get_size())
+    with pytest.raises(ValueError, match="unknown allreduce algorithm 'nope'"):
+        dispatch.planner(sub._state, "allreduce", send=x, recv=x.copy(), algorithm="nope")
+    sub.Barrier()  # nothing was left half-done: the next collective works
+
+
+# ---------------------------------------------------------------- the choice, its source, kept plans
+
+
+def _kept(comm: Any, collective: str) -> list[dispatch.Plan]:
+    return [plan for plan in comm._state.plans.values() if plan.collective == collective]
+
+
+def test_the_plan_knows_where_its_algorithm_came_from(comm, monkeypatch):
+    monkeypatch.delenv("MPICOMM_BCAST_ALGORITHM", raising=False)
+    buf = R.data(RANK, 3, np.float64) if RANK == 0 else np.zeros(3)
+    sources = []
+
+    def last() -> tuple[str, str]:
+        plan = _kept(comm, "bcast")[-1]
+        return plan.algorithm.name, plan.source
+
+    comm._state.plans.clear()
+    comm.Bcast(buf, 0, algorithm="linear")
+    sources.append(last())
+    comm.set_algorithm("bcast", "binomial")
+    try:
+        comm.Bcast(buf, 0)
+        sources.append(last())
+    finally:
+        comm.set_algorithm("bcast", None)
+    monkeypatch.setenv("MPICOMM_BCAST_ALGORITHM", "pipeline")
+    comm.Bcast(buf, 0)
+    sources.append(last())
+    assert sources == [("linear", "call"), ("binomial", "communicator"), ("pipeline", "environment")]
+    R.assert_matches(buf, R.data(0, 3, np.float64), "bcast")
+
+
+def test_a_repeated_call_reuses_its_plan_and_follows_changes(comm, monkeypatch):
+    x = R.data(RANK, 5, np.int64)
+    out = np.zeros_like(x)
+    expected = np.empty_like(x)
+    WORLD.Allreduce(x, expected)
+    comm._state.plans.clear()
+    comm._state.fast.clear()
+    comm.Allreduce(x, out, algorithm="naive")
+    assert len(comm._state.fast) == 1, "a blocking call on plain arrays is remembered for the fast path"
+    plans = dict(comm._state.plans)
+    for _ in range(3):
+        out[:] = 0
+        comm.Allreduce(x, out, algorithm="naive")
+        R.assert_matches(out, expected, "repeated allreduce")
+    assert comm._state.plans == plans, "the same signature again: the kept plan, nothing new"
+    other = np.zeros_like(x)
+    comm.Allreduce(x, other, algorithm="naive")  # another output array: another plan
+    assert len(comm._state.plans) == len(plans) + 1
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "tree")  # a setting the plan depends on changes
+    comm.Allreduce(x, out)
+    assert _kept(comm, "allreduce")[-1].algorithm.name == "tree"
+    R.assert_matches(out, expected, "allreduce after a setting changed")
+
+
+def test_a_kept_plan_never_keeps_the_callers_arrays_alive(comm):
+    import gc
+    import weakref
+
+    x = R.data(RANK, 7, np.float64)
+    out = np.zeros_like(x)
+    comm.Allreduce(x, out)
+    comm.Allreduce(x, out)
+    refs = weakref.ref(x), weakref.ref(out)
+    del x, out
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
+    y = R.data(RANK, 7, np.float64)  # (the memory may be reused: the plan finds the arrays by address)
+    got = np.zeros_like(y)
+    comm.Allreduce(y, got)
+    expected = np.empty_like(y)
+    WORLD.Allreduce(y, expected)
+    R.assert_matches(got, expected, "allreduce after the first arrays were freed")
+
+
+def test_a_composition_never_chooses_itself_for_its_inner_calls(comm, monkeypatch):
+    """Hierarchical bcast/allreduce on one node: the node level is the whole communicator. Even when the
+    environment names hierarchical for every call, its inner calls choose another algorithm (no recursion)."""
+    monkeypatch.setenv("MPICOMM_BCAST_ALGORITHM", "hierarchical")
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "hierarchical")
+    x = R.data(comm.rank, 9, np.int64)
+    out, expected = np.zeros_like(x), np.zeros_like(x)
+    comm.Allreduce(x, out)
+    WORLD.Allreduce(x, expected)
+    R.assert_matches(out, expected, "hierarchical allreduce with hierarchical named for every bcast")
+    buf = R.data(comm.rank, 5, np.int64)
+    comm.Bcast(buf, root=0)
+    R.assert_matches(buf, R.data(0, 5, np.int64), "hierarchical bcast named by the environment")
+    facts = {"p": comm.size, "nodes": 1, "nested": True, "bytes": 8}
+    assert registry.allowed(registry.lookup("bcast", "hierarchical"), facts) is not None
+    assert registry.choose("bcast", None, None, facts)[0].name != "hierarchical"
+
+
+# ---------------------------------------------------------------- the trace event
+
+
+@pytest.fixture
+def events(monkeypatch):
+    """Trace events recorded from now on (tracing switched on for the test)."""
+    from mpicomm import trace
+
+    got: list = []
+    monkeypatch.setattr(trace, "ON", True)
+    monkeypatch.setattr(trace, "record", lambda name, cat, start, end, **args: got.append((name, cat, start, end, args)))
+    return got
+
+
+def test_one_trace_event_per_collective(comm, events):
+    x = R.data(RANK, 6, np.float64)
+    out = np.zeros_like(x)
+    seq = comm._state.collectives
+    comm.Allreduce(x, out, algorithm="recursive_doubling")
+    request = comm.Ibcast(out, root=P - 1, algorithm="linear")
+    request.Wait()
+    assert [e[0] for e in events] == ["allreduce", "bcast"]
+    name, cat, start, end, args = events[0]
+    assert cat == "collective" and start <= end
+    assert args["algorithm"] == "recursive_doubling" and args["source"] == "call"
+    assert (args["bytes"], args["count"], args["dtype"], args["seq"], args["root"], args["p"]) == (48, 6, "float64", seq, 0, P)
+    if P & (P - 1) == 0:
+        assert args["peers"] == sorted({RANK ^ (1 << k) for k in range((P - 1).bit_length())} - {RANK})
+    _, _, _, _, bcast = events[1]
+    assert bcast["seq"] == seq + 1 and bcast["root"] == P - 1 and bcast["algorithm"] == "linear"
+    expected = [] if P == 1 else ([r for r in range(P) if r != RANK] if RANK == P - 1 else [P - 1])
+    assert bcast["peers"] == expected
+
+
+def test_a_failed_collective_is_recorded_with_its_error(comm, events):
+    x = R.data(RANK, 2, np.float64)
+    with pytest.raises(mpicomm.ArgumentError):
+        comm.Allreduce(x, np.zeros(2), "band")
+    (name, _, _, _, args), = events
+    assert name == "allreduce" and "op band is not defined on dtype float64" in args["error"]
