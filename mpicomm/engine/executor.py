@@ -174,7 +174,8 @@ class Run:
         self.children: list[Run] | None = None
         self.a = -1  # the agreement round in flight (-1: none, or finished)
         self.agreed = program.check is None
-        self.broken = False  # a message arrived with another size than posted (the ranks disagree)
+        self.broken: bool | Exception = False  # a message arrived with another size than posted (the ranks
+        # disagree), or what went wrong before the verdict (:meth:`_set_aside`)
         self.done = False
         self.error: BaseException | None = None
         self.started = False
@@ -262,9 +263,27 @@ class Run:
             return True
         try:
             return self._poll()
+        except Exception as exc:  # noqa: BLE001 - failed here, or set aside until the verdict
+            if self.a >= 0 and not self.agreed:
+                # the agreement is still out: a peer may run another call, whose messages this rank just read
+                # as its own (a count header, a block); the verdict decides, alike on every rank
+                self._set_aside(exc)
+                return False
+            self._fail(exc)
+            return True
         except BaseException as exc:
             self._fail(exc)
             return True
+
+    def _set_aside(self, exc: Exception) -> None:
+        """Stop the data steps after *exc* and wait for the agreement's verdict; if every rank agreed after
+        all, *exc* is this run's error (see the end of :meth:`_poll`)."""
+        self.broken = exc  # (truthy: the run's data is lost)
+        for child in self.children or ():
+            if not child.done:
+                child.abandon()
+        self.children, self.afters = None, None
+        self.k = len(self.program.steps)  # (its requests stay, so that the verdict's abandon cancels them)
 
     def _poll(self) -> bool:
         if self.a >= 0:
@@ -318,6 +337,8 @@ class Run:
                 return self._poll()
         if self.a >= 0 or not self.agreed:
             return False
+        if isinstance(self.broken, Exception):
+            raise self.broken
         if self.broken:
             raise RuntimeError(f"{self}: a message arrived with another size than this rank posted, "
                                f"although every rank agreed on the call; this is a bug in the algorithm")
