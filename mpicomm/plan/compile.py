@@ -439,20 +439,14 @@ def _poster(lib: MPI.Intracomm, tag: int, recvs: list[tuple[int, Any]], sends: l
 
     def post() -> tuple[list[MPI.Request], list[Callable[[], None]]]:
         requests, after = [], []
-        for peer, x in recvs:
-            if x.size:
-                moved = buffers.recv_buffer(x)
-                after.append(moved.finish)
-                requests.append(lib.Irecv(moved.buf, peer, tag))
-            else:
-                requests.append(lib.Irecv(_EMPTY, peer, tag))
-        for peer, x in sends:
-            if x.size:
-                moved = buffers.send_buffer(x)
-                after.append(moved.finish)
-                requests.append(lib.Isend(moved.buf, peer, tag))
-            else:
-                requests.append(lib.Isend(_EMPTY, peer, tag))
+        for pairs, move, begin in ((recvs, buffers.recv_buffer, lib.Irecv), (sends, buffers.send_buffer, lib.Isend)):
+            for peer, x in pairs:
+                if x.size:
+                    moved = move(x)
+                    after.append(moved.finish)
+                    requests.append(begin(moved.buf, peer, tag))
+                else:
+                    requests.append(begin(_EMPTY, peer, tag))
         return requests, after
 
     return post
