@@ -38,6 +38,13 @@ Layout of a checkpoint directory (``prefix`` names the application's series)::
 Who writes what is the application's choice: the stencil writes one global
 field collectively with MPI-IO and rank 0 hashes and commits it; map-reduce
 writes one file per rank and rank 0 gathers their checksums into the manifest.
+
+Every application checks its checkpoint directory when the run starts, not at
+the first checkpoint minutes later: :func:`prepare_directory` (collective)
+creates it where missing, and every rank creates, writes, syncs and removes a
+probe file in it (:func:`unwritable`); if any rank fails, every rank raises
+the same :class:`CheckpointError` naming the directory, the ranks, the cause
+and the fix - also when only one node cannot write there.
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ __all__ = [
     "prune",
     "remove",
     "sweep",
+    "unwritable",
+    "prepare_directory",
 ]
 
 #: The manifest's format tag; a manifest with another tag is refused.
@@ -630,3 +639,73 @@ def sweep(directory: str, prefix: str) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+# ------------------------------------------------------------------------------------------ directory
+
+
+def _cause(exc: Exception, directory: str) -> str:
+    """The system's reason, and the path it names where that is not *directory* itself."""
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    filename = getattr(exc, "filename", None)
+    name = os.fsdecode(filename) if isinstance(filename, (str, bytes)) else ""
+    return f"{text}: {name}" if name and os.path.normpath(name) != os.path.normpath(directory) else text
+
+
+def unwritable(directory: str) -> str | None:
+    """Why this process cannot write checkpoints in *directory*, or None when it can.
+
+    Creates *directory* (and its parents) where missing, then creates a probe
+    file in it exclusively under an unpredictable name (``.probe-*``, no
+    series' pattern), writes and syncs a few bytes and removes it: the steps a
+    checkpoint takes. The answer names the step that failed and the system's
+    reason, e.g. ``"cannot create it (Not a directory)"``.
+    """
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (OSError, ValueError) as exc:  # ValueError: a name with a NUL byte
+        return f"cannot create it ({_cause(exc, directory)})"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", suffix=".tmp", dir=directory)
+    except (OSError, ValueError) as exc:
+        return f"cannot create a file in it ({_cause(exc, directory)})"
+    problem = None
+    try:
+        os.write(fd, b"mpicomm checkpoint directory probe\n")
+        os.fsync(fd)
+    except OSError as exc:
+        problem = f"cannot write a file in it ({_cause(exc, directory)})"
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError as exc:
+            problem = problem or f"cannot remove a file in it ({_cause(exc, directory)})"
+    return problem
+
+
+def prepare_directory(comm: Any, directory: str, option: str = "--checkpoint-dir") -> None:
+    """Make sure every rank of *comm* can write checkpoints in *directory* before the run starts (collective).
+
+    Every rank runs :func:`unwritable` and the answers are gathered
+    (``allgather``), so a directory that one node cannot write (a path on a
+    node-local disk, a read-only mount on one host) stops every rank the same
+    way: :class:`CheckpointError` on every rank, naming *option*, the
+    directory, the ranks that failed and why, and the fix.
+    """
+    problems = comm.allgather(unwritable(directory))
+    failed: dict[str, list[int]] = {}
+    for rank, problem in enumerate(problems):
+        if problem:
+            failed.setdefault(problem, []).append(rank)
+    if not failed:
+        return
+    if len(problems) == 1:
+        causes = problems[0]
+    else:
+        causes = "; ".join((f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}")
+                           + f" {problem}" for problem, ranks in failed.items())
+    every = "" if len(problems) == 1 else " on every rank"
+    raise CheckpointError(f"{option} {directory}: checkpoints cannot be written there: {causes}; choose a "
+                          f"directory that can be created and written{every} (pass {option} DIR), or fix its "
+                          f"permissions")

@@ -81,6 +81,7 @@ _LAZY = {
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),
     "bind_device": ("mpicomm.device", "bind"),
     "ArgumentError": ("mpicomm.plan.args", "ArgumentError"),
+    "FreedError": ("mpicomm.state", "FreedError"),
     "ops": ("mpicomm.ops", None),
     "cli": ("mpicomm.cli", None),
 }

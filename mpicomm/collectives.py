@@ -51,6 +51,8 @@ def _comm(comm: Any) -> Comm:
     if comm is None:
         return world()
     if isinstance(comm, Comm):
+        if comm._state.freed:  # (a freed Comm's state raises FreedError on any read)
+            comm._state.check_live()
         return comm
     if isinstance(comm, MPI.Intracomm):
         return Comm(comm)

@@ -35,7 +35,7 @@ from .transport.buffers import adopt, array_module
 from .engine.requests import Request, run
 from .front import dispatch, persistent, readers
 from .plan.args import Args
-from .state import job_local_rank, state_of
+from .state import Freed, job_local_rank, state_of
 
 __all__ = ["Comm"]
 
@@ -155,10 +155,17 @@ class Comm(MPI.Intracomm):
 
     # ------------------------------------------------------------ push: typed point-to-point
 
+    def _limits(self) -> tuple[int, int]:
+        """(size, tag upper bound), to check a push's peer and tag; :class:`FreedError` once freed."""
+        s = self._state
+        if s.freed:
+            s.check_live()
+        return s.size, s.tag_ub
+
     def isend_array(self, x: Any, dest: int, tag: int = 0) -> Request:
         """Start sending array *x* to rank *dest*; the request completes when *x* may be reused."""
         x = adopt(x, "x")
-        p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
+        p2p.check_send(x, dest, tag, *self._limits())
         return Request(p2p.send_steps(self._state.channel, x, dest, tag), "isend_array")
 
     def send_array(self, x: Any, dest: int, tag: int = 0) -> None:
@@ -168,7 +175,7 @@ class Comm(MPI.Intracomm):
         ``bytearray``...): it is read where it lies.
         """
         x = adopt(x, "x")
-        p2p.check_send(x, dest, tag, self.Get_size(), self._state.tag_ub)
+        p2p.check_send(x, dest, tag, *self._limits())
         if not p2p.send_now(self._state.channel, x, dest, tag):
             run(p2p.send_steps(self._state.channel, x, dest, tag))
 
@@ -177,7 +184,7 @@ class Comm(MPI.Intracomm):
     ) -> Request:
         """Start receiving an array; ``request.wait()`` returns it (see :meth:`recv_array`)."""
         buf = None if buf is None else adopt(buf, "buf")
-        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
+        p2p.check_recv(buf, source, tag, *self._limits(), xp)
         return Request(p2p.recv_steps(self._state.channel, buf, source, tag, xp, "irecv_array"), "irecv_array")
 
     def recv_array(
@@ -199,7 +206,7 @@ class Comm(MPI.Intracomm):
         spec may be; the data lands in its memory.
         """
         buf = None if buf is None else adopt(buf, "buf")
-        p2p.check_recv(buf, source, tag, self.Get_size(), self._state.tag_ub, xp)
+        p2p.check_recv(buf, source, tag, *self._limits(), xp)
         done, received = p2p.recv_now(self._state.channel, buf, source, tag, xp, status)
         if done:
             return received
@@ -221,7 +228,7 @@ class Comm(MPI.Intracomm):
 
         Without *buf* the received array uses *x*'s array module unless *xp* says otherwise.
         """
-        size, tag_ub = self.Get_size(), self._state.tag_ub
+        size, tag_ub = self._limits()
         x = adopt(x, "x")
         buf = None if buf is None else adopt(buf, "buf")
         p2p.check_send(x, dest, sendtag, size, tag_ub)
@@ -568,8 +575,21 @@ class Comm(MPI.Intracomm):
         new, request = MPI.Intracomm.Idup(self, info)
         return MPI.Intracomm(new), request
 
+    def Free(self) -> None:
+        """Free the communicator (collective, as ``MPI_Comm_free``) and mpicomm's state with it.
+
+        Operations still pending on it complete first (MPI's rule). Afterwards
+        every mpicomm use of this ``Comm`` - a collective, a push, ``local_rank``
+        - raises :class:`mpicomm.FreedError` naming it.
+        """
+        what = f"mpicomm.Comm {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
+        MPI.Intracomm.Free(self)
+        self._state = Freed(what)  # type: ignore[assignment]
+
     def __repr__(self) -> str:
         s = self._state
+        if type(s) is Freed:
+            return "<mpicomm.Comm (freed)>"
         return (
             f"<mpicomm.Comm rank {self.Get_rank()}/{self.Get_size()}, local {s.local_rank}/{s.local_size}, "
             f"node {s.node}/{s.nodes} ({s.host})>"

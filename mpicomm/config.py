@@ -10,6 +10,21 @@
 | ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (one 32-byte allreduce of a digest; the full descriptions are exchanged only when something differs); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt (what is checked either way: :mod:`mpicomm.validate`) |
 | ``MPICOMM_CMA`` | ``auto``, ``0`` | ``auto`` | shared-memory collectives read the peers' ordinary arrays with one copy (``process_vm_readv``) where every rank of the node can; ``0`` copies them through the node's shared scratch instead |
 | ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation (for a collective: count, element type, op, root), the peers it waits for, which ranks never arrived and each rank's last calls, then aborts the job |
+| ``MPICOMM_TRACE`` | a file path | unset (off) | write a Chrome trace of every mpicomm call there at exit (:mod:`mpicomm.trace`); its directory must be writable on rank 0 |
+| ``MPICOMM_ALGORITHM_MODULES`` | import paths, comma-separated | unset | modules of user algorithms the registry imports (:mod:`mpicomm.registry`) |
+| ``MPICOMM_CACHE_DIR`` | a directory | ``$XDG_CACHE_HOME/mpicomm`` | where ``tune`` saves fits and measured rules |
+| ``MPICOMM_TORCH_PROGRESS`` | ``async``, ``sync`` | ``async`` | how the torch backend completes operations (:mod:`mpicomm.torch.work`) |
+| ``MPICOMM_TORCH_SET`` | (internal) | unset | the variables :mod:`mpicomm.torch.launch` set in a parent process |
+| ``MPICOMM_LAUNCH``, ``MPICOMM_NTASKS``, ``MPICOMM_RUN_DIR``, ``MPICOMM_SLURM_DIR`` | | | read by the scripts in ``jobs/`` (see ``jobs/README.md``) |
+| ``MPICOMM_SLOW_TESTS``, ``MPICOMM_TEST_*`` | | | read by the test suite (``python -m tests``) |
+
+Every ``MPICOMM_*`` variable is checked when a ``Comm`` is made
+(:func:`problems`): a name not in this table (a misspelling, say
+``MPICOMM_VALIDAT``), a value a variable does not take, an algorithm the
+registry does not have, an algorithm module that does not import, or a trace
+file that cannot be written raise a ValueError there, on every rank (the
+ranks exchange what each found, so a setting wrong on one rank only is
+refused everywhere), naming the variable, the rank and the valid values.
 
 ``MPICOMM_VALIDATE`` and ``MPICOMM_<COLLECTIVE>_ALGORITHM`` change the
 protocol: ranks that differ on them run different message sequences (one
@@ -27,10 +42,13 @@ a value already parsed once is not parsed again.
 
 from __future__ import annotations
 
+import difflib
 import os
+from typing import Callable
 
 __all__ = [
-    "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override", "algorithm_setting", "validate", "cma", "timeout", "check",
+    "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override",
+    "algorithm_setting", "validate", "cma", "timeout", "torch_progress", "problems", "refusal", "KNOWN",
     "protocol", "protocol_mismatch",
 ]
 
@@ -170,6 +188,12 @@ def timeout() -> float | None:
     return seconds
 
 
+def torch_progress() -> str:
+    """``MPICOMM_TORCH_PROGRESS``: ``"async"`` (the default; ``auto`` and ``thread``, older names, too) or ``"sync"``."""
+    value = choice("MPICOMM_TORCH_PROGRESS", ("async", "sync", "auto", "thread"), "async")
+    return "sync" if value == "sync" else "async"
+
+
 def protocol() -> tuple[tuple[str, str], ...]:
     """The settings every rank must share (they change which messages a collective sends), as (variable, value).
 
@@ -208,15 +232,118 @@ def protocol_mismatch(every: list) -> str | None:
             + "; ".join(parts) + ". Set them alike on every rank (e.g. export them before mpiexec), or unset them")
 
 
-def check() -> None:
-    """Read every setting once, so a bad value fails at start-up rather than on first use."""
-    cuda_aware_setting()
-    cuda_aware_rma()
-    transfer_mode()
-    device_override()
-    validate()
-    cma()
-    timeout()
+#: Every ``MPICOMM_*`` name the package, its applications, job scripts and tests read (the module docstring's
+#: table), besides ``MPICOMM_<COLLECTIVE>_ALGORITHM`` and the test suite's ``MPICOMM_TEST_*``.
+KNOWN = frozenset({
+    "MPICOMM_CUDA_AWARE", "MPICOMM_TRANSFER", "MPICOMM_CUDA_AWARE_RMA", "MPICOMM_DEVICE", "MPICOMM_VALIDATE",
+    "MPICOMM_CMA", "MPICOMM_TIMEOUT", "MPICOMM_TRACE", "MPICOMM_ALGORITHM_MODULES", "MPICOMM_CACHE_DIR",
+    "MPICOMM_TORCH_PROGRESS", "MPICOMM_TORCH_SET", "MPICOMM_LAUNCH", "MPICOMM_NTASKS", "MPICOMM_RUN_DIR",
+    "MPICOMM_SLURM_DIR", "MPICOMM_SLOW_TESTS",
+})
+_TEST_PREFIX = "MPICOMM_TEST_"
+_ALGORITHM_SUFFIX = "_ALGORITHM"
+_WRITABLE: dict[str, str | None] = {}  # directory -> why a file cannot be written there (None: it can)
+
+
+def _algorithm_collective(name: str) -> str | None:
+    """``"allreduce"`` for ``MPICOMM_ALLREDUCE_ALGORITHM``; None for a name of another form."""
+    if name.startswith("MPICOMM_") and name.endswith(_ALGORITHM_SUFFIX) and len(name) > len("MPICOMM__ALGORITHM"):
+        return name[len("MPICOMM_"):-len(_ALGORITHM_SUFFIX)].lower()
+    return None
+
+
+def _unwritable(directory: str) -> str | None:
+    """Why a file cannot be created in *directory* (tried: permissions alone do not tell for root), or None."""
+    if directory in _WRITABLE:
+        return _WRITABLE[directory]
+    probe = os.path.join(directory, f".mpicomm-probe.{os.getpid()}")
+    why = None
+    try:
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    _WRITABLE[directory] = why
+    return why
+
+
+def problems(collectives: tuple[str, ...] = (), algorithms: Callable[[str], list[str]] | None = None,
+             import_modules: Callable[[str], object] | None = None, writes_trace: bool = True) -> list[str]:
+    """What is wrong with this process's ``MPICOMM_*`` settings, one line each (empty: nothing).
+
+    Every variable of the environment whose name starts with ``MPICOMM_``
+    must be :data:`KNOWN` (or ``MPICOMM_<COLLECTIVE>_ALGORITHM`` with
+    *collectives* naming the collectives, or ``MPICOMM_TEST_*``); every value
+    with a fixed set must be one of it; an algorithm setting must name one of
+    ``algorithms(collective)``; the modules ``MPICOMM_ALGORITHM_MODULES`` names
+    must import (``import_modules(value)``, an ImportError is a problem); ``MPICOMM_TRACE``'s directory
+    must take a file when *writes_trace* (this rank writes the trace).
+    """
+    found: list[str] = []
+    for reader in (cuda_aware_setting, cuda_aware_rma, transfer_mode, device_override, validate, cma, timeout,
+                   torch_progress):  # every setting with a fixed set of values
+        try:
+            reader()
+        except ValueError as exc:
+            found.append(str(exc))
+    names = sorted(name for name in os.environ if name.startswith("MPICOMM_"))
+    spelled = sorted(KNOWN | {f"MPICOMM_{c.upper()}{_ALGORITHM_SUFFIX}" for c in collectives})
+    for name in names:
+        collective = _algorithm_collective(name)
+        if name in KNOWN or name.startswith(_TEST_PREFIX):
+            continue
+        if collective is not None and collective in collectives:
+            value = os.environ[name].strip()
+            if not value or value == "auto" or algorithms is None:
+                continue
+            try:
+                known = algorithms(collective)
+            except ImportError as exc:
+                found.append(str(exc))
+                continue
+            if value not in known:
+                close = difflib.get_close_matches(value, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                found.append(f"environment variable {name}={value!r} is not an algorithm of {collective}{hint}; "
+                             f"registered: {', '.join(known)}, or auto; fix or unset it")
+            continue
+        close = difflib.get_close_matches(name, spelled, n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        if collective is not None:
+            found.append(f"environment variable {name}: {collective!r} is not a collective{hint}; "
+                         f"MPICOMM_<COLLECTIVE>_ALGORITHM takes one of {', '.join(collectives)}; fix or unset it")
+        else:
+            found.append(f"environment variable {name} is not an mpicomm setting{hint}; unset it (the settings are "
+                         f"listed in mpicomm.config: python -c 'import mpicomm.config as c; help(c)')")
+    modules = (raw("MPICOMM_ALGORITHM_MODULES") or "").strip()
+    if modules and import_modules is not None:
+        try:
+            import_modules(modules)
+        except ImportError as exc:
+            if str(exc) not in found:
+                found.append(str(exc))
+    trace = (raw("MPICOMM_TRACE") or "").strip()
+    if trace and writes_trace:
+        directory = os.path.dirname(os.path.abspath(trace)) or "."
+        why = _unwritable(directory)
+        if why is not None:
+            found.append(f"environment variable MPICOMM_TRACE={trace!r}: cannot write the trace file in "
+                         f"{directory} ({why}); name a file in a writable directory, or unset it")
+    return found
+
+
+def refusal(every: list[list[str]]) -> str | None:
+    """One message naming each rank's :func:`problems` (*every*: all ranks' lists, the same on every rank), or None."""
+    having: dict[str, list[int]] = {}
+    for rank, lines in enumerate(every):
+        for line in lines:
+            having.setdefault(line, []).append(rank)
+    if not having:
+        return None
+    parts = [f"{text} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks[:8]))}"
+             f"{', …' if len(ranks) > 8 else ''})" for text, ranks in having.items()]
+    return "mpicomm settings refused: " + "; ".join(parts)
 
 
 def describe_cpu() -> str:

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, launcher, model, p2p, registry, rules
+from .catalogue import COLLECTIVES
 from .engine.executor import ranks_on_node
 from .engine.progress import Queue, finish_pending
 from .engine.requests import barrier
@@ -36,7 +37,31 @@ from .engine.requests import barrier
 #: Calls the flight recorder keeps per communicator (the watchdog prints them).
 RECENT = 8
 
-__all__ = ["RECENT", "State", "state_of", "as_state", "job_local_rank", "world_machine", "predict"]
+__all__ = ["RECENT", "State", "FreedError", "Freed", "state_of", "as_state", "job_local_rank", "world_machine",
+           "predict"]
+
+
+class FreedError(RuntimeError):
+    """An mpicomm communicator (or a request on it) was used after ``Comm.Free``."""
+
+
+class Freed:
+    """What a ``Comm`` holds instead of its :class:`State` once freed: reading anything from it raises
+    :class:`FreedError` naming the communicator (not a stale value, nor the MPI library's "Invalid
+    communicator")."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise FreedError(freed_message(self.what))
+
+
+def freed_message(what: str) -> str:
+    return (f"{what} was freed (Comm.Free): collectives, pushes, pulls and topology queries need a live "
+            f"communicator; make a new one, e.g. mpicomm.Comm(MPI.COMM_WORLD.Dup())")
 
 
 class State:
@@ -81,12 +106,16 @@ class State:
     freed: bool
 
     def __init__(self, comm: MPI.Intracomm):
-        config.check()  # a bad MPICOMM_* value fails here, before any collective
+        # Every MPICOMM_* setting checked here, before any collective; what each rank found is exchanged, so a
+        # setting wrong on one rank only is refused on every rank alike.
+        found = config.problems(COLLECTIVES, registry.algorithms, registry.import_modules,
+                                writes_trace=MPI.COMM_WORLD.Get_rank() == 0)
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
         barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
-        mismatch = config.protocol_mismatch(comm.allgather(config.protocol()))
-        if mismatch:  # the same on every rank: each has every rank's settings
-            raise ValueError(mismatch)
+        every = comm.allgather((found, () if found else config.protocol()))
+        refused = config.refusal([f for f, _ in every]) or config.protocol_mismatch([s for _, s in every])
+        if refused:  # the same on every rank: each has every rank's findings and settings
+            raise ValueError(refused)
         self.comm = comm
         rank = comm.Get_rank()
         self.rank, self.size = rank, comm.Get_size()
@@ -118,7 +147,7 @@ class State:
         self.poisoned = None
         self.collectives = 0
         self.epoch = 0
-        self.tag_data, self.tag_agree = self._tags(0)
+        self.tag_data, self.tag_agree = self.tags(0)
         self.queue = Queue()
         self.persistent = 0
         self.user_tags = 0
@@ -151,8 +180,9 @@ class State:
         self.collectives = seq + 1
         return seq
 
-    def _tags(self, epoch: int) -> tuple[int, int]:
-        """(data, agreement) tags of an epoch: 1, 2; 3, 4; … below the watchdog's tag."""
+    def tags(self, epoch: int) -> tuple[int, int]:
+        """(data, agreement) tags of an epoch: 1, 2; 3, 4; … (a plan reads the epoch once, then its tags from
+        it, so a failure on another thread in between cannot give it one epoch's number and another's tags)."""
         span = max(2, self.tag_modulus - 1) // 2 * 2
         first = 1 + (2 * epoch) % span
         return first, first + 1
@@ -161,10 +191,15 @@ class State:
         """Move every later collective to fresh tags and forget the compiled plans (a call failed on a
         disagreement: messages of it may still be in flight, and must never match a later call)."""
         self.epoch += 1
-        self.tag_data, self.tag_agree = self._tags(self.epoch)
+        self.tag_data, self.tag_agree = self.tags(self.epoch)
         self.plans.clear()  # (a plan's requests are freed with it; a queued run may still hold one)
         self.fast.clear()
         return self.epoch
+
+    def check_live(self) -> None:
+        """Raise :class:`FreedError` if the communicator was freed (through any of its wrappers)."""
+        if self.freed:
+            raise FreedError(freed_message(f"the communicator of {self.size} ranks (this is rank {self.rank})"))
 
     def free(self) -> None:
         """Release everything: plans, the shared-memory windows, the levels' communicators, the duplicates.

@@ -13,7 +13,14 @@ One test per failure that was found (each failed before its fix):
 * the watchdog: now names the stuck call (count, dtype, op), the ranks that
   never arrived, and each rank's last calls (the flight recorder);
 * one ``Comm`` used from two threads at once: now refused with an error that
-  says to use one communicator per thread.
+  says to use one communicator per thread;
+* an ``MPICOMM_*`` setting misspelt, with a bad value, naming an unknown
+  algorithm or an unwritable trace file: ignored, or refused at first use on
+  one rank; now refused when the ``Comm`` is made, on every rank;
+* a ``Comm`` used after ``Free``: raw "Invalid communicator" errors and stale
+  topology; now :class:`mpicomm.FreedError` naming it;
+* ``Cancel`` on a collective request: refused before MPI is touched, and the
+  operation completes.
 
 Jobs that must hang (or may) run as their own MPI job with a time limit
 (marked ``launches``: the serial pass runs them).
@@ -248,6 +255,119 @@ def test_protocol_mismatch_message_names_every_rank():
     assert "MPICOMM_VALIDATE: '1' on rank(s) 0, 2, '0' on rank(s) 1" in message
     assert "MPICOMM_BCAST_ALGORITHM: 'unset' on rank(s) 0, 2, 'linear' on rank(s) 1" in message
     assert config.protocol_mismatch([(("MPICOMM_VALIDATE", "1"),)] * 3) is None
+
+
+# ---------------------------------------------------------------- every MPICOMM_* setting checked at Comm creation
+
+
+def _made_everywhere(monkeypatch, mine: dict[str, str]) -> list[tuple[str, bool, str]]:
+    """Every rank's outcome of making a Comm with *mine* set in its environment (this rank's settings)."""
+    for name, value in mine.items():
+        monkeypatch.setenv(name, value)
+    dup = MPI.COMM_WORLD.Dup()
+    made: list[mpicomm.Comm] = []
+    try:
+        return MPI.COMM_WORLD.allgather(outcome(lambda: made.append(mpicomm.Comm(dup))))
+    finally:
+        monkeypatch.undo()
+        (made[0] if made else dup).Free()
+
+
+@pytest.mark.parametrize("setting,fragments", [
+    ({"MPICOMM_VALIDAT": "0"}, ["MPICOMM_VALIDAT is not an mpicomm setting", "did you mean MPICOMM_VALIDATE?"]),
+    ({"MPICOMM_ALLREDUCE_ALGORITHM": "rign"}, ["MPICOMM_ALLREDUCE_ALGORITHM='rign' is not an algorithm of allreduce",
+                                               "did you mean 'ring'?", "recursive_doubling"]),
+    ({"MPICOMM_ALLREDUC_ALGORITHM": "ring"}, ["'allreduc' is not a collective", "MPICOMM_ALLREDUCE_ALGORITHM"]),
+    ({"MPICOMM_TIMEOUT": "soon"}, ["MPICOMM_TIMEOUT='soon' is not a positive number"]),
+    ({"MPICOMM_CMA": "maybe"}, ["MPICOMM_CMA='maybe' is not one of auto, 0, 1"]),
+    ({"MPICOMM_TORCH_PROGRESS": "fast"}, ["MPICOMM_TORCH_PROGRESS='fast' is not one of async, sync"]),
+    ({"MPICOMM_ALGORITHM_MODULES": "no_such_package.algos"}, ["cannot import algorithm module 'no_such_package.algos'"]),
+])
+@pytest.mark.parametrize("where", ["one", "all"])
+def test_a_bad_setting_is_refused_at_comm_creation_on_every_rank(monkeypatch, setting, fragments, where):
+    """A bad name or value - on the last rank only, or everywhere - raises when the Comm is made, with one message
+    on every rank naming the variable, the ranks that have it and the valid values; no hang."""
+    bad = where == "all" or MPI.COMM_WORLD.Get_rank() == P - 1
+    got = _made_everywhere(monkeypatch, setting if bad else {})
+    assert all(kind == "ValueError" for kind, _, _ in got), got
+    assert len({m for _, _, m in got}) == 1, got
+    message = got[0][2]
+    for fragment in fragments:
+        assert fragment in message, message
+    ranks = ", ".join(map(str, range(P))) if where == "all" else str(P - 1)
+    assert message.endswith(f"(rank{'s' if where == 'all' and P > 1 else ''} {ranks})"), message
+    mpicomm.Comm(MPI.COMM_WORLD).Barrier()  # the job goes on
+
+
+def test_a_trace_file_nobody_can_write_is_refused_at_comm_creation(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"  # a directory under a regular file: not writable, for root too
+    blocker.write_text("")
+    got = _made_everywhere(monkeypatch, {"MPICOMM_TRACE": str(blocker / "trace.json")})
+    assert all(kind == "ValueError" for kind, _, _ in got), got
+    assert "MPICOMM_TRACE=" in got[0][2] and "cannot write the trace file" in got[0][2] and "(rank 0)" in got[0][2]
+
+
+def test_known_settings_and_the_suite_s_own_pass(monkeypatch):
+    got = _made_everywhere(monkeypatch, {"MPICOMM_BCAST_ALGORITHM": "binomial", "MPICOMM_NTASKS": "4",
+                                         "MPICOMM_TEST_SOMETHING": "x", "MPICOMM_TORCH_PROGRESS": "sync",
+                                         "MPICOMM_ALLREDUCE_ALGORITHM": "auto"})
+    assert all(kind == "" for kind, _, _ in got), got
+
+
+def test_every_known_setting_is_documented():
+    for name in config.KNOWN:
+        assert f"``{name}``" in config.__doc__, f"{name} is read but not in mpicomm.config's table"
+
+
+def test_refusal_names_each_problem_with_its_ranks():
+    message = config.refusal([["a"], [], ["a", "b"]])
+    assert message == "mpicomm settings refused: a (ranks 0, 2); b (rank 2)"
+    assert config.refusal([[], []]) is None
+
+
+# ---------------------------------------------------------------- a freed communicator
+
+
+def test_a_freed_comm_raises_mpicomm_s_error_for_every_use(comm):
+    dup = mpicomm.Comm(MPI.COMM_WORLD.Dup())
+    other = mpicomm.Comm.__new__(mpicomm.Comm, dup)  # a second wrapper of the same communicator
+    other.__init__(dup)
+    request = dup.Allreduce_init(np.ones(2), np.empty(2))
+    dup.Free()
+    x = np.arange(3.0)
+    uses: list[tuple[str, Callable[[], Any]]] = [
+        ("Allreduce", lambda: dup.Allreduce(MPI.IN_PLACE, x)),
+        ("Barrier", lambda: dup.Barrier()),
+        ("Iallreduce", lambda: dup.Iallreduce(MPI.IN_PLACE, x)),
+        ("Allreduce_init", lambda: dup.Allreduce_init(MPI.IN_PLACE, x)),
+        ("local_rank", lambda: dup.local_rank),
+        ("node_comm", lambda: dup.node_comm),
+        ("send_array", lambda: dup.send_array(x, 0)),
+        ("irecv_array", lambda: dup.irecv_array()),
+        ("mpicomm.allreduce", lambda: mpicomm.allreduce(x, comm=dup)),
+        ("another wrapper", lambda: other.Allreduce(MPI.IN_PLACE, x)),
+        ("a persistent request", lambda: request.Start()),
+    ]
+    for name, use in uses:
+        with pytest.raises(mpicomm.FreedError, match=r"was freed \(Comm.Free\).*make a new one"):
+            use()
+    assert repr(dup) == "<mpicomm.Comm (freed)>"
+    still = mpicomm.Comm(MPI.COMM_WORLD)
+    y = np.ones(2)
+    still.Allreduce(MPI.IN_PLACE, y)  # the other communicators go on
+    assert np.array_equal(y, np.full(2, float(P)))
+
+
+def test_a_persistent_collective_request_refuses_cancel_and_completes(comm):
+    x = np.arange(5.0) + comm.Get_rank()
+    y = np.empty_like(x)
+    request = comm.Allreduce_init(x, y)
+    request.Start()
+    with pytest.raises(ValueError, match="cannot be cancelled"):
+        request.Cancel()
+    request.Wait()
+    assert np.array_equal(y, sum(np.arange(5.0) + r for r in range(P)))
+    request.Free()
 
 
 # ---------------------------------------------------------------- one Comm, two threads

@@ -210,13 +210,26 @@ def run_job(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Bytes the corpus generator holds per vocabulary word (the word, its encoded and capitalized forms, the set
+#: that keeps them distinct, the arrays that draw from them; measured: about 220).
+VOCABULARY_BYTES = 240
+
+
 def run_corpus(args: argparse.Namespace) -> int:
-    """Generate the corpus (one process)."""
+    """Generate the corpus (one process); a vocabulary that cannot fit in memory is refused first."""
+    from apps import memory
+
     from .corpus import generate
 
     info_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
     if info_size and int(info_size) > 1:
         sys.stderr.write(f"{PROG} corpus: {_who()}: error: run corpus without mpiexec (one process writes the files)\n")
+        return 2
+    try:
+        memory.check(None, lambda v: v["--vocabulary"] * VOCABULARY_BYTES + (64 << 20),
+                     [memory.Knob("--vocabulary", args.vocabulary)])
+    except memory.MemoryNeedError as exc:
+        sys.stderr.write(f"{PROG} corpus: error: {exc}\n")
         return 2
     paths = generate(args.directory, args.size, files=args.files, vocabulary_size=args.vocabulary, zipf=args.zipf,
                      seed=args.seed, unicode=args.unicode)

@@ -395,15 +395,11 @@ class MapReduce:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _check_directory(self, directory: str) -> None:
-        problem = None
-        if self.rank == 0:
-            try:
-                os.makedirs(directory, exist_ok=True)
-                if not os.access(directory, os.W_OK):
-                    problem = f"checkpoint directory {directory!r} is not writable"
-            except OSError as exc:
-                problem = f"checkpoint directory {directory!r} cannot be made ({exc.strerror})"
-        self._agree(self.comm.bcast(problem, root=0))
+        """Every rank writes its own checkpoint files: every rank must be able to (collective; InputError everywhere)."""
+        try:
+            checkpoint.prepare_directory(self.comm, directory)
+        except checkpoint.CheckpointError as exc:
+            raise InputError(str(exc)) from None
 
     @property
     def _prefix(self) -> str:

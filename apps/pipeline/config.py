@@ -11,15 +11,18 @@ every rank raises the same error. :class:`Topology` places a rank::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
+
+from apps import memory
 
 from .model import ModelError, ModelSpec, block_ranges
 from .schedules import SCHEDULES, ScheduleError, check_shape
 from .stage import STRATEGIES
 
-__all__ = ["Config", "ConfigError", "Topology"]
+__all__ = ["Config", "ConfigError", "Topology", "memory_need", "check_memory"]
 
 
 class ConfigError(ValueError):
@@ -109,3 +112,120 @@ class Topology:
         rest, t = divmod(rank, self.T)
         d, s = divmod(rest, self.S)
         return t, s, d
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _peak_in_flight(schedule: str, stages: int, micro: int, chunks: int) -> list[int]:
+    """Micro-batches (of one chunk-stage each) whose activations each pipeline rank holds at most at once.
+
+    The planned timetable's count; beyond a few micro-batches per stage it no
+    longer grows (except GPipe's, which holds all M), so long schedules are
+    planned at ``4·S·V`` micro-batches.
+    """
+    from .timeline import plan
+
+    if schedule == "gpipe":
+        return [micro] * stages
+    cap = 4 * stages * chunks
+    tt = plan(schedule, stages, min(micro, cap), chunks)
+    return [tt.peak_in_flight(r) for r in range(stages)]
+
+
+def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: int | None = None,
+                bounds: list[tuple[int, int]] | None = None) -> int:
+    """About the bytes the busiest rank allocates for a run of *cfg* on *topo* (*batch*, *micro* replace cfg's).
+
+    *bounds*: the blocks of each chunk-stage (default: balanced by parameters,
+    as :func:`apps.pipeline.model.block_ranges` splits them).
+
+    Per pipeline rank (its V chunk-stages; tensor ranks hold 1/T of each
+    block): parameters, gradients and optimizer state (plus the data-parallel
+    all-reduce's buckets when D > 1); the activations the schedule keeps -
+    the planned peak of micro-batches in flight times what one micro-batch
+    leaves on the rank's largest stage (each Linear's input, each activation's
+    mask or values; with ``recompute`` only the stage input, plus one
+    micro-batch rebuilt; with ``zb-h1`` also the output gradients kept for W;
+    with ``offload`` they sit in this rank's window for its neighbour
+    instead); one micro-batch's working arrays and messages; and on the
+    first and last stage's ranks the whole global batch each step makes
+    (float64 inputs, teacher logits, labels).
+    """
+    batch = cfg.batch if batch is None else batch
+    micro = cfg.micro if micro is None else micro
+    spec, S, V, T, D = cfg.spec, topo.S, cfg.chunks, topo.T, topo.D
+    itemsize = np.dtype(cfg.dtype).itemsize
+    w, h, f, c = spec.width, -(-spec.hidden // T), spec.features, spec.classes
+    gelu = spec.activation == "gelu"
+    act = (lambda n: 2 * n * itemsize) if gelu else (lambda n: n)  # bytes per row an activation keeps
+    if bounds is None:
+        bounds = block_ranges(spec, S * V, equal=cfg.schedule == "interleaved")
+    states = {"sgd": 0, "adam": 2, "adamw": 2}.get(cfg.optimizer, 2)  # the pipeline's SGD has no momentum
+    per_replica = -(-batch // D)  # the largest replica's share
+    rows = -(-per_replica // micro)  # its largest micro-batch
+    peaks = _peak_in_flight(cfg.schedule, S, micro, V)
+    worst = 0
+    for s in range(S):
+        params = keep = keep_input = grads_out = 0  # keep*: bytes per row of one micro-batch on one chunk-stage
+        first = last = False
+        for chunk in range(V):
+            lo, hi = bounds[chunk * S + s]
+            blocks = hi - lo
+            p = blocks * (2 * w * h + h + w)
+            k = blocks * ((w + h) * itemsize + act(h) + act(w))
+            g = blocks * (h + w) * itemsize
+            width_in = w
+            if lo == 0:
+                first, width_in = True, f
+                p += f * w + w
+                k += f * itemsize + act(w)
+                g += w * itemsize
+            if hi == spec.blocks:
+                last = True
+                p += w * c + c
+                k += w * itemsize
+                g += c * itemsize
+            params += p
+            keep, keep_input, grads_out = max(keep, k), max(keep_input, width_in * itemsize), max(grads_out, g)
+        model = params * itemsize * (2 + states + (1 if D > 1 else 0))
+        if cfg.activations == "recompute":
+            held = peaks[s] * rows * keep_input + rows * keep
+        elif cfg.activations == "offload":
+            held = peaks[(s - 1) % S] * rows * keep + rows * keep  # a neighbour's, parked here; one fetched back
+        else:
+            held = peaks[s] * rows * keep
+        if cfg.schedule == "zb-h1":
+            held += peaks[s] * rows * grads_out
+        working = rows * itemsize * (4 * max(w, h, f) + 3 * c)  # one pass's outputs, gradients and messages
+        data = batch * ((f + c) * 8 + 16) + rows * f * itemsize if first or last else 0
+        worst = max(worst, model + held + working + data)
+    return worst
+
+
+def check_memory(comm: Any, cfg: Config, topo: Topology) -> None:
+    """Refuse, on every rank, a run whose arrays cannot fit the memory available (collective)."""
+    per_replica = cfg.batch // topo.D
+    knobs = [memory.Knob("--batch", cfg.batch, low=topo.D * cfg.micro)]
+    more = []
+    m = cfg.micro
+    while 2 * m <= per_replica and len(more) < 64:
+        m *= 2
+        more.append(m)
+    if more and cfg.schedule != "gpipe":  # GPipe keeps every micro-batch: more of them do not help
+        knobs.append(memory.Knob("--micro", cfg.micro, high=more[-1], candidates=more))
+    spec = cfg.spec
+    bounds = block_ranges(spec, topo.S * cfg.chunks, equal=cfg.schedule == "interleaved")
+    sizes = [("--hidden", spec.hidden, cfg.tensor), ("--width", spec.width, 1), ("--features", spec.features, 1)]
+    for option, value, step in sizes:
+        if value > step:
+            knobs.append(memory.Knob(option, value, low=step))
+
+    def need(v: dict[str, int]) -> int:
+        hidden = v.get("--hidden", spec.hidden)
+        hidden -= hidden % cfg.tensor
+        changed = replace(cfg, spec=replace(spec, hidden=hidden, width=v.get("--width", spec.width),
+                                            features=v.get("--features", spec.features)))
+        return memory_need(changed, topo, batch=v["--batch"], micro=v.get("--micro", cfg.micro), bounds=bounds)
+
+    memory.check(comm, need, knobs, otherwise="spread the run over more nodes")

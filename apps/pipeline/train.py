@@ -37,7 +37,7 @@ from apps.nn.optim import make as make_optimizer
 from apps.sgd.ddp import Reducer
 
 from . import checkpoints
-from .config import Config, ConfigError, Topology
+from .config import Config, ConfigError, Topology, check_memory
 from .data import batch, micro_slices
 from .engine import Executor, StepRecord, wait_sleeping
 from .measure import local_stats
@@ -237,8 +237,18 @@ def _open_log(comm: Any, cfg: Config, append: bool) -> Any:
 
 def train(comm: Any, cfg: Config, *, on_step: Callable[[int, float, float], None] | None = None,
           keep_records: bool = True) -> RunResult:
-    """Run *cfg* on the ranks of *comm* (collective); ConfigError on every rank for options that cannot run."""
+    """Run *cfg* on the ranks of *comm* (collective); ConfigError on every rank for options that cannot run.
+
+    Before anything is allocated, every rank agrees that the run fits in
+    memory (:func:`apps.pipeline.config.check_memory`) and, with
+    ``checkpoint_every``, that every rank can write the checkpoint directory
+    (:func:`apps.checkpoint.prepare_directory`): a ValueError or
+    CheckpointError on every rank otherwise.
+    """
     topo = cfg.check(comm.Get_size())
+    check_memory(comm, cfg, topo)
+    if cfg.checkpoint_every:
+        ck.prepare_directory(comm, cfg.checkpoint_dir)
     bounds = checkpoints.saved_bounds(comm, cfg) if cfg.restart and cfg.balance == "time" else None
     costs = None
     if cfg.balance == "time" and bounds is None:

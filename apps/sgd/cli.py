@@ -213,28 +213,28 @@ def run(argv: list[str] | None = None) -> int:
             return bench(comm, args, say)
         return _train(comm, args, say)
     except (ValueError, CheckpointError, OSError) as exc:
-        # The same settings give the same error on every rank (checkpoint and data errors are
-        # shared by rank 0 first): each rank says it, all exit with status 2.
+        # The same settings give the same error on every rank (checkpoint directory, data and memory
+        # verdicts are agreed on by every rank first): each rank says it, all exit with status 2.
         exit_together(2, f"{prog}: rank {rank} of {comm.Get_size()}: error: {exc}")
     return 0
 
 
 def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
-    from apps.sgd.train import train
+    from apps.sgd.train import preflight, train
 
     cfg = config_from(args)
     if args.plot_timeline:
         if cfg.mode.startswith("ps"):
             raise ValueError("--plot-timeline draws bucket collectives: use it with ddp, zero1 or zero2")
         cfg.timeline_step = args.timeline_step
+    # Settings, checkpoint directory, data, batch and memory: checked before anything is allocated,
+    # with the same verdict on every rank.
+    source = preflight(comm, cfg)
     if cfg.timeline_step is None and args.plot_timeline:
-        cfg.timeline_step = -1  # filled in below once the step count is known
-    _agree_on_inputs(comm, cfg)
-    if cfg.timeline_step == -1:
-        cfg.timeline_step = _middle_step(cfg, comm)
+        cfg.timeline_step = _middle_step(cfg, comm, source.n_train)
     say(f"apps.sgd: {cfg.mode} on {comm.Get_size()} ranks, data {cfg.data}, global batch {cfg.batch}, "
         f"{cfg.optimizer} lr {cfg.lr:g}, algorithm {cfg.algorithm}")
-    report = train(comm, cfg, say)
+    report = train(comm, cfg, say, source=source)
     timelines = comm.gather(report.timeline, root=0) if args.plot_timeline else None
     if comm.Get_rank() != 0:
         return 0
@@ -283,31 +283,12 @@ def _digest(params: Any) -> str:
     return hashlib.sha256(to_host(params).tobytes()).hexdigest()[:32]
 
 
-def _middle_step(cfg: Any, comm: Any) -> int:
-    from apps.sgd.train import Source, Sampler
-    import numpy as np
+def _middle_step(cfg: Any, comm: Any, n_train: int) -> int:
+    from apps.sgd.train import Sampler
 
-    source = Source(cfg, np.dtype(cfg.dtype))
-    per_epoch = Sampler(source.n_train, cfg.batch, comm.Get_size(), 0, shuffle=False).steps_per_epoch
+    per_epoch = Sampler(n_train, cfg.batch, comm.Get_size(), 0, shuffle=False).steps_per_epoch
     total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     return max(0, total // 2)
-
-
-def _agree_on_inputs(comm: Any, cfg: Any) -> None:
-    """Data that one rank cannot read (a missing package, an unreadable file) stops every rank."""
-    import numpy as np
-
-    from apps.sgd.data import DataError
-    from apps.sgd.train import Source
-
-    problem = None
-    try:
-        Source(cfg, np.dtype(cfg.dtype))
-    except (DataError, OSError) as exc:
-        problem = str(exc)
-    problems = [p for p in comm.allgather(problem) if p]
-    if problems:
-        raise ValueError(problems[0])
 
 
 def _label(path: str) -> str:

@@ -24,24 +24,25 @@ from __future__ import annotations
 import csv
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from collections.abc import Iterable
 from typing import Any, Callable
 
 import numpy as np
 
 from apps import checkpoint as ck
+from apps import memory
 from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.nn.xp import to_host
 from apps.sgd.buckets import DEFAULT_CAP_MB
-from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digits
+from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, divide, load_digits
 from apps.sgd.ddp import DDP, compression_dtype
 from apps.sgd.ps import ParameterServer
 from apps.sgd.zero import Zero
 from mpicomm import cli
 
-__all__ = ["Config", "Report", "MODES", "train", "PREFIX"]
+__all__ = ["Config", "Report", "MODES", "train", "preflight", "samples_processed", "memory_need", "PREFIX"]
 
 MODES = ("ddp", "zero1", "zero2", "ps-sync", "ps-async")
 PREFIX = "sgd"  # checkpoint series name
@@ -98,7 +99,12 @@ class Config:
 
 @dataclass
 class Report:
-    """What a run measured (rank 0's view; samples/s counts every worker)."""
+    """What a run measured (rank 0's view; samples and samples/s count every worker's samples).
+
+    ``samples`` is the number of training samples the run's steps processed
+    (every worker's share, the smaller last batch of an epoch as it is);
+    ``samples_per_s`` is ``samples / step_s``.
+    """
 
     mode: str
     ranks: int
@@ -117,6 +123,7 @@ class Report:
     exposed_s: float = 0.0  # waiting for communication after backward
     comm_s: float = 0.0  # every bucket's launch→completion, summed
     bytes_per_step: float = 0.0
+    samples: int = 0  # training samples processed by this run's steps, all workers together
     history: list[dict[str, float]] = field(default_factory=list)
     timeline: list[Any] | None = None
     model: Any = field(default=None, repr=False, compare=False)  # the trained model (not serialized)
@@ -200,6 +207,53 @@ def _read_npz(path: str | None, dtype: Any) -> tuple[np.ndarray, ...]:
     return x.astype(dtype), y.astype(np.int64), xt.astype(dtype), yt.astype(np.int64)
 
 
+def _data_name(cfg: Config) -> str:
+    """How the messages name the data set."""
+    if cfg.data == "teacher":
+        return "the teacher data set (--samples)"
+    if cfg.data == "file":
+        return f"--data-file {cfg.data_file}"
+    return cfg.data
+
+
+def check_batch(cfg: Config, n_train: int) -> None:
+    """Refuse a global batch larger than the training set (the same on every rank: n_train is agreed first).
+
+    One step would then process the whole data set and the batch would count
+    samples that do not exist (the sampler draws without replacement).
+    """
+    if cfg.batch > n_train:
+        more = " or more --samples" if cfg.data == "teacher" else ""
+        raise ValueError(f"--batch {cfg.batch}: larger than the {n_train:,} training samples of {_data_name(cfg)}; "
+                         f"use --batch <= {n_train}{more}")
+
+
+def samples_processed(n: int, batch: int, workers: int, start: int, stop: int, uneven: bool = False) -> int:
+    """Training samples that steps ``start .. stop-1`` process, all workers together (arithmetic, no loop over steps).
+
+    Step ``s`` is step ``s % P`` of its epoch (``P = ceil(n / batch)`` steps);
+    every step's global batch holds *batch* samples except an epoch's last,
+    which holds ``n - (P-1)·batch``, and worker ``w`` takes its share of it
+    (:func:`apps.sgd.data.divide`). With *uneven*, worker ``w`` stops ``w``
+    steps early (``--uneven``) and its shares of the steps it skips are not
+    processed.
+    """
+    if stop <= start:
+        return 0
+    per_epoch = -(-n // batch)
+    last = n - (per_epoch - 1) * batch
+    total = 0
+    for w in range(workers):
+        end = stop - (w if uneven else 0)
+        if end <= start:
+            continue
+        lasts = end // per_epoch - start // per_epoch  # steps s in [start, end) with s % P == P - 1
+        full_share = divide(batch, workers, w)
+        last_share = divide(last, workers, w)
+        total += (end - start - lasts) * (full_share[1] - full_share[0]) + lasts * (last_share[1] - last_share[0])
+    return total
+
+
 def validate(cfg: Config, size: int) -> None:
     """Refuse bad settings with a message naming the value and the fix (the same on every rank)."""
     if cfg.mode not in MODES:
@@ -253,6 +307,110 @@ def _array_module(backend: str) -> Any:
             raise ValueError("--backend cupy needs CuPy: pip install -e '.[cuda12]' (or cuda13)") from None
         return cupy
     raise ValueError(f"--backend {backend!r}: choose numpy or cupy")
+
+
+def memory_need(cfg: Config, n: int, features: int, classes: int, workers: int) -> int:
+    """About the bytes the busiest rank allocates for a run of *cfg* (see :mod:`apps.memory`).
+
+    The model: parameters, gradients, the all-reduce's buckets and the
+    optimizer's state. A step: this worker's share of the batch (inputs,
+    labels, indices), then either the teacher's float64 samples being made or
+    the activations of one micro-batch (each hidden unit about three values
+    per sample - the Linear's input, the activation's output, the gradient -
+    plus a mask byte; measured within a few per cent for MLPs on the teacher
+    data). The sampler's visiting order (8 bytes per training sample), rank
+    0's evaluation batches, and the teacher data set's fixed arrays (weights,
+    calibration and test samples, two cached blocks), which grow with
+    ``--features``.
+    """
+    itemsize = np.dtype(cfg.dtype).itemsize
+    hidden = [int(h) for h in cfg.hidden]
+    widths = [features, *hidden, classes]
+    params = sum(a * b + b for a, b in zip(widths, widths[1:])) + (2 * sum(hidden) if cfg.layernorm else 0)
+    states = 2 if cfg.optimizer in ("adam", "adamw") else (1 if cfg.momentum > 0 else 0)
+    model = params * itemsize * (3 + states) + (params * 2 if cfg.compress else 0)
+    units = 3 * sum(hidden) + 3 * classes + (2 * sum(hidden) if cfg.layernorm else 0) + (sum(hidden) if cfg.dropout else 0)
+    per_row = itemsize * units + sum(hidden)
+    share = -(-max(cfg.batch, 1) // max(workers, 1))
+    rows = -(-share // max(cfg.accumulate, 1))
+    teacher = cfg.data == "teacher"
+    step = share * (features * itemsize + 16) + max(rows * per_row, share * features * 8 if teacher else 0)
+    evaluate = min(1024, 2048 if teacher else n) * (per_row + features * itemsize)
+    order = 8 * max(n, 0)
+    fixed = features * (8 * (128 + 4096 + 2048 + TEACHER_BLOCK) + itemsize * (2048 + 2 * TEACHER_BLOCK)) if teacher \
+        else 0
+    return model + step + evaluate + order + fixed
+
+
+def _check_memory(comm: Any, cfg: Config, n: int, features: int, classes: int, workers: int) -> None:
+    """Refuse, on every rank, a run whose arrays cannot fit the memory available (collective)."""
+    teacher = cfg.data == "teacher"
+    knobs = [memory.Knob("--batch", cfg.batch, low=workers * cfg.accumulate)]
+    if teacher:
+        knobs += [memory.Knob("--samples", n), memory.Knob("--features", features)]
+    if cfg.hidden:
+        knobs.append(memory.Knob("--hidden", max(cfg.hidden), shown=",".join(map(str, cfg.hidden)),
+                                 template="--hidden widths <= {value}"))
+    share = cfg.batch // max(workers, 1)
+    if share > cfg.accumulate:
+        knobs.append(memory.Knob("--accumulate", cfg.accumulate, high=share))
+
+    def need(v: dict[str, int]) -> int:
+        hidden = tuple(min(h, v["--hidden"]) for h in cfg.hidden) if cfg.hidden else cfg.hidden
+        c = replace(cfg, batch=v["--batch"], hidden=hidden, accumulate=v.get("--accumulate", cfg.accumulate))
+        samples = max(v.get("--samples", n), v["--batch"])  # the batch check keeps --samples >= --batch
+        return memory_need(c, samples, v.get("--features", features), classes, workers)
+
+    memory.check(comm, need, knobs, otherwise="spread the run over more nodes")
+
+
+def _source(comm: Any, cfg: Config) -> Source:
+    """The data source, built on every rank; data one rank cannot read (a missing package, an unreadable
+    file) is a ValueError on every rank (collective)."""
+    source, problem = None, None
+    try:
+        source = Source(cfg, np.dtype(cfg.dtype))
+    except (DataError, OSError) as exc:
+        problem = str(exc)
+    problems = [p for p in comm.allgather(problem) if p]
+    if problems:
+        raise ValueError(problems[0])
+    return source
+
+
+def preflight(comm: Any, cfg: Config) -> Source:
+    """Every check a run can make before it allocates, with the same verdict on every rank (collective).
+
+    The settings (:func:`validate`), the checkpoint directory (created and
+    probed by every rank, :func:`apps.checkpoint.prepare_directory`), the data
+    set (readable by every rank, the same size everywhere), the global batch
+    against the data set (:func:`check_batch`) and the memory the run needs
+    against what the machine has (:func:`memory_need`). Returns the data source.
+    """
+    size = comm.Get_size()
+    validate(cfg, size)
+    if cfg.checkpoint_every:
+        ck.prepare_directory(comm, cfg.checkpoint_dir)
+    workers = size - cfg.servers if cfg.mode.startswith("ps") else size
+    teacher = cfg.data == "teacher"
+    if teacher:  # known without building the data set, whose arrays grow with --features
+        for option, value in (("--samples", cfg.samples), ("--features", cfg.features)):
+            if value < 1:
+                raise ValueError(f"{option} {value}: the teacher data set needs {option} >= 1")
+        shape = (cfg.samples, cfg.features, cfg.classes)
+        source = None
+    else:
+        source = _source(comm, cfg)
+        shape = (source.n_train, source.features, source.classes)
+    shapes = comm.allgather(shape)
+    if any(s != shapes[0] for s in shapes):
+        raise ValueError(f"{_data_name(cfg)}: the ranks read data sets of different sizes "
+                         f"({', '.join(f'rank {r}: {s[0]} samples of {s[1]} features' for r, s in enumerate(shapes))}); "
+                         f"give every rank the same data")
+    n, features, classes = shape
+    check_batch(cfg, n)
+    _check_memory(comm, cfg, n, features, classes, workers)
+    return source if source is not None else _source(comm, cfg)
 
 
 def build(comm: Any, cfg: Config, model: Any, optimizer: Any, total_steps: int) -> Any:
@@ -435,13 +593,17 @@ class _Timeline:
         return restore
 
 
-def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
-    """Run *cfg* on *comm* (every rank); rank 0's :class:`Report`, a partial one elsewhere."""
+def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: Source | None = None) -> Report:
+    """Run *cfg* on *comm* (every rank); rank 0's :class:`Report`, a partial one elsewhere.
+
+    *source*: the data source :func:`preflight` returned for this *cfg* (its
+    checks then are not repeated); None runs them first.
+    """
     size, rank = comm.Get_size(), comm.Get_rank()
-    validate(cfg, size)
+    if source is None:
+        source = preflight(comm, cfg)
     xp = _array_module(cfg.backend)
     dtype = np.dtype(cfg.dtype)
-    source = Source(cfg, dtype)
     model = mlp([source.features, *cfg.hidden, source.classes], activation=cfg.activation, layernorm=cfg.layernorm,
                 dropout=cfg.dropout, dtype=dtype, xp=xp, seed=cfg.seed)
     kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
@@ -513,7 +675,8 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
                 test_loss, test_acc = evaluate(model, *source.test)
                 train_loss = interval[0] / max(1, interval[2])
                 train_acc = interval[1] / max(1, interval[2])
-                rate = (done - start_step) * cfg.batch / elapsed if elapsed > 0 else 0.0
+                counted = samples_processed(source.n_train, cfg.batch, workers, start_step, done, cfg.uneven)
+                rate = counted / elapsed if elapsed > 0 else 0.0
                 row = {"step": done, "epoch": done / per_epoch, "seconds": elapsed, "train_loss": train_loss,
                        "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
                        "samples_per_s": rate}
@@ -531,8 +694,8 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print) -> Report:
         links = comm.allgather(strategy.stats["link_bytes"] / max(1, total - start_step))
         report.bytes_per_step = max(links)
     report.seconds = time.perf_counter() - t_start
-    done_steps = total - start_step
-    report.samples_per_s = done_steps * cfg.batch / report.step_s if report.step_s > 0 else 0.0
+    report.samples = samples_processed(source.n_train, cfg.batch, workers, start_step, total, cfg.uneven)
+    report.samples_per_s = report.samples / report.step_s if report.step_s > 0 else 0.0
     report.memory = strategy.memory()
     report.model = model
     if rank == 0:

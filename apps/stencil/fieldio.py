@@ -70,14 +70,14 @@ def _unlink(path: str) -> None:
 def prepare(comm: MPI.Intracomm, directory: str, fresh: bool) -> None:
     """Make sure *directory* can take checkpoints before the run starts (collective).
 
-    A fresh run (no ``--restart``) refuses a directory that already holds
-    checkpoints of the series: they may be another run's, and the new run's
-    would replace them.
+    Every rank must be able to create and write files there
+    (:func:`apps.checkpoint.prepare_directory`). A fresh run (no
+    ``--restart``) refuses a directory that already holds checkpoints of the
+    series: they may be another run's, and the new run's would replace them.
     """
+    checkpoint.prepare_directory(comm, directory)  # every rank writes there (MPI-IO): every rank probes it
+
     def work() -> None:
-        os.makedirs(directory, exist_ok=True)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise OSError(f"{directory} is not writable")
         found = checkpoint.steps(directory, PREFIX)
         if fresh and found:
             raise checkpoint.CheckpointError(

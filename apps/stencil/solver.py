@@ -37,7 +37,8 @@ from .grid import Grid, shrink, slabs, strips
 from .halo import HaloExchange
 from .problem import Verdict, make
 
-__all__ = ["Config", "Result", "solve", "stream_bandwidth", "resolve_kernel", "warm_up", "OVERLAP_PIECES"]
+__all__ = ["Config", "Result", "solve", "memory_need", "stream_bandwidth", "resolve_kernel", "warm_up",
+           "OVERLAP_PIECES"]
 
 #: Slabs the interior is updated in under ``--halo overlap``, with an MPI progress test after each.
 OVERLAP_PIECES = 4
@@ -245,7 +246,52 @@ def solve(comm: MPI.Intracomm, cfg: Config, say=None) -> Result:
         grid.free()
 
 
+def memory_need(cfg: Config, size: int, rank_dims: list[int], itemsize: int) -> int:
+    """About the bytes the busiest rank allocates for a grid of *size* cells per side over *rank_dims* ranks.
+
+    The fields on the largest block with its ghost cells (heat: u and the
+    spare; star: in and out), and the larger of their copies for the
+    untimed warm-up and the float64/uint64 temporaries of the verification and
+    the digest on the owned cells; the STREAM arrays (3 × 2²³ float64) unless
+    ``--no-stream``; with ``--plot``, rank 0's gathered global field and picture.
+    With ``--kernel cupy`` the fields live on the GPU: the host holds one
+    field while it is made, and the owned cells' temporaries.
+    """
+    width = cfg.radius if cfg.problem == "star" else 1
+    owned = local = 1
+    for parts in rank_dims:
+        block = -(-size // max(parts, 1))
+        owned *= block
+        local *= block + 2 * width
+    temporaries = owned * (itemsize + 40)
+    if cfg.kernel == "cupy":
+        need = local * itemsize + temporaries
+    else:
+        need = 2 * local * itemsize + max(2 * local * itemsize, temporaries)
+    if cfg.stream:
+        need += 3 * 8 * (1 << 23)
+    if cfg.plot:  # rank 0's
+        need += 2 * size ** len(rank_dims) * itemsize + 16 * size * size
+    return need
+
+
+def _check_memory(comm, cfg: Config, grid: Grid, dtype, kernel: str) -> None:
+    """Refuse, on every rank, a grid whose fields cannot fit the memory available (collective)."""
+    from apps import memory
+
+    smallest = max(max(grid.dims) * max(1, grid.width), 2 * cfg.radius + 1 if cfg.problem == "star" else 1)
+    cfg = replace(cfg, kernel=kernel)
+    memory.check(comm, lambda v: memory_need(cfg, v["--size"], list(grid.dims), dtype.itemsize),
+                 [memory.Knob("--size", cfg.size, low=min(smallest, cfg.size))],
+                 otherwise="spread the run over more nodes" + (" or use --dtype float32" if dtype.itemsize > 4 else ""))
+
+
 def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
+    # Before anything is allocated, with the same verdict on every rank: the fields fit in memory,
+    # and every rank can write the checkpoint directory.
+    _check_memory(grid.cart, cfg, grid, dtype, k.name)
+    if cfg.checkpoint_every:
+        fieldio.prepare(grid.cart, cfg.checkpoint_dir, fresh=not cfg.restart)
     mcomm = mpicomm.Comm(grid.cart)
     p = grid.cart.Get_size()
     block_min = _blocks(grid, MPI.MIN)
@@ -268,8 +314,6 @@ def _run(comm, cfg: Config, problem, k, grid: Grid, dtype, say) -> Result:
               "radius": cfg.radius if problem.name == "star" else None, "c": getattr(problem, "c", None)}
     start, refused = 0, []
     residual, stopped = None, "--iters"
-    if cfg.checkpoint_every:
-        fieldio.prepare(grid.cart, cfg.checkpoint_dir, fresh=not cfg.restart)
     if cfg.restart:
         body, refused = fieldio.load(grid, f, cfg.checkpoint_dir, expect)
         for reason in refused:

@@ -320,6 +320,11 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
     p = dist.get_world_size()
     if cfg.batch < p:
         raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {p} ranks; give at least {p}")
+    from mpi4py import MPI
+
+    from apps.torchddp.sizes import check as check_memory
+
+    check_memory(MPI.COMM_WORLD, cfg, p)  # before anything is allocated: the same verdict on every rank
     q, extra = divmod(cfg.batch, p)
     per_rank = f"{q} per rank" if not extra else f"{q}-{q + 1} per rank"
     say(f"apps.torchddp train: {cfg.spec.describe()} on {p} ranks, backend {cfg.backend}, global batch {cfg.batch} "

@@ -179,6 +179,19 @@ def _share(rank: int, make: Callable[[], Any], where: str) -> Any:
     return value
 
 
+def _prepare_directory(directory: str) -> None:
+    """Every rank can create and write files in *directory*, checked when the run starts, not at its first
+    checkpoint; CheckpointError on every rank otherwise (collective over the MPI job, which is the group's)."""
+    from mpi4py import MPI
+
+    from apps import checkpoint as shared
+
+    try:
+        shared.prepare_directory(MPI.COMM_WORLD, directory, "--checkpoint")
+    except shared.CheckpointError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
 def _open_checkpoint(cfg: Config, rank: int) -> tuple[dict, bytes] | None:
     """The checkpoint to resume (header, payload), or None for a fresh start; refusals raise on every rank."""
     directory = str(cfg.checkpoint)
@@ -220,6 +233,8 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
     model = build(cfg.spec, cfg.seed, dtype)
     notes: list[str] = []
     start = 0
+    if cfg.checkpoint:
+        _prepare_directory(str(cfg.checkpoint))
     resume = _open_checkpoint(cfg, rank) if cfg.checkpoint else None
     state = None
     if resume is not None:

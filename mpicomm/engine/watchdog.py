@@ -45,7 +45,10 @@ class Watchdog:
 
     @classmethod
     def start(cls) -> "Watchdog | None":
-        timeout = config.timeout()
+        try:
+            timeout = config.timeout()
+        except ValueError:  # refused on every rank where settings are checked (making a Comm); no watchdog here
+            return None
         return None if timeout is None else cls(timeout)
 
     def pause(self, stuck: Sequence[Any]) -> None:

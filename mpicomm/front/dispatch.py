@@ -172,7 +172,7 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
     key = _signature(args, chosen, validate, blocking) if persistent is None else None
     if key is not None:
         plan = state.plans.get(key)
-        if plan is not None:
+        if plan is not None and plan.epoch == state.epoch:  # (kept by a thread that raced a failure: rebuilt)
             return plan
     try:
         plan = build(state, args, chosen, source, blocking=blocking, validate=validate, persistent=persistent,
@@ -320,6 +320,8 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: t
     """
     if type(state) is not State:
         state = as_state(state)
+    if state.freed:  # (through another wrapper of the same communicator: this one holds a Freed)
+        state.check_live()
     locked = enter(state)
     try:
         began = _trace.now() if _trace.ON else 0.0
@@ -467,6 +469,7 @@ def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, b
 def persistent_plan(state: Any, args: Args, algorithm: str | None) -> Plan:
     """The plan of a persistent request (collective over the communicator: the ranks agree on it now, and it
     takes the communicator's next persistent number, part of every start's agreement)."""
+    state.check_live()
     locked = enter(state)
     try:
         number = state.persistent

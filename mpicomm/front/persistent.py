@@ -77,6 +77,8 @@ class Prequest(CollectiveRequest):
         if not self._done:
             raise ValueError(f"{self.label}: started again before it completed; Wait (or Test until done) first")
         state = plan.state
+        if state.freed:
+            state.check_live()
         locked = dispatch.enter(state)
         try:
             if plan.epoch != state.epoch:  # a call failed on a disagreement since: fresh tags, so a fresh plan

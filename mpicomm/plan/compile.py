@@ -247,7 +247,7 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
     plan.arrays = arrays
     plan.keep = list(arrays[2:])
     lib = state.library_comm
-    tag = state.tag_data
+    tag = state.tags(plan.epoch)[0]  # (the plan's epoch, read once: another thread may fail a call meanwhile)
     steps = [_step(plan, r, arrays, lib, tag, xp, device, args, planner, blocking) for r in sched.rounds]
     shared = _aliases(arrays)
     for k in range(len(steps) - 1):
@@ -267,7 +267,7 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
         program.gated = sched.gated
     for step in program.steps:
         step.finish()
-    program.epoch = state.epoch
+    program.epoch = plan.epoch
 
     def renew() -> Program:  # the same plan for the communicator's new tags (a call before this one failed)
         fresh = build(state, args, algorithm, source, blocking=blocking, validate=validate, persistent=persistent,
@@ -584,7 +584,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
         program.verdict_at = -1
         return
     aligned = _aligned(sched, kinds) if fusable and plan.direct and not suspect else None
-    agree_tag = state.tag_agree
+    agree_tag = state.tags(plan.epoch)[1]
     if aligned is not None:
         aliased = _aliasable(sched, aligned)
         for (kind, peer), i in zip(kinds, aligned):
@@ -647,8 +647,10 @@ def agreement_only(state: Any, args: Args, name: str, persistent: int | None, su
     plan.persistent = persistent
     sched = Builder(args.collective, name, state.rank, state.size, args.dtype or _UINT8).schedule()
     plan.program.steps = [Step("nothing: this rank's arguments have a problem" if suspect else "the agreement")]
-    plan.program.epoch = state.epoch
+    plan.program.epoch = plan.epoch
     _agreement(plan, args, sched, [None, None], state.library_comm, state, suspect=suspect)
+    # queued behind a call that fails (a nonblocking one): the communicator's tags change before it starts
+    plan.program.renew = lambda: agreement_only(state, args, name, persistent, suspect).program
     return plan
 
 
@@ -662,6 +664,7 @@ def library_plan(state: Any, args: Args, validate: bool, persistent: int | None)
         sched = Builder(args.collective, "library", state.rank, state.size, args.dtype or _UINT8).schedule()
         _agreement(plan, args, sched, [None, None], state.library_comm, state)
         plan.program.gated = True
+    plan.program.renew = lambda: library_plan(state, args, validate, persistent).program  # (as agreement_only)
     return plan
 
 

@@ -17,9 +17,25 @@ element count, dtype and op (``comm._state.fast``, the core's fast path): a
 repeated call runs the kept plan, bound to that address, without reading its
 arguments again, making no NumPy view and no staging.
 
-Every argument error that can be seen locally raises on the calling rank
-before anything is sent; mismatches across ranks (counts, dtypes, roots) are
-mpicomm's validation errors, raised on every rank by ``wait()``.
+Argument errors are raised on every rank of the group alike, as mpicomm's own
+collectives raise them: each method first checks and stages everything of its
+call (tensor types and devices, dtypes, list lengths, sizes, split sizes, the
+root, whether the op is defined on the dtype), and a problem found there on
+one rank is not raised on that rank alone: the rank takes part in the
+agreement of the mpicomm collective its peers run (the core's
+``Args.fail`` and agreement-only plan, :meth:`ProcessGroup._refuse`), so
+every rank raises the same :class:`mpicomm.ArgumentError` (a ValueError and a
+TypeError) naming the rank and the problem, and the group keeps working for
+the next call. Mismatches across ranks (counts, dtypes, ops, roots) are found
+by the same agreement. A blocking call raises at the call; an asynchronous
+one (``async_op=True``) returns a Work whose ``wait()`` raises, on the peers
+and on the rank with the problem alike. Errors of the communication itself
+propagate unchanged. Exceptions: with ``MPICOMM_VALIDATE=0`` there is no
+agreement and a local problem raises on its rank only, before anything is
+sent (the peers then wait); point-to-point calls (``send``/``recv``) have no
+agreement, so their errors are always the calling rank's alone; and a
+problem PyTorch's own front end finds before it calls the backend (a source
+or destination outside a subgroup, for example) is PyTorch's, on that rank.
 """
 
 from __future__ import annotations
@@ -33,6 +49,8 @@ from mpi4py import MPI
 
 from ..transport.buffers import byte_range, overlap
 from ..comm import Comm
+from ..front.dispatch import start as _start
+from ..plan.args import Args, ArgumentError
 from .tensors import Staged, check_tensor, finisher, mpi_op, stage
 from .work import Work, done, point_to_point, started, synchronous
 
@@ -171,7 +189,32 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             raise ValueError(f"mpicomm backend: {what} root {root!r} is not a rank of this group (0..{self._p - 1})")
         return root
 
+    def _refuse(self, collective: str, problem: Exception, opts: Any, calls: int = 1) -> Work:
+        """This rank found *problem* in its arguments before anything of the call was sent: take part in the
+        agreement of the mpicomm *collective* its peers run, with the problem recorded, so that every rank
+        raises the same :class:`~mpicomm.ArgumentError` naming this rank and the problem, and the group keeps
+        working (the core's agreement moves the communicator to fresh tags).
+
+        Blocking (as the call would have been): raises here. Asynchronous: returns a :class:`~.work.Work`
+        whose ``wait()`` raises, as the peers' do; *calls*: how many mpicomm calls the peers issue for this
+        one (one per tensor of a tensor list), so this rank issues as many. With ``MPICOMM_VALIDATE=0`` there
+        is no agreement: *problem* itself raises here, on this rank only.
+        """
+        state = self._state
+        if _blocking(opts):
+            try:
+                _start(state, Args(collective).fail(problem), None, True)
+            except ArgumentError as exc:
+                raise exc from problem
+            raise problem  # (the agreement always raises; kept for a core that would not)
+        requests = [_start(state, Args(collective).fail(problem), None, False) for _ in range(max(calls, 1))]
+        return started(requests, None, [], collective)
+
     # ------------------------------------------------------------ reductions
+    #
+    # Each method checks and stages everything of its call first (inside ``try``), then communicates: a
+    # problem found while checking is refused through the agreement (:meth:`_refuse`), so every rank raises
+    # it; an error from the communication itself (already every rank's, or MPI's) propagates unchanged.
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce each tensor in place (``dist.all_reduce``).
@@ -193,15 +236,21 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                     work._result = tensors
                     return work
                 if code != _PREMUL and t.dtype in _DIRECT:
-                    red = mpi_op(opts.reduceOp, t.dtype, self._p)  # (raises for an op the dtype has not)
-                    self.comm._collective("allreduce", True, None, MPI.IN_PLACE, t.detach().numpy(), op=red.op,
-                                          _fast=(key, ()))
+                    try:
+                        red = mpi_op(opts.reduceOp, t.dtype, self._p)  # (raises for an op the dtype has not)
+                        array = t.detach().numpy()
+                    except Exception as exc:  # noqa: BLE001 - refused on every rank
+                        return self._refuse("allreduce", exc, opts)
+                    self.comm._collective("allreduce", True, None, MPI.IN_PLACE, array, op=red.op, _fast=(key, ()))
                     if red.scale is not None:  # AVG
                         t.detach().mul_(1.0 / self._p)
                     return done(tensors, "allreduce")
         opts = opts or torch.distributed.AllreduceOptions()
-        staged = stage(tensors, "all_reduce tensor", reduce=True)
-        reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+        try:
+            staged = stage(tensors, "all_reduce tensor", reduce=True)
+            reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("allreduce", exc, opts, len(tensors))
         comm = self.comm
 
         def start(blocking: bool) -> Any:
@@ -225,14 +274,18 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors of one dtype as one flat buffer (``dist.all_reduce_coalesced``)."""
         opts = opts or torch.distributed.AllreduceCoalescedOptions()
-        for i, t in enumerate(tensors):
-            check_tensor(t, f"all_reduce_coalesced tensor[{i}]")
+        try:
+            for i, t in enumerate(tensors):
+                check_tensor(t, f"all_reduce_coalesced tensor[{i}]")
+            if tensors:
+                dtype = _same_dtype(tensors, "all_reduce_coalesced")
+                flat = _concat(tensors)
+                staged = Staged(flat, reduce=True)
+                red = mpi_op(opts.reduceOp, dtype, self._p)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("allreduce", exc, opts)
         if not tensors:
             return done([], "allreduce_coalesced")
-        dtype = _same_dtype(tensors, "all_reduce_coalesced")
-        flat = _concat(tensors)
-        staged = Staged(flat, reduce=True)
-        red = mpi_op(opts.reduceOp, dtype, self._p)
         comm = self.comm
 
         def start(blocking: bool) -> Any:
@@ -254,13 +307,16 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce onto ``opts.rootRank`` in place there; other ranks' tensors are unchanged (``dist.reduce``)."""
         opts = opts or torch.distributed.ReduceOptions()
-        root = self._root(opts.rootRank, "reduce")
-        is_root = self.rank() == root
-        staged = stage(tensors, "reduce tensor", reduce=True, output=is_root)
-        reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+        try:
+            root = self._root(opts.rootRank, "reduce")
+            is_root = self.rank() == root
+            staged = stage(tensors, "reduce tensor", reduce=True, output=is_root)
+            reductions = [mpi_op(opts.reduceOp, s.tensor.dtype, self._p) for s in staged]
+            sends = [_array(s.work.clone()) if not is_root and red.premul is not None else s.array
+                     for s, red in zip(staged, reductions)]
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("reduce", exc, opts, len(tensors))
         comm = self.comm
-        sends = [_array(s.work.clone()) if not is_root and red.premul is not None else s.array
-                 for s, red in zip(staged, reductions)]
 
         def start(blocking: bool) -> Any:
             requests = []
@@ -288,23 +344,26 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """``dist.reduce_scatter``: rank i gets the reduction of every rank's ``inputs[0][i]``."""
         opts = opts or torch.distributed.ReduceScatterOptions()
-        if len(outputs) != 1 or len(inputs) != 1:
-            raise ValueError(f"mpicomm backend: reduce_scatter takes one output tensor and one input list, "
-                             f"got {len(outputs)} and {len(inputs)}")
-        parts = inputs[0]
-        if len(parts) != self._p:
-            raise ValueError(f"mpicomm backend: reduce_scatter input list has {len(parts)} tensors for a group of "
-                             f"{self._p} ranks")
-        out = check_tensor(outputs[0], "reduce_scatter output")
-        for i, t in enumerate(parts):
-            check_tensor(t, f"reduce_scatter input[{i}]")
-        _same_dtype([out, *parts], "reduce_scatter")
-        if parts[self.rank()].numel() != out.numel():
-            raise ValueError(f"mpicomm backend: reduce_scatter output has {out.numel()} elements but input "
-                             f"[{self.rank()}] has {parts[self.rank()].numel()}")
-        flat = Staged(_concat(parts), reduce=True, output=False)
-        staged = Staged(out, reduce=True)
-        red = mpi_op(opts.reduceOp, out.dtype, self._p)
+        try:
+            if len(outputs) != 1 or len(inputs) != 1:
+                raise ValueError(f"mpicomm backend: reduce_scatter takes one output tensor and one input list, "
+                                 f"got {len(outputs)} and {len(inputs)}")
+            parts = inputs[0]
+            if len(parts) != self._p:
+                raise ValueError(f"mpicomm backend: reduce_scatter input list has {len(parts)} tensors for a group "
+                                 f"of {self._p} ranks")
+            out = check_tensor(outputs[0], "reduce_scatter output")
+            for i, t in enumerate(parts):
+                check_tensor(t, f"reduce_scatter input[{i}]")
+            _same_dtype([out, *parts], "reduce_scatter")
+            if parts[self.rank()].numel() != out.numel():
+                raise ValueError(f"mpicomm backend: reduce_scatter output has {out.numel()} elements but input "
+                                 f"[{self.rank()}] has {parts[self.rank()].numel()}")
+            red = mpi_op(opts.reduceOp, out.dtype, self._p)
+            flat = Staged(_concat(parts), reduce=True, output=False)
+            staged = Staged(out, reduce=True)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("reduce_scatter" if _uneven(inputs) else "reduce_scatter_block", exc, opts)
         counts = [t.numel() for t in parts]
         even = len(set(counts)) == 1
         comm = self.comm
@@ -327,15 +386,18 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``dist.reduce_scatter_tensor``: *input* holds p equal blocks; rank i gets block i reduced."""
         opts = opts or torch.distributed.ReduceScatterOptions()
-        out = check_tensor(output, "reduce_scatter_tensor output")
-        inp = check_tensor(input, "reduce_scatter_tensor input")
-        _same_dtype([out, inp], "reduce_scatter_tensor")
-        if inp.numel() != out.numel() * self._p:
-            raise ValueError(f"mpicomm backend: reduce_scatter_tensor input has {inp.numel()} elements; it must "
-                             f"have output's {out.numel()} times the group size {self._p}")
-        red = mpi_op(opts.reduceOp, out.dtype, self._p)
-        send = Staged(inp if red.premul is None else inp.detach().clone(), reduce=True, output=False)
-        staged = Staged(out, reduce=True)
+        try:
+            out = check_tensor(output, "reduce_scatter_tensor output")
+            inp = check_tensor(input, "reduce_scatter_tensor input")
+            _same_dtype([out, inp], "reduce_scatter_tensor")
+            if inp.numel() != out.numel() * self._p:
+                raise ValueError(f"mpicomm backend: reduce_scatter_tensor input has {inp.numel()} elements; it "
+                                 f"must have output's {out.numel()} times the group size {self._p}")
+            red = mpi_op(opts.reduceOp, out.dtype, self._p)
+            send = Staged(inp if red.premul is None else inp.detach().clone(), reduce=True, output=False)
+            staged = Staged(out, reduce=True)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("reduce_scatter_block", exc, opts)
         comm = self.comm
 
         def start(blocking: bool) -> Any:
@@ -356,6 +418,9 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                                         opts: Any = None) -> Work:
         """Several ``reduce_scatter_tensor`` calls, completed together."""
         part = _part(opts, "ReduceScatterOptions")
+        if len(outputs) != len(inputs):
+            return self._refuse("reduce_scatter_block", _lengths("reduce_scatter_tensor_coalesced", outputs, inputs),
+                                part, len(inputs))
         return self._together([self.reduce_scatter_single(o, i, part) for o, i in zip(outputs, inputs)],
                               list(outputs), "reduce_scatter_tensor_coalesced", part)
 
@@ -366,8 +431,11 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Broadcast each tensor from ``opts.rootRank`` (``dist.broadcast``)."""
         opts = opts or torch.distributed.BroadcastOptions()
-        root = self._root(opts.rootRank, "broadcast")
-        staged = stage(tensors, "broadcast tensor", output=self.rank() != root)
+        try:
+            root = self._root(opts.rootRank, "broadcast")
+            staged = stage(tensors, "broadcast tensor", output=self.rank() != root)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("bcast", exc, opts, len(tensors))
         comm = self.comm
 
         def start(blocking: bool) -> Any:
@@ -382,12 +450,15 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """``dist.all_gather``: ``outputs[0][i]`` receives rank i's ``inputs[0]`` (sizes may differ per rank)."""
         opts = opts or _options("AllgatherOptions")
-        if len(outputs) != 1 or len(inputs) != 1:
-            raise ValueError(f"mpicomm backend: all_gather takes one input tensor and one output list, got "
-                             f"{len(inputs)} and {len(outputs)}")
-        gathered, finish, result = self._gather_into_list(outputs[0], inputs[0], "all_gather")
+        try:
+            if len(outputs) != 1 or len(inputs) != 1:
+                raise ValueError(f"mpicomm backend: all_gather takes one input tensor and one output list, got "
+                                 f"{len(inputs)} and {len(outputs)}")
+            send = Staged(check_tensor(inputs[0], "all_gather input"), output=False)
+            gathered, finish, result = self._gather_into_list(outputs[0], inputs[0], "all_gather")
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("allgatherv" if _uneven(outputs) else "allgather", exc, opts)
         comm = self.comm
-        send = Staged(check_tensor(inputs[0], "all_gather input"), output=False)
         counts = [t.numel() for t in outputs[0]]
 
         def start(blocking: bool) -> Any:
@@ -418,13 +489,16 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``dist.all_gather_into_tensor``: *output* holds p blocks, block i from rank i."""
         opts = opts or _options("AllgatherOptions")
-        out = check_tensor(output, "all_gather_into_tensor output")
-        inp = check_tensor(input, "all_gather_into_tensor input")
-        _same_dtype([out, inp], "all_gather_into_tensor")
-        if out.numel() != inp.numel() * self._p:
-            raise ValueError(f"mpicomm backend: all_gather_into_tensor output has {out.numel()} elements; it must "
-                             f"have input's {inp.numel()} times the group size {self._p}")
-        send, staged = Staged(inp, output=False), Staged(out)
+        try:
+            out = check_tensor(output, "all_gather_into_tensor output")
+            inp = check_tensor(input, "all_gather_into_tensor input")
+            _same_dtype([out, inp], "all_gather_into_tensor")
+            if out.numel() != inp.numel() * self._p:
+                raise ValueError(f"mpicomm backend: all_gather_into_tensor output has {out.numel()} elements; it "
+                                 f"must have input's {inp.numel()} times the group size {self._p}")
+            send, staged = Staged(inp, output=False), Staged(out)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("allgather", exc, opts)
         comm = self.comm
 
         def start(blocking: bool) -> Any:
@@ -439,6 +513,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                             opts: Any = None) -> Work:
         """Several ``all_gather`` calls (one per input tensor), completed together."""
         part = _part(opts, "AllgatherOptions")
+        if len(outputs) != len(inputs):
+            return self._refuse("allgather", _lengths("allgather_coalesced", outputs, inputs), part, len(inputs))
         works = [self.allgather([o], [i], part) for o, i in zip(outputs, inputs)]
         return self._together(works, [list(o) for o in outputs], "allgather_coalesced", part)
 
@@ -446,61 +522,72 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                                         opts: Any = None) -> Work:
         """Several ``all_gather_into_tensor`` calls, completed together."""
         part = _part(opts, "AllgatherOptions")
+        if len(outputs) != len(inputs):
+            return self._refuse("allgather", _lengths("allgather_into_tensor_coalesced", outputs, inputs), part,
+                                len(inputs))
         works = [self.all_gather_single(o, i, part) for o, i in zip(outputs, inputs)]
         return self._together(works, list(outputs), "allgather_into_tensor_coalesced", part)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
-        """``dist.gather``: the root's ``outputs[0][i]`` receives rank i's ``inputs[0]``."""
+        """``dist.gather``: the root's ``outputs[0][i]`` receives rank i's ``inputs[0]`` (blocks of one size,
+        as gloo: only the root knows the list, so a size that differs is the root's error, raised on every
+        rank)."""
         opts = opts or torch.distributed.GatherOptions()
-        root = self._root(opts.rootRank, "gather")
-        if len(inputs) != 1:
-            raise ValueError(f"mpicomm backend: gather takes one input tensor, got {len(inputs)}")
-        inp = check_tensor(inputs[0], "gather input")
-        send = Staged(inp, output=False)
+        try:
+            root = self._root(opts.rootRank, "gather")
+            if len(inputs) != 1:
+                raise ValueError(f"mpicomm backend: gather takes one input tensor, got {len(inputs)}")
+            inp = check_tensor(inputs[0], "gather input")
+            send = Staged(inp, output=False)
+            if self.rank() == root:
+                if len(outputs) != 1:
+                    raise ValueError(f"mpicomm backend: gather at the root takes one output list, got "
+                                     f"{len(outputs)}")
+                gathered, finish, result = self._gather_into_list(outputs[0], inp, "gather")
+                for i, t in enumerate(outputs[0]):
+                    if t.numel() != inp.numel():
+                        raise ValueError(f"mpicomm backend: gather output[{i}] has {t.numel()} elements but the "
+                                         f"input has {inp.numel()}; gather takes blocks of one size")
+            else:
+                if outputs and any(outputs):
+                    raise ValueError(f"mpicomm backend: gather output lists are for the root (rank {root}) only")
+                gathered, finish, result = None, None, []
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("gather", exc, opts)
         comm = self.comm
-        if self.rank() == root:
-            if len(outputs) != 1:
-                raise ValueError(f"mpicomm backend: gather at the root takes one output list, got {len(outputs)}")
-            gathered, finish, result = self._gather_into_list(outputs[0], inp, "gather")
-            counts = [t.numel() for t in outputs[0]]
-        else:
-            if outputs and any(outputs):
-                raise ValueError(f"mpicomm backend: gather output lists are for the root (rank {root}) only")
-            gathered, finish, result, counts = None, None, [], None
-
-        even = counts is None or len(set(counts)) == 1
 
         def start(blocking: bool) -> Any:
-            if even:  # the plain form: equal blocks (mpicomm's validation checks the other ranks agree)
-                call = comm.Gather if blocking else comm.Igather
-                return call(send.array, gathered, root)
-            call = comm.Gatherv if blocking else comm.Igatherv
-            return call(send.array, [gathered, (counts, _displs(counts))], root)
+            call = comm.Gather if blocking else comm.Igather
+            return call(send.array, gathered, root)
 
         return self._submit(start, finish, result, "gather", opts)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """``dist.scatter``: rank i's ``outputs[0]`` receives the root's ``inputs[0][i]``."""
         opts = opts or torch.distributed.ScatterOptions()
-        root = self._root(opts.rootRank, "scatter")
-        if len(outputs) != 1:
-            raise ValueError(f"mpicomm backend: scatter takes one output tensor, got {len(outputs)}")
-        out = check_tensor(outputs[0], "scatter output")
-        staged = Staged(out)
+        try:
+            root = self._root(opts.rootRank, "scatter")
+            if len(outputs) != 1:
+                raise ValueError(f"mpicomm backend: scatter takes one output tensor, got {len(outputs)}")
+            out = check_tensor(outputs[0], "scatter output")
+            staged = Staged(out)
+            if self.rank() == root:
+                if len(inputs) != 1 or len(inputs[0]) != self._p:
+                    raise ValueError(f"mpicomm backend: scatter at the root takes one list of {self._p} tensors, "
+                                     f"got {_shape_of(inputs)}")
+                parts = [check_tensor(t, f"scatter input[{i}]") for i, t in enumerate(inputs[0])]
+                _same_dtype([out, *parts], "scatter")
+                counts = [t.numel() for t in parts]
+                send = _array(_concat(parts))
+            else:
+                if inputs and any(inputs):
+                    raise ValueError(f"mpicomm backend: scatter input lists are for the root (rank {root}) only")
+                counts, send = None, None
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("scatterv", exc, opts)
         comm = self.comm
-        if self.rank() == root:
-            if len(inputs) != 1 or len(inputs[0]) != self._p:
-                raise ValueError(f"mpicomm backend: scatter at the root takes one list of {self._p} tensors")
-            parts = [check_tensor(t, f"scatter input[{i}]") for i, t in enumerate(inputs[0])]
-            _same_dtype([out, *parts], "scatter")
-            counts = [t.numel() for t in parts]
-            send = _array(_concat(parts))
-        else:
-            if inputs and any(inputs):
-                raise ValueError(f"mpicomm backend: scatter input lists are for the root (rank {root}) only")
-            counts, send = None, None
 
         def start(blocking: bool) -> Any:
             call = comm.Scatterv if blocking else comm.Iscatterv
@@ -513,17 +600,20 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """``dist.all_to_all``: ``outputs[j]`` receives rank j's ``inputs[i]`` (i = this rank); sizes may differ."""
         opts = opts or torch.distributed.AllToAllOptions()
-        if len(outputs) != self._p or len(inputs) != self._p:
-            raise ValueError(f"mpicomm backend: all_to_all takes {self._p} output and {self._p} input tensors, got "
-                             f"{len(outputs)} and {len(inputs)}")
-        for i, t in enumerate(outputs):
-            check_tensor(t, f"all_to_all output[{i}]")
-        for i, t in enumerate(inputs):
-            check_tensor(t, f"all_to_all input[{i}]")
-        dtype = _same_dtype([*outputs, *inputs], "all_to_all")
-        send = _array(_concat(inputs))
-        flat = _flat(outputs, dtype, outputs[0].device)
-        recv = _array(flat)
+        try:
+            if len(outputs) != self._p or len(inputs) != self._p:
+                raise ValueError(f"mpicomm backend: all_to_all takes {self._p} output and {self._p} input tensors, "
+                                 f"got {len(outputs)} and {len(inputs)}")
+            for i, t in enumerate(outputs):
+                check_tensor(t, f"all_to_all output[{i}]")
+            for i, t in enumerate(inputs):
+                check_tensor(t, f"all_to_all input[{i}]")
+            dtype = _same_dtype([*outputs, *inputs], "all_to_all")
+            send = _array(_concat(inputs))
+            flat = _flat(outputs, dtype, outputs[0].device)
+            recv = _array(flat)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("alltoallv", exc, opts)
         scounts, rcounts = [t.numel() for t in inputs], [t.numel() for t in outputs]
         comm = self.comm
 
@@ -537,24 +627,28 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                           input_split_sizes: list[int], opts: Any = None) -> Work:
         """``dist.all_to_all_single``: blocks along dim 0, equal or by the split sizes (rows)."""
         opts = opts or torch.distributed.AllToAllOptions()
-        out = check_tensor(output, "all_to_all_single output")
-        inp = check_tensor(input, "all_to_all_single input")
-        _same_dtype([out, inp], "all_to_all_single")
-        send, staged = Staged(inp, output=False), Staged(out)
+        even = not output_split_sizes and not input_split_sizes
+        try:
+            out = check_tensor(output, "all_to_all_single output")
+            inp = check_tensor(input, "all_to_all_single input")
+            _same_dtype([out, inp], "all_to_all_single")
+            if even:
+                if inp.numel() % self._p or out.numel() != inp.numel():
+                    raise ValueError(f"mpicomm backend: all_to_all_single without split sizes needs input and "
+                                     f"output of the same size, divisible by the group size {self._p}; got "
+                                     f"{inp.numel()} and {out.numel()} elements")
+            else:
+                scounts = self._split_counts(inp, input_split_sizes, "input")
+                rcounts = self._split_counts(out, output_split_sizes, "output")
+            send, staged = Staged(inp, output=False), Staged(out)
+        except Exception as exc:  # noqa: BLE001 - refused on every rank
+            return self._refuse("alltoall" if even else "alltoallv", exc, opts)
         comm = self.comm
-        if not output_split_sizes and not input_split_sizes:
-            if inp.numel() % self._p or out.numel() != inp.numel():
-                raise ValueError(f"mpicomm backend: all_to_all_single without split sizes needs input and output of "
-                                 f"the same size, divisible by the group size {self._p}; got {inp.numel()} and "
-                                 f"{out.numel()} elements")
-
+        if even:
             def start(blocking: bool) -> Any:
                 call = comm.Alltoall if blocking else comm.Ialltoall
                 return call(_unaliased(send.array, staged.array), staged.array)
         else:
-            scounts = self._split_counts(inp, input_split_sizes, "input")
-            rcounts = self._split_counts(out, output_split_sizes, "output")
-
             def start(blocking: bool) -> Any:
                 call = comm.Alltoallv if blocking else comm.Ialltoallv
                 return call([_unaliased(send.array, staged.array), (scounts, _displs(scounts))],
@@ -578,7 +672,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         return [int(s) * row for s in splits]
 
     def barrier(self, opts: Any = None) -> Work:
-        """``dist.barrier``."""
+        """``dist.barrier`` (no argument of its own to check: nothing to refuse)."""
         opts = opts or torch.distributed.BarrierOptions()
         comm = self.comm
 
@@ -612,15 +706,20 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                                f"{seconds:g} s")
 
     # ------------------------------------------------------------ point to point
+    #
+    # No agreement here: a point-to-point call has no group-wide call to agree on, so a problem with this
+    # rank's arguments (a tensor the backend cannot take, a destination or source outside the group) raises
+    # on this rank only, before anything is posted; the peer's matching call stays pending, as with gloo.
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
-        """``dist.send``/``isend`` (nonblocking; ``batch_isend_irecv`` issues these)."""
+        """``dist.send``/``isend`` (nonblocking; ``batch_isend_irecv`` issues these). A bad tensor or
+        destination raises here, on this rank only."""
         staged = stage(tensors, "send tensor", output=False)
         dst = self._root(dst, "send destination")
         return point_to_point([self.comm.Isend(s.array, dst, tag) for s in staged], None, list(tensors), "send")
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
-        """``dist.recv``/``irecv`` from one rank."""
+        """``dist.recv``/``irecv`` from one rank (a bad tensor or source raises here, on this rank only)."""
         staged = stage(tensors, "recv tensor")
         src = self._root(src, "recv source")
         return point_to_point([self.comm.Irecv(s.array, src, tag) for s in staged], finisher(staged), list(tensors),
@@ -659,6 +758,28 @@ def _one(requests: list) -> Any:
     if not requests:
         return None
     return requests[0] if len(requests) == 1 else requests
+
+
+def _uneven(lists: Any) -> bool:
+    """True when the first of *lists* (a call's list of tensors) holds tensors of different sizes: the v-form
+    of the collective (a refused call names the collective the peers most likely run; never raises)."""
+    try:
+        return len({t.numel() for t in lists[0]}) > 1
+    except Exception:  # noqa: BLE001 - malformed: the plain form
+        return False
+
+
+def _lengths(what: str, outputs: Any, inputs: Any) -> ValueError:
+    return ValueError(f"mpicomm backend: {what} takes as many outputs as inputs, got {len(outputs)} and "
+                      f"{len(inputs)}")
+
+
+def _shape_of(lists: Any) -> str:
+    """``[3]`` for one list of three tensors (for messages; never raises)."""
+    try:
+        return str([len(x) for x in lists])
+    except Exception:  # noqa: BLE001
+        return repr(type(lists).__name__)
 
 
 def _displs(counts: list[int]) -> list[int]:

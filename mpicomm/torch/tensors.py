@@ -14,16 +14,21 @@ backends do for what their transports cannot take:
 :func:`mpi_op` maps a ``torch.distributed.ReduceOp`` to an MPI op, with the
 element-wise scaling AVG and PREMUL_SUM need; an op or dtype PyTorch's
 contract forbids (BAND on floats, AVG on integers) raises ``ValueError``
-naming both, on every rank, before anything is sent.
+naming both, before anything is sent. Like every check here
+(:func:`check_tensor`), it raises on the rank that sees the problem; the
+process group (:mod:`.group`) turns that into the same
+:class:`mpicomm.ArgumentError` on every rank of the call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
 from mpi4py import MPI
+
+from .. import ops
 
 __all__ = ["Staged", "stage", "finisher", "mpi_op", "Reduction", "check_tensor", "DEVICES"]
 
@@ -36,6 +41,11 @@ _BOOL = {_RED.SUM: MPI.LOR, _RED.MAX: MPI.LOR, _RED.PRODUCT: MPI.LAND, _RED.MIN:
          _RED.BAND: MPI.LAND, _RED.BOR: MPI.LOR, _RED.BXOR: MPI.LXOR}
 _PLAIN = {_RED.SUM: MPI.SUM, _RED.AVG: MPI.SUM, _RED.PREMUL_SUM: MPI.SUM, _RED.PRODUCT: MPI.PROD,
           _RED.MIN: MPI.MIN, _RED.MAX: MPI.MAX}
+# AVG and PREMUL_SUM run as a sum, scaled on each rank: ops of their own (a sum, under another name and code), so
+# the collectives' agreement tells them from SUM and from each other - a rank with AVG among ranks with SUM gets
+# the same error everywhere, not a silently different result.
+_AVG_SUM = replace(ops.BUILTIN["sum"], name="sum (ReduceOp.AVG)", code=101)
+_PREMUL_SUM = replace(ops.BUILTIN["sum"], name="sum (ReduceOp.PREMUL_SUM)", code=102)
 
 
 def check_tensor(t: Any, what: str) -> torch.Tensor:
@@ -53,7 +63,7 @@ def check_tensor(t: Any, what: str) -> torch.Tensor:
 class Reduction:
     """An MPI op for one dtype, and what to do to the reduced data before it is delivered."""
 
-    op: MPI.Op
+    op: Any  # an MPI.Op, or an mpicomm op (AVG, PREMUL_SUM)
     scale: float | None = None  # multiply the reduced data by this (AVG: 1/p)
     premul: Any = None  # multiply each rank's input by this before the sum (PREMUL_SUM)
 
@@ -85,7 +95,7 @@ def _reduction(reduce_op: Any, kind: Any, dtype: torch.dtype, size: int) -> Redu
                              "torch.distributed._make_nccl_premul_sum(factor)")
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(f"mpicomm backend: ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
-        return Reduction(MPI.SUM, premul=factor)
+        return Reduction(_PREMUL_SUM, premul=factor)
     if dtype == torch.bool:
         if kind == _RED.AVG:
             raise ValueError("mpicomm backend: ReduceOp.AVG is not defined for bool tensors")
@@ -105,7 +115,7 @@ def _reduction(reduce_op: Any, kind: Any, dtype: torch.dtype, size: int) -> Redu
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(f"mpicomm backend: ReduceOp.AVG needs a floating-point tensor, got {dtype} "
                              f"(use SUM and divide, or convert the tensor to float)")
-        return Reduction(MPI.SUM, scale=1.0 / size)
+        return Reduction(_AVG_SUM, scale=1.0 / size)
     return Reduction(_PLAIN[kind])
 
 

@@ -48,31 +48,27 @@ thread: no overlap with backward, nothing left to the progress thread).
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Callable, Sequence
 
 import torch
 from mpi4py import MPI
 
+from .. import config
 from ..engine.requests import CollectiveRequest, watched
 
-__all__ = ["Work", "done", "started", "point_to_point", "watch", "SYNC", "synchronous", "progress_setting"]
+__all__ = ["Work", "done", "started", "point_to_point", "watch", "SYNC", "synchronous"]
 
 
-def progress_setting(env: Any = None) -> str:
-    """``MPICOMM_TORCH_PROGRESS`` as ``"async"`` or ``"sync"`` (ValueError naming the value otherwise)."""
-    raw = (os.environ if env is None else env).get("MPICOMM_TORCH_PROGRESS", "async")
-    setting = raw.strip().lower()
-    if setting in ("async", "auto", "thread", ""):
-        return "async"
-    if setting == "sync":
-        return "sync"
-    raise ValueError(f"MPICOMM_TORCH_PROGRESS={raw!r}: expected async (the default) or sync")
+def _sync_at_import() -> bool:
+    try:
+        return config.torch_progress() == "sync"
+    except ValueError:  # refused, on every rank, when the process group's Comm is made (mpicomm.config.problems)
+        return False
 
 
 #: True when every operation completes before its call returns (``MPICOMM_TORCH_PROGRESS=sync``).
-SYNC = progress_setting() == "sync"
+SYNC = _sync_at_import()
 
 
 def synchronous() -> bool:

@@ -1,6 +1,8 @@
 """Property-based fuzz of collective arguments: the MPI library's result, or the same error on every rank.
 
-Each example is one collective call. Hypothesis draws one integer seed; every
+Each example is one collective call - blocking, or (three in ten) a
+persistent request made with the same arguments (``Allreduce_init``...),
+started twice. Hypothesis draws one integer seed; every
 rank derives the whole example from it with NumPy's generator - the
 collective, algorithm, element type, op, root, counts and displacements,
 and possibly one *mutation* that makes the call wrong on one rank (the
@@ -57,7 +59,7 @@ OPS = {"i": ["sum", "prod", "min", "max", "band", "bor", "bxor"], "u": ["sum", "
 MUTATIONS = ["count", "dtype", "root", "root_range", "op", "bad_op", "algorithm", "overlap", "strided", "readonly",
              "object", "displs", "recv_small"]
 
-TALLY = {"cases": 0, "correct_calls": 0, "matched": 0, "bad_calls": 0, "same_error_everywhere": 0,
+TALLY = {"cases": 0, "persistent": 0, "correct_calls": 0, "matched": 0, "bad_calls": 0, "same_error_everywhere": 0,
          "wrong_results": 0, "divergent": 0, "accepted_bad": 0}
 
 
@@ -93,6 +95,7 @@ class Example:
         self.victim = int(rng.integers(p))
         self.everyone = rng.random() < 0.2  # the mutation on every rank, not one
         self.mutation = str(rng.choice(MUTATIONS)) if rng.random() < 0.55 else None
+        self.form = "persistent" if rng.random() < 0.3 else "blocking"  # creation arguments differ, for *_init
         self.rng = rng
         self._fit()
 
@@ -161,6 +164,17 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
         algorithm = others[0] if others else "tornado"
     kw = {} if algorithm is None else {"algorithm": algorithm}
     native = WORLD
+
+    def invoke(method: str, *args: Any, **kwargs: Any) -> None:
+        """The call, blocking or (``ex.form == "persistent"``) as a persistent request started twice."""
+        if ex.form != "persistent":
+            getattr(comm, method)(*args, **kwargs)
+            return
+        request = getattr(comm, method + "_init")(*args, **kwargs)
+        for _ in range(2):  # the second start reuses the plan: it must give the same result
+            request.Start()
+            request.Wait()
+        request.Free()
     mop = None if op is None or op == "summ" else mpicomm.ops.BUILTIN[op].mpi
 
     def send_of(count: int) -> np.ndarray:
@@ -189,21 +203,21 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
         method = {"allreduce": "Allreduce", "scan": "Scan", "exscan": "Exscan", "allgather": "Allgather",
                   "alltoall": "Alltoall", "reduce_scatter_block": "Reduce_scatter_block"}[c]
         extra = {"op": op} if c in REDUCING else {}
-        return (lambda: getattr(comm, method)(send, recv, **extra, **kw)), None, lambda: recv
+        return (lambda: invoke(method, send, recv, **extra, **kw)), None, lambda: recv
 
     if c == "bcast":
         buf = send_of(n) if rank == root else np.zeros(n, dtype)
         if m in ("readonly", "strided", "object"):
             buf = send_of(n) if m != "readonly" else recv_of(n)
         ref = values(root if 0 <= root < p else 0, n, dtype)
-        return (lambda: comm.Bcast(buf, root, **kw)), (lambda: native.Bcast(ref, ex.root)), lambda: (buf, ref)
+        return (lambda: invoke("Bcast", buf, root, **kw)), (lambda: native.Bcast(ref, ex.root)), lambda: (buf, ref)
     if c in ("allreduce", "scan", "exscan", "reduce"):
         send, recv = send_of(n), recv_of(n)
         ref = np.full(n, 99, ex.dtype)
         method = {"allreduce": "Allreduce", "scan": "Scan", "exscan": "Exscan", "reduce": "Reduce"}[c]
         extra = {"root": root} if c == "reduce" else {}
         compare = (c != "exscan" or rank > 0) and (c != "reduce" or rank == ex.root)
-        return ((lambda: getattr(comm, method)(send, recv, op, **extra, **kw)),
+        return ((lambda: invoke(method, send, recv, op, **extra, **kw)),
                 (lambda: getattr(native, method)(values(rank, ex.n, ex.dtype), ref, mop,
                                                  **({"root": ex.root} if c == "reduce" else {}))),
                 (lambda: (recv, ref)) if compare else (lambda: None))
@@ -212,10 +226,10 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
         recv = recv_of(ex.n * p)
         ref = np.full(ex.n * p, 99, ex.dtype)
         if c == "gather":
-            return ((lambda: comm.Gather(send, recv, root, **kw)),
+            return ((lambda: invoke("Gather", send, recv, root, **kw)),
                     (lambda: native.Gather(values(rank, ex.n, ex.dtype), ref, ex.root)),
                     (lambda: (recv, ref)) if rank == ex.root else (lambda: None))
-        return ((lambda: comm.Allgather(send, recv, **kw)),
+        return ((lambda: invoke("Allgather", send, recv, **kw)),
                 (lambda: native.Allgather(values(rank, ex.n, ex.dtype), ref)), lambda: (recv, ref))
     if c in ("gatherv", "allgatherv"):
         counts = list(ex.counts)
@@ -232,29 +246,29 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
         spec = [recv, counts, displs]
         mine = values(rank, ex.counts[rank], ex.dtype)
         if c == "gatherv":
-            return ((lambda: comm.Gatherv(send, spec if rank == root else None, root, **kw)),
+            return ((lambda: invoke("Gatherv", send, spec if rank == root else None, root, **kw)),
                     (lambda: native.Gatherv(mine, [ref, ex.counts] if rank == ex.root else None, ex.root)),
                     (lambda: (recv, ref)) if rank == ex.root else (lambda: None))
-        return ((lambda: comm.Allgatherv(send, spec, **kw)),
+        return ((lambda: invoke("Allgatherv", send, spec, **kw)),
                 (lambda: native.Allgatherv(mine, [ref, ex.counts])), lambda: (recv, ref))
     if c == "scatter":
         send = values(rank, ex.n * p, dtype)
         recv = np.full(n, 99, dtype)
         ref = np.full(ex.n, 99, ex.dtype)
-        return ((lambda: comm.Scatter(send, recv, root, **kw)),
+        return ((lambda: invoke("Scatter", send, recv, root, **kw)),
                 (lambda: native.Scatter(values(rank, ex.n * p, ex.dtype), ref, ex.root)), lambda: (recv, ref))
     if c == "scatterv":
         counts = list(ex.counts)
         send = [values(rank, sum(counts), dtype), counts]
         recv = np.full(counts[rank] + (m == "count"), 99, dtype)
         ref = np.full(ex.counts[rank], 99, ex.dtype)
-        return ((lambda: comm.Scatterv(send if rank == root else None, recv, root, **kw)),
+        return ((lambda: invoke("Scatterv", send if rank == root else None, recv, root, **kw)),
                 (lambda: native.Scatterv([values(rank, sum(ex.counts), ex.dtype), ex.counts]
                                          if rank == ex.root else None, ref, ex.root)), lambda: (recv, ref))
     if c == "alltoall":
         send, recv = send_of(n * p), recv_of(n * p)
         ref = np.full(ex.n * p, 99, ex.dtype)
-        return ((lambda: comm.Alltoall(send, recv, **kw)),
+        return ((lambda: invoke("Alltoall", send, recv, **kw)),
                 (lambda: native.Alltoall(values(rank, ex.n * p, ex.dtype), ref)), lambda: (recv, ref))
     if c == "alltoallv":
         sendcounts = list(ex.matrix[rank])
@@ -264,13 +278,13 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
         send = send_of(sum(sendcounts))
         recv = np.full(sum(recvcounts), 99, dtype)
         ref = np.full(sum(recvcounts), 99, ex.dtype)
-        return ((lambda: comm.Alltoallv([send, sendcounts], [recv, recvcounts], **kw)),
+        return ((lambda: invoke("Alltoallv", [send, sendcounts], [recv, recvcounts], **kw)),
                 (lambda: native.Alltoallv([values(rank, sum(ex.matrix[rank]), ex.dtype), ex.matrix[rank]],
                                           [ref, recvcounts])), lambda: (recv, ref))
     if c == "reduce_scatter_block":
         send, recv = send_of(n * p), recv_of(n)
         ref = np.full(ex.n, 99, ex.dtype)
-        return ((lambda: comm.Reduce_scatter_block(send, recv, op, **kw)),
+        return ((lambda: invoke("Reduce_scatter_block", send, recv, op, **kw)),
                 (lambda: native.Reduce_scatter_block(values(rank, ex.n * p, ex.dtype), ref, mop)),
                 lambda: (recv, ref))
     if c == "reduce_scatter":
@@ -279,7 +293,7 @@ def build(ex: Example, comm: Any, rank: int) -> tuple[Callable[[], Any], Callabl
             counts[0] += 1
         send, recv = send_of(sum(counts)), recv_of(counts[rank])
         ref = np.full(ex.counts[rank], 99, ex.dtype)
-        return ((lambda: comm.Reduce_scatter(send, recv, counts, op, **kw)),
+        return ((lambda: invoke("Reduce_scatter", send, recv, counts, op, **kw)),
                 (lambda: native.Reduce_scatter(values(rank, sum(ex.counts), ex.dtype), ref, ex.counts, mop)),
                 lambda: (recv, ref))
     raise AssertionError(c)
@@ -322,6 +336,7 @@ def run_example(comm: Any, seed: int) -> None:
     elif not bad:
         verdict = f"a correct call raised: {errors[0]}"
     TALLY["cases"] += 1
+    TALLY["persistent"] += ex.form == "persistent"
     TALLY["bad_calls" if bad else "correct_calls"] += 1
     if verdict is None:
         TALLY["same_error_everywhere" if bad else "matched"] += 1
@@ -332,7 +347,7 @@ def run_example(comm: Any, seed: int) -> None:
     else:
         TALLY["divergent"] += 1
     description = (f"seed {seed}: {ex.collective} {ex.dtype} n={ex.n} op={ex.op} root={ex.root} "
-                   f"algorithm={ex.algorithm} mutation={ex.mutation} victim={'all' if ex.everyone else ex.victim}")
+                   f"algorithm={ex.algorithm} form={ex.form} mutation={ex.mutation} victim={'all' if ex.everyone else ex.victim}")
     assert verdict is None, f"{description}: {verdict}"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
+import mpicomm
+
 from mpicomm.torch.tensors import Staged, check_tensor, mpi_op
 
 from .conftest import torch
@@ -49,11 +51,14 @@ def test_non_contiguous_and_bfloat16_are_staged_and_written_back():
 def test_ops_map_to_mpi_with_their_scaling():
     assert mpi_op(R.SUM, torch.float32, 4).op == MPI.SUM
     avg = mpi_op(R.AVG, torch.float64, 4)
-    assert avg.op == MPI.SUM and avg.scale == 0.25
+    # AVG and PREMUL_SUM: a sum under an op of its own, so the agreement tells them from SUM across ranks
+    assert avg.op.mpi == MPI.SUM and avg.op.ufunc == "add" and avg.scale == 0.25
+    assert avg.op.code not in {mpicomm.ops.BUILTIN["sum"].code, mpi_op(dist._make_nccl_premul_sum(2.0),
+                                                                        torch.float32, 2).op.code}
     assert mpi_op(R.BAND, torch.int64, 2).op == MPI.BAND
     assert mpi_op(R.SUM, torch.bool, 2).op == MPI.LOR and mpi_op(R.MIN, torch.bool, 2).op == MPI.LAND
     premul = mpi_op(dist._make_nccl_premul_sum(3.0), torch.float32, 2)
-    assert premul.op == MPI.SUM and premul.premul == 3.0
+    assert premul.op.mpi == MPI.SUM and premul.premul == 3.0
 
 
 @pytest.mark.parametrize("op,dtype,message", [

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpicomm.torch.work import Work, done, progress_setting
+from mpicomm import config
+from mpicomm.torch.work import Work, done
 
 from .conftest import torch
 
@@ -16,14 +17,18 @@ R = dist.ReduceOp
 
 @pytest.mark.parametrize("value,expected", [(None, "async"), ("async", "async"), ("auto", "async"),
                                             ("thread", "async"), (" SYNC ", "sync")])
-def test_progress_setting(value, expected):
-    env = {} if value is None else {"MPICOMM_TORCH_PROGRESS": value}
-    assert progress_setting(env) == expected
+def test_progress_setting(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("MPICOMM_TORCH_PROGRESS", raising=False)
+    else:
+        monkeypatch.setenv("MPICOMM_TORCH_PROGRESS", value)
+    assert config.torch_progress() == expected
 
 
-def test_progress_setting_names_a_bad_value():
-    with pytest.raises(ValueError, match="MPICOMM_TORCH_PROGRESS='spin'.*async.*sync"):
-        progress_setting({"MPICOMM_TORCH_PROGRESS": "spin"})
+def test_progress_setting_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv("MPICOMM_TORCH_PROGRESS", "spin")
+    with pytest.raises(ValueError, match="MPICOMM_TORCH_PROGRESS='spin'.*async, sync"):
+        config.torch_progress()
 
 
 def test_reduce_op_hash_is_its_code():
