@@ -111,8 +111,9 @@ class Report:
 def run(argv: list[str] | None = None) -> int:
     args = parse(argv)
     xp = importlib.import_module(args.backend)
-    import mpicomm
     from mpi4py import MPI
+
+    import mpicomm
 
     comm = mpicomm.Comm()
     if args.backend == "cupy":
@@ -171,7 +172,7 @@ def run(argv: list[str] | None = None) -> int:
     out.say(f"\n5. barriers ({args.iters} each, after {warm} untimed)")
     for algorithm in mpicomm.algorithms("barrier"):
         comm.Barrier(algorithm=algorithm)
-        per = comm.allreduce(timed(args.iters, lambda: comm.Barrier(algorithm=algorithm), warm), op=MPI.MAX)
+        per = comm.allreduce(timed(args.iters, lambda a=algorithm: comm.Barrier(algorithm=a), warm), op=MPI.MAX)
         out.say(f"  {algorithm:<14} {cli.format_time(per):>10}")
         results["barrier"].append({"algorithm": algorithm, "us": per * 1e6})
 
@@ -191,7 +192,7 @@ def run(argv: list[str] | None = None) -> int:
         send, expected, got = make_send(), make_recv(), make_recv()
         getattr(MPI.COMM_WORLD, method)(send, expected)  # the library's own answer (host or CUDA-aware)
         calls = max(1, args.iters // 10)
-        native = comm.allreduce(timed(calls, lambda: getattr(MPI.COMM_WORLD, method)(send, expected), warm),
+        native = comm.allreduce(timed(calls, lambda m=method, s=send, e=expected: getattr(MPI.COMM_WORLD, m)(s, e), warm),
                                 op=MPI.MAX)
         for algorithm in mpicomm.algorithms(collective):
             why = registry.allowed(registry.lookup(collective, algorithm), facts)
@@ -201,7 +202,8 @@ def run(argv: list[str] | None = None) -> int:
                 continue
             getattr(comm, method)(send, got, algorithm=algorithm)
             out.check(bool(xp.allclose(got, expected)), f"{collective}/{algorithm}")
-            per = comm.allreduce(timed(calls, lambda: getattr(comm, method)(send, got, algorithm=algorithm), warm),
+            per = comm.allreduce(timed(calls, lambda m=method, s=send, g=got, a=algorithm: getattr(comm, m)(s, g, algorithm=a),
+                                       warm),
                                  op=MPI.MAX)
             out.say(f"  {collective:<14} {algorithm:<20} {per * 1e6:9.1f}  {native * 1e6:8.1f}")
             results["collectives"].append({"collective": collective, "algorithm": algorithm, "us": per * 1e6,

@@ -43,8 +43,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,10 @@ def _triad_path(path: str) -> str:
     return "compiled" if available("compiled")[0] else "numpy"
 
 
-def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.dtype = np.dtype(np.float64),
+_FLOAT64 = np.dtype(np.float64)
+
+
+def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.dtype = _FLOAT64,
             residual: bool = False, quiet: bool = True, progress: cli.Progress | None = None) -> Row:
     """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the best of *repeat*.
 

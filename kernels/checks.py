@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

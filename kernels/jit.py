@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["numba_reason", "compiled"]
 

@@ -79,7 +79,7 @@ def available(path: str) -> tuple[bool, str]:
     raise _unknown(path)
 
 
-def select(path: str) -> "Kernels":
+def select(path: str) -> Kernels:
     """The kernels of *path*: ValueError for an unknown name, RuntimeError (with the fix) if it cannot run here."""
     if path not in PATHS:
         raise _unknown(path)

@@ -79,8 +79,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
 
     import mpicomm
     from mpicomm import config, device
-    from mpicomm.transport import buffers
     from mpicomm.launcher import from_environment
+    from mpicomm.transport import buffers
 
     launch = from_environment()  # before MPI starts, as a program would
     from mpi4py import MPI
@@ -516,15 +516,15 @@ def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str]
             if rd.syncs:
                 seen.add("wait")
                 ax.plot([x], [r], "D", color=_COLOURS["wait"], ms=6, zorder=4)
-                names = sorted({sync.name or f"counter {sync.word}" for sync in rd.syncs})
-                ax.text(x, r - 0.2, "wait " + ", ".join(names), ha="center", va="bottom", fontsize=6,
+                counters = sorted({sync.name or f"counter {sync.word}" for sync in rd.syncs})
+                ax.text(x, r - 0.2, "wait " + ", ".join(counters), ha="center", va="bottom", fontsize=6,
                         color=_COLOURS["wait"])
-            for kind, items in (("nested", rd.nested), ("library", rd.library)):
+            for call, items in (("nested", rd.nested), ("library", rd.library)):
                 for item in items:
-                    seen.add(kind)
-                    ax.add_patch(Rectangle((x - 0.1, r - 0.3), _ARRIVE + 0.2, 0.6, facecolor=_COLOURS[kind],
+                    seen.add(call)
+                    ax.add_patch(Rectangle((x - 0.1, r - 0.3), _ARRIVE + 0.2, 0.6, facecolor=_COLOURS[call],
                                            hatch="//", edgecolor="0.3", lw=0.6, zorder=2))
-                    text = (f"{item.collective}\n{getattr(item.comm, 'size', '?')} ranks" if kind == "nested"
+                    text = (f"{item.collective}\n{getattr(item.comm, 'size', '?')} ranks" if call == "nested"
                             else "library")
                     ax.text(x + _ARRIVE / 2, r, text, ha="center", va="center", fontsize=6, zorder=4)
     matched, unmatched = _matched(scheds)

@@ -38,7 +38,8 @@ import re
 import shlex
 import sys
 import time
-from typing import Any, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
 from .config import describe_cpu
 

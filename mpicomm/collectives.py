@@ -17,18 +17,20 @@ the ranks; the ``v``-forms work on flat element counts.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import numbers
+from collections.abc import Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 from mpi4py import MPI
 
-from .transport.buffers import adopt, array_module, check_array
 from .coll.patterns import block_partition
-from .front.dispatch import start
-from .plan.args import Args
 from .comm import Comm
-from .ops import resolve
 from .engine.requests import Request
+from .front.dispatch import start
+from .ops import resolve
+from .plan.args import Args
+from .transport.buffers import adopt, array_module, check_array
 from .validate import check_peer
 
 __all__ = [
@@ -63,7 +65,7 @@ def _flat(x: Any) -> Any:
     return x.reshape(-1)
 
 
-def _new(x: Any, shape: tuple, dtype: Any = None) -> Any:
+def _new(x: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
     xp = array_module(x)
     if xp is np:
         return np.empty(shape, x.dtype if dtype is None else dtype)
@@ -71,7 +73,7 @@ def _new(x: Any, shape: tuple, dtype: Any = None) -> Any:
         return xp.empty(shape, x.dtype if dtype is None else dtype)
 
 
-def _output(args: Args, x: Any, out: Any, shape: tuple, name: str = "out") -> Any:
+def _output(args: Args, x: Any, out: Any, shape: tuple[int, ...], name: str = "out") -> Any:
     """*out* checked against the result's shape, dtype and module, or a new array."""
     if out is None:
         return _new(x, shape)
@@ -92,6 +94,14 @@ def _input(args: Args, x: Any, name: str = "x") -> Any:
     if xp is not np:
         args.device = x.device
     return x
+
+
+@overload
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: Literal[False]) -> Request: ...
+
+
+@overload
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any: ...
 
 
 def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
@@ -234,7 +244,9 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
     c = _comm(comm)
     p, rank = c.Get_size(), c.Get_rank()
     # Always exchanged (one small gather), so no rank decides alone to make a call the others skip.
-    sizes = c.library_comm.gather(getattr(x, "size", 0), root=root if isinstance(root, int) and 0 <= root < p else 0)
+    # (the same root as check_peer's below where that is valid - a NumPy integer too - so the root has the sizes)
+    gather_root = int(root) if isinstance(root, numbers.Integral) and 0 <= root < p else 0
+    sizes = c.library_comm.gather(getattr(x, "size", 0), root=gather_root)
     args = Args("gatherv")
 
     def read() -> None:
@@ -243,7 +255,9 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
         x = _input(args, x)
         args.send = _flat(x)
         if rank == args.root:
-            cs = tuple(int(n) for n in (sizes if counts is None else counts))
+            given = sizes if counts is None else counts
+            assert given is not None  # the root's gather above returned every rank's size
+            cs = tuple(int(n) for n in given)
             if len(cs) != p:
                 raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
             result = _output(args, x, out, (sum(cs),))
@@ -263,7 +277,10 @@ def _received_part(c: Comm, root: Any, x: Any, out: Any, shapes: Any) -> Any:
     its own checks then report the problem on every rank.
     """
     p, rank = c.Get_size(), c.Get_rank()
-    if not (isinstance(root, int) and 0 <= root < p):
+    if not isinstance(root, numbers.Integral):  # (check_peer takes a NumPy integer too)
+        return None
+    root = int(root)
+    if not 0 <= root < p:
         return None
     info = None
     if rank == root:
@@ -381,7 +398,7 @@ def allgatherv(x: Any, counts: Sequence[int] | None = None, *, algorithm: str | 
     def read() -> None:
         nonlocal x
         x = _input(args, x)
-        cs = tuple(int(n) for n in counts)  # type: ignore[union-attr]
+        cs = tuple(int(n) for n in counts)
         if len(cs) != p:
             raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
         result = _output(args, x, out, (sum(cs),))
@@ -440,7 +457,7 @@ def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | Non
     def read() -> None:
         nonlocal x
         x = _input(args, x)
-        sc, rc = tuple(int(n) for n in sendcounts), tuple(int(n) for n in recvcounts)  # type: ignore[union-attr]
+        sc, rc = tuple(int(n) for n in sendcounts), tuple(int(n) for n in recvcounts)
         if len(sc) != p or len(rc) != p or sum(sc) > x.size:
             raise ValueError(f"sendcounts {list(sc)} / recvcounts {list(rc)}: need {p} entries each, "
                              f"sendcounts summing to at most x.size = {x.size}")

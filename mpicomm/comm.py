@@ -23,19 +23,23 @@ All topology values are computed then, never lazily, so reading
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 from mpi4py import MPI
 
-from . import p2p, registry
-from .transport import specs
 from . import device as _device
-from .transport.buffers import adopt, array_module
+from . import p2p, registry
 from .engine.requests import Request, run
 from .front import dispatch, persistent, readers
 from .plan.args import Args
-from .state import Freed, job_local_rank, state_of
+from .state import Freed, State, job_local_rank, state_of
+from .transport import specs
+from .transport.buffers import adopt, array_module
+
+if TYPE_CHECKING:
+    from .rendezvous import Rendezvous
+    from .rma import Window
 
 __all__ = ["Comm"]
 
@@ -48,9 +52,13 @@ class Comm(MPI.Intracomm):
 
     ``Comm()`` wraps ``MPI.COMM_WORLD``; ``Comm(sub)`` wraps any intracommunicator.
     Collective over the communicator the first time it is wrapped.
+
+    Unlike mpi4py's, its nonblocking collectives return an ``mpicomm.Request`` and its ``*_init`` forms an
+    ``mpicomm.Prequest`` (mpi4py's request interface, not ``MPI.Request`` subclasses), and ``Idup`` returns
+    a plain ``MPI.Intracomm``.
     """
 
-    def __new__(cls, mpi_comm: MPI.Intracomm | None = None) -> "Comm":
+    def __new__(cls, mpi_comm: MPI.Intracomm | None = None) -> Comm:
         base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         if isinstance(base, MPI.Comm) and base == MPI.COMM_NULL:
             raise ValueError("mpi_comm is MPI.COMM_NULL; this rank is not in that communicator")
@@ -61,7 +69,7 @@ class Comm(MPI.Intracomm):
         return super().__new__(cls, base)
 
     def __init__(self, mpi_comm: MPI.Intracomm | None = None):
-        self._state = state_of(self)
+        self._state: State | Freed = state_of(self)  # a Freed once freed: every read of it raises FreedError
 
     # ------------------------------------------------------------ topology
 
@@ -242,7 +250,7 @@ class Comm(MPI.Intracomm):
 
     # ------------------------------------------------------------ pull
 
-    def expose(self, buf: Any):
+    def expose(self, buf: Any) -> Window:
         """Expose array *buf* in an RMA window that other ranks ``get`` from and ``put`` to (collective).
 
         Returns a :class:`mpicomm.Window`; free it with ``win.Free()`` or a ``with`` block.
@@ -251,7 +259,7 @@ class Comm(MPI.Intracomm):
 
         return Window(self, buf)
 
-    def rendezvous(self):
+    def rendezvous(self) -> Rendezvous:
         """A :class:`mpicomm.Rendezvous` over this communicator: owners publish, pullers ask (collective)."""
         from .rendezvous import Rendezvous
 
@@ -279,8 +287,16 @@ class Comm(MPI.Intracomm):
     # mpicomm does not run itself (derived datatypes, MPI.BOTTOM) go to the MPI
     # library's own collective. The I-forms return an mpicomm.Request.
 
+    @overload
+    def _collective(self, collective: str, blocking: Literal[False], algorithm: str | None, *args: Any,
+                    _fast: None = None, **kwargs: Any) -> Request: ...
+
+    @overload
     def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any,
-                    _fast: tuple | None = None, **kwargs: Any) -> Any:
+                    _fast: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None, **kwargs: Any) -> Any: ...
+
+    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any,
+                    _fast: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None, **kwargs: Any) -> Any:
         return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking, _fast)
 
     # A blocking call repeated on the same arrays runs its kept plan at once (dispatch.Fast): the key is the
@@ -470,7 +486,8 @@ class Comm(MPI.Intracomm):
     # Each returns an mpicomm.Prequest bound to the buffers (see mpicomm.coll.persistent): the
     # arguments are read and agreed and the algorithm chosen now (collective); Start() runs it.
 
-    def _persistent(self, collective: str, algorithm: str | None, info: Any, *args: Any, **kwargs: Any) -> Any:
+    def _persistent(self, collective: str, algorithm: str | None, info: Any, *args: Any,
+                    **kwargs: Any) -> persistent.Prequest:
         read = Args("barrier") if collective == "barrier" else _read(collective, self, *args, **kwargs)
         return persistent.create(self._state, read, algorithm)  # (info: no hint is used)
 
@@ -558,15 +575,15 @@ class Comm(MPI.Intracomm):
 
     # ------------------------------------------------------------ communicator constructors
 
-    def Dup(self, info: MPI.Info | None = None) -> "Comm":
+    def Dup(self, info: MPI.Info | None = None) -> Comm:
         """Duplicate (collective); the copy is a ``Comm`` with its own private state."""
         return Comm(MPI.Intracomm.Dup(self, info))
 
-    def Dup_with_info(self, info: MPI.Info) -> "Comm":
+    def Dup_with_info(self, info: MPI.Info) -> Comm:
         """Duplicate with *info* (collective); the copy is a ``Comm``."""
         return Comm(MPI.Intracomm.Dup_with_info(self, info))
 
-    def Clone(self) -> "Comm":
+    def Clone(self) -> Comm:
         """Same as :meth:`Dup`."""
         return self.Dup()
 
@@ -584,7 +601,7 @@ class Comm(MPI.Intracomm):
         """
         what = f"mpicomm.Comm {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
         MPI.Intracomm.Free(self)
-        self._state = Freed(what)  # type: ignore[assignment]
+        self._state = Freed(what)
 
     def __repr__(self) -> str:
         s = self._state

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = [
     "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override",

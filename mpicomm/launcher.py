@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 __all__ = ["LaunchInfo", "from_environment", "LAUNCHERS"]
 
@@ -118,7 +118,8 @@ def slurm_tasks_per_node(spec: str, limit: int = MAX_NODES) -> list[int]:
 #: What each launcher sets, in the order launchers are consulted: the one that started
 #: this process directly must win. Per field, the variable names to try in turn
 #: (None: the launcher does not say). Fields: rank, size, local_rank, local_size, node, nodes.
-LAUNCHERS: dict[str, tuple[tuple[str, ...] | None, ...]] = {
+LAUNCHERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...] | None,
+                           tuple[str, ...] | None, tuple[str, ...] | None]] = {
     "openmpi": (("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_LOCAL_RANK",),
                 ("OMPI_COMM_WORLD_LOCAL_SIZE",), None, None),
     "mvapich": (("MV2_COMM_WORLD_RANK",), ("MV2_COMM_WORLD_SIZE",), ("MV2_COMM_WORLD_LOCAL_RANK",),
@@ -150,7 +151,8 @@ def _read(launcher: str, env: Env) -> dict | None:
     if launcher == "slurm":
         values["local_size"] = _slurm_local_size(env, values["node"])
     for index, total in (("rank", "size"), ("local_rank", "local_size")):
-        if values[index] is not None and values[total] is not None and values[index] >= values[total]:
+        below, bound = values[index], values[total]
+        if below is not None and bound is not None and below >= bound:
             raise ValueError(
                 f"launcher {launcher!r}: {index} {values[index]} ({_named(env, names, index)}) is not below "
                 f"{total} {values[total]} ({_named(env, names, total)}); expected 0 <= {index} < {total}: fix "

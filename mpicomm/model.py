@@ -54,9 +54,10 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .catalogue import row
 
@@ -124,11 +125,14 @@ class Machine:
             if getattr(self, mem) is None:
                 object.__setattr__(self, mem, getattr(self, cached))
 
-    def at(self, working_set: float) -> "Machine":
+    def at(self, working_set: float) -> Machine:
         """The machine a call with *working_set* bytes pays: itself when working_set ≤ ``cache_bytes``, else a
         copy whose ``intra``/``inter``/``gamma``/``copy`` are the memory-regime values."""
         if working_set <= self.cache_bytes:
             return self
+        # (never None once made: __post_init__ fills each one left out with its cache-regime value)
+        assert self.intra_mem is not None and self.inter_mem is not None
+        assert self.gamma_mem is not None and self.copy_mem is not None
         return replace(self, intra=self.intra_mem, inter=self.inter_mem, gamma=self.gamma_mem, copy=self.copy_mem)
 
     def correction(self, collective: str, algorithm: str) -> float:
@@ -151,7 +155,7 @@ class Machine:
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "Machine":
+    def from_json(cls, text: str) -> Machine:
         """Read a machine written by :meth:`to_json`; ValueError naming what is wrong otherwise."""
         try:
             body = json.loads(text)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 from mpi4py import MPI
@@ -153,10 +154,13 @@ def is_pair_dtype(dtype: np.dtype) -> bool:
     names = dtype.names
     if not names or len(names) != 2:
         return False
-    (vt, v_at), (it, i_at) = dtype.fields[names[0]][:2], dtype.fields[names[1]][:2]
+    fields = dtype.fields
+    assert fields is not None  # (a dtype with field names has fields)
+    (vt, v_at), (it, i_at) = fields[names[0]][:2], fields[names[1]][:2]
     if vt not in PAIR_TYPES or it != np.dtype(np.int32):
         return False
     ref = pair_dtype(vt)
+    assert ref.fields is not None  # (a structured dtype)
     return v_at == 0 and i_at == ref.fields["index"][1] and dtype.itemsize == ref.itemsize
 
 
@@ -206,7 +210,7 @@ def _fingerprint(fn: Any, depth: int = 0) -> str:
     func = getattr(fn, "__func__", fn)  # a bound method: its function (and the type it is bound to, below)
     code = getattr(func, "__code__", None)
     if code is None:
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - the method itself, to fingerprint its code
         kind = type(fn)
         inner = _fingerprint(call, depth + 1) if hasattr(call, "__code__") else ""
         return f"{kind.__module__}.{kind.__qualname__}:{inner}"
@@ -260,7 +264,17 @@ def create(fn: Callable, commutative: bool = False, name: str | None = None) -> 
     return Op(label, bool(commutative), combine, _NUMERIC + "b", None, _code_of(label + "\0" + _fingerprint(fn)))
 
 
-def _is_ufunc(fn: Any) -> bool:
+class _Ufunc(Protocol):
+    """What a NumPy or CuPy ufunc has that :func:`create` reads."""
+
+    __name__: str
+    nin: int
+    nout: int
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def _is_ufunc(fn: Any) -> TypeGuard[_Ufunc]:
     return type(fn).__name__ == "ufunc" and hasattr(fn, "nin")
 
 

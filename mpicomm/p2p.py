@@ -34,6 +34,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
+from .device import cupy_module
+from .engine.requests import Envelope, Steps, _active, run
 from .transport.buffers import (
     array_module,
     check_array,
@@ -44,8 +46,6 @@ from .transport.buffers import (
     recv_buffer,
     send_buffer,
 )
-from .device import cupy_module
-from .engine.requests import Envelope, Steps, _active, run
 from .validate import check_peer, check_tag
 
 __all__ = [
@@ -84,7 +84,9 @@ class Channel:
     def __init__(self, comm: MPI.Intracomm):
         self.header = private_dup(comm)
         self.payload = private_dup(comm)
-        self.tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB))  # MPI attaches TAG_UB to COMM_WORLD only
+        tag_ub = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # MPI attaches TAG_UB to COMM_WORLD only
+        assert tag_ub is not None  # (a predefined attribute: always there)
+        self.tag_ub = int(tag_ub)
         self.seq_modulus = self.tag_ub + 1  # payload tags: sequence numbers modulo this
         self._next_seq: defaultdict[int, int] = defaultdict(int)
         self.spare: list[np.ndarray] = []  # receive buffers of finished inline receives, for the next ones

@@ -59,17 +59,20 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 import math
 import pkgutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 from . import config
-from .rules import Rules, describe as describe_rule, holds as _holds
-from .rules import default as _default_rules
 from .catalogue import CATALOGUE, family
 from .model import NOMINAL, CostFunction, Link, Machine, working_set
+from .rules import Rules
+from .rules import default as _default_rules
+from .rules import describe as describe_rule
+from .rules import holds as _holds
 
 __all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "auto_rule",
            "SELECTION", "DEFAULT",
@@ -175,13 +178,13 @@ def allowed(algorithm: Algorithm, facts: dict) -> str | None:
     return None
 
 
-def auto(collective: str, facts: dict) -> "Algorithm":
+def auto(collective: str, facts: dict) -> Algorithm:
     """The default rules' choice (:data:`SELECTION`) for a call with these *facts*, skipping algorithms that are not
     :func:`allowed`; when no rule fits, the first algorithm by name that can run (measured rules not consulted)."""
     return auto_rule(collective, {**facts, "rules": None})[0]
 
 
-def auto_rule(collective: str, facts: dict) -> tuple["Algorithm", str, str]:
+def auto_rule(collective: str, facts: dict) -> tuple[Algorithm, str, str]:
     """What ``auto`` picks for a call with these *facts*, where from, and which rule: ``(algorithm, source, rule)``.
 
     *source* is ``"rules"`` (the measured rules ``facts["rules"]``) or ``"table"`` (the default rules, or
@@ -207,7 +210,7 @@ def auto_rule(collective: str, facts: dict) -> tuple["Algorithm", str, str]:
 
 
 def _first(rules: Any, collective: str, facts: dict, applies: bool = True,
-           strict: bool = True) -> tuple[int, dict, "Algorithm"] | None:
+           strict: bool = True) -> tuple[int, dict, Algorithm] | None:
     """(index, rule, algorithm) of the first of *rules* that holds and whose algorithm is allowed. *strict*: an
     algorithm that is not registered raises ValueError (the default rules); else the rule is skipped (measured
     rules, read from a file that another installation may have written)."""
@@ -215,6 +218,7 @@ def _first(rules: Any, collective: str, facts: dict, applies: bool = True,
         return None
     for index, rule in enumerate(rules):
         if _holds(rule, facts):
+            algorithm: Algorithm | None
             if strict:
                 algorithm = lookup(collective, rule["algorithm"])
             else:

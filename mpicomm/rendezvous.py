@@ -31,8 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import p2p, trace
-from .transport.buffers import adopt, array_module, check_array, element_view
 from .engine.requests import Request, Steps, barrier, progress
+from .transport.buffers import adopt, array_module, check_array, element_view
 from .validate import check_int, check_peer
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class Rendezvous:
 
     MAX_KEY_BYTES = 1024
 
-    def __init__(self, comm: "Comm"):
+    def __init__(self, comm: Comm):
         self.comm = comm
         barrier(comm.library_comm)  # peers' pending transfers to this rank keep moving meanwhile
         self._control = p2p.private_dup(comm)
@@ -263,7 +263,7 @@ class Rendezvous:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> "Rendezvous":
+    def __enter__(self) -> Rendezvous:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

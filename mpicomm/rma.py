@@ -41,8 +41,17 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .transport.buffers import adopt, check_array, dtype_code, dtype_from_code, ops_for, recv_buffer, send_buffer, transfer_path
 from .engine.requests import barrier
+from .transport.buffers import (
+    adopt,
+    check_array,
+    dtype_code,
+    dtype_from_code,
+    ops_for,
+    recv_buffer,
+    send_buffer,
+    transfer_path,
+)
 from .validate import check_int, check_peer, check_span
 
 if TYPE_CHECKING:
@@ -54,7 +63,7 @@ __all__ = ["Window"]
 class Window:
     """An array per rank, exposed for one-sided ``get``/``put`` (create with ``comm.expose(buf)``)."""
 
-    def __init__(self, comm: "Comm", buf: Any):
+    def __init__(self, comm: Comm, buf: Any):
         problem, layout = None, (-1, 0)
         memory = None
         try:
@@ -198,7 +207,7 @@ class Window:
             barrier(self.comm.library_comm)  # peers' pending mpicomm transfers keep moving meanwhile
             self.win.Free()
 
-    def __enter__(self) -> "Window":
+    def __enter__(self) -> Window:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

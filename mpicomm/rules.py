@@ -67,8 +67,9 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from . import model
 
@@ -223,7 +224,7 @@ class Rules:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<text>", known: Callable[[str], Sequence[str]] | None = None,
-                  fix: str = "") -> "Rules":
+                  fix: str = "") -> Rules:
         """Read and check a rules file's *text* (*source* names it in errors).
 
         *known(collective)* lists the registered algorithms of a collective

@@ -30,7 +30,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["main", "abort", "exit_together", "handle_interrupts"]
 

@@ -36,8 +36,9 @@ only what depends on what, never when to post.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,18 +59,23 @@ class View(NamedTuple):
     def size(self) -> int:
         return self.stop - self.start
 
-    def __getitem__(self, key: Any) -> "View":  # type: ignore[override]
+    def __getitem__(self, key: Any) -> View:  # type: ignore[override]
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError(f"a schedule view takes contiguous slices [a:b], got {key!r}")
         a, b, _ = key.indices(self.stop - self.start)
         b = max(a, b)
         return View(self.buf, self.start + a, self.start + b)
 
-    def reshape(self, *shape: Any) -> "View":
+    def part(self, start: int | None, stop: int | None = None) -> View:
+        """``view[start:stop]``, typed as a View: type checkers take any slice of a NamedTuple for a plain tuple,
+        without reading :meth:`__getitem__` (the algorithms slice their views through this)."""
+        return self.__getitem__(slice(start, stop))
+
+    def reshape(self, *shape: Any) -> View:
         """Views are flat; ``reshape(-1)`` (as array code writes it) returns the view itself."""
         return self
 
-    def __len__(self) -> int:  # type: ignore[override]
+    def __len__(self) -> int:
         return self.stop - self.start
 
     def __repr__(self) -> str:
@@ -145,7 +151,7 @@ class Nested(NamedTuple):
     send: View | None
     recv: View | None
     root: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named as the call's argument, shadowing tuple.count on purpose
     algorithm: str | None
     recvcounts: tuple[int, ...] | None = None
     recvdispls: tuple[int, ...] | None = None
@@ -197,7 +203,7 @@ class Schedule:
     dtype: np.dtype
     buffers: list[tuple[int, np.dtype]]  # count and element type of every buffer: send, recv, scratch…
     rounds: list[Round]
-    then: Callable[["Builder"], None] | None = None  # builds further rounds at run time (data-dependent sizes)
+    then: Callable[[Builder], None] | None = None  # builds further rounds at run time (data-dependent sizes)
     gated: bool = False  # run only after the ranks agreed (collective set-up inside, or counters in shared memory)
     ticks: int = 0  # counter values a shared-memory schedule reserves (its Syncs count from base)
 

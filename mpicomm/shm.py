@@ -102,7 +102,7 @@ class Pool:
         if self._window is None or type(x) is not np.ndarray or not x.flags.c_contiguous:
             return None
         start = x.__array_interface__["data"][0] - self._window.base
-        if 0 <= start and start + x.nbytes <= self._window.nbytes:
+        if start >= 0 and start + x.nbytes <= self._window.nbytes:
             return start
         return None
 
@@ -119,7 +119,7 @@ class Pool:
             self._window, self._root = None, None
             self._arena.release()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: object) -> None:

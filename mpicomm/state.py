@@ -23,7 +23,7 @@ import collections
 import sys
 import threading
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -119,12 +119,13 @@ class State:
         self.comm = comm
         rank = comm.Get_rank()
         self.rank, self.size = rank, comm.Get_size()
-        self.node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm))
+        # (MPI_Comm_split_type and MPI_Comm_split make intracommunicators; mpi4py's stubs say Comm)
+        self.node_comm = cast(MPI.Intracomm, comm.Split_type(MPI.COMM_TYPE_SHARED, key=_local_order(comm)))
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
         ranks_on_node(self.local_size)
         first = self.node_comm.allreduce(rank, op=MPI.MIN)  # nodes are numbered by their lowest rank
-        leaders = comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first)
+        leaders = cast(MPI.Intracomm, comm.Split(0 if self.local_rank == 0 else MPI.UNDEFINED, key=first))
         self.leader_comm = None if leaders == MPI.COMM_NULL else leaders
         where = np.zeros(3, np.int64)
         if self.leader_comm is not None:
@@ -132,10 +133,10 @@ class State:
             where[:] = self.leader_comm.Get_rank(), self.leader_comm.Get_size(), most
         self.node_comm.Bcast(where, root=0)
         self.node, self.nodes, self.ppn = int(where[0]), int(where[1]), int(where[2])
-        every = np.empty((self.size, 2), np.int64)
-        comm.Allgather(np.array([self.node, self.local_rank], np.int64), every)
-        self.node_of = tuple(int(v) for v in every[:, 0])  # every rank's node
-        self.local_of = tuple(int(v) for v in every[:, 1])  # every rank's local rank
+        placed = np.empty((self.size, 2), np.int64)
+        comm.Allgather(np.array([self.node, self.local_rank], np.int64), placed)
+        self.node_of = tuple(int(v) for v in placed[:, 0])  # every rank's node
+        self.local_of = tuple(int(v) for v in placed[:, 1])  # every rank's local rank
         self.host = MPI.Get_processor_name()
         self.library_comm = p2p.private_dup(comm)
         self.channel = p2p.Channel(comm)
@@ -162,7 +163,7 @@ class State:
         self.levels = None
         self.freed = False
 
-    def sub_state(self, comm: MPI.Intracomm) -> "State":
+    def sub_state(self, comm: MPI.Intracomm) -> State:
         """The state of another communicator (collective over it: a hierarchical level's)."""
         return state_of(comm)
 
@@ -273,7 +274,7 @@ def state_of(comm: MPI.Intracomm) -> State:
     """The :class:`State` of *comm* (any intracommunicator); built collectively the first time."""
     if not _keyval:
         _keyval.append(MPI.Comm.Create_keyval(delete_fn=_delete_state))
-    state = comm.Get_attr(_keyval[0])
+    state = cast("State | None", comm.Get_attr(_keyval[0]))  # (our keyval: only a State is ever set on it)
     if state is None:
         state = State(comm)
         comm.Set_attr(_keyval[0], state)
@@ -298,7 +299,7 @@ def world_machine() -> model.Machine:
         return model.NOMINAL
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return model.NOMINAL
-    state = MPI.COMM_WORLD.Get_attr(_keyval[0])
+    state = cast("State | None", MPI.COMM_WORLD.Get_attr(_keyval[0]))  # (our keyval: only a State is set on it)
     if state is None:
         return model.NOMINAL
     if state.machine is not None:

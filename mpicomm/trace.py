@@ -86,7 +86,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Generator, Iterator
+from collections.abc import Generator, Iterator
+from typing import Any, TextIO, TypeVar
 
 __all__ = ["ON", "PATH", "MAX_EVENTS", "now", "record", "next_seq", "steps", "span", "flush", "dropped", "dtype_name"]
 
@@ -154,7 +155,13 @@ def _failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def steps(inner: Generator, name: str, cat: str, args: dict) -> Generator:
+_Yield = TypeVar("_Yield")
+_Send = TypeVar("_Send")
+_Return = TypeVar("_Return")
+
+
+def steps(inner: Generator[_Yield, _Send, _Return], name: str, cat: str,
+          args: dict) -> Generator[_Yield, _Send, _Return]:
     """Run step generator *inner* and record it as one event *name* of category *cat*.
 
     The event starts when the generator starts and ends when it returns, raises
@@ -217,7 +224,7 @@ def _rows(events: list[tuple]) -> tuple[list[int], list[str]]:
         first = len(names)
         for i in mine:
             start, end = events[i][2], events[i][3]
-            for row, open_ends in enumerate(rows):
+            for row, open_ends in enumerate(rows):  # noqa: B007 - the loop's index is the row it stops at
                 while open_ends and open_ends[-1] <= start:
                     open_ends.pop()
                 if not open_ends or end <= open_ends[-1]:
@@ -342,6 +349,7 @@ class _Writer:
         self.temp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
         self.error: str | None = None
         self.first = True
+        self.file: TextIO | None
         try:
             self.file = open(self.temp, "w", encoding="utf-8")  # noqa: SIM115 - closed in finish()
         except OSError as exc:

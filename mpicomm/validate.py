@@ -69,7 +69,6 @@ import numbers
 
 from mpi4py import MPI
 
-
 __all__ = ["check_peer", "check_tag", "check_int", "check_span"]
 
 

@@ -46,8 +46,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ def cases(collective: str, p: int, quick: bool = False) -> list[Case]:
         return [Case(0, "-", None, None, False, mode) for mode in MODES]
     kinds = ([("int64", "sum"), ("float64", "sum"), ("int64", MATMUL)] if spec.reducing
              else [("int64", None), ("float64", None)])
-    roots: list[int | None] = sorted({0, p // 2, p - 1}) if spec.rooted else [None]
+    roots: Sequence[int | None] = sorted({0, p // 2, p - 1}) if spec.rooted else [None]
     places = (False, True) if collective in IN_PLACE else (False,)
     return [Case(count, dtype, op, root, in_place, mode) for count in counts_for(p, quick) for dtype, op in kinds
             for root in roots for in_place in places for mode in MODES]
@@ -214,7 +215,9 @@ def pair_check(collective: str, algorithm: str, p: int, quick: bool = False, nod
     from .schedule import check_pairs
 
     seen: set[tuple] = set()
-    checked, problems, refusals = 0, [], []
+    checked = 0
+    problems: list[str] = []
+    refusals: list[str] = []
     if registry.allowed(registry.lookup(collective, algorithm), {"p": p, "nodes": nodes}) is not None:
         return checked, problems, refusals
     for case in cases(collective, p, quick):
@@ -342,6 +345,9 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
     n = case.count * case.unit
     root, in_place = case.root, case.in_place
     IN = MPI.IN_PLACE
+    send: np.ndarray | None  # (None where a rank sends nothing, as mine and theirs where it receives nothing)
+    mine: np.ndarray | None
+    theirs: np.ndarray | None
 
     def full(size: int) -> np.ndarray:
         return np.full(size, SENTINEL, dt)
@@ -383,7 +389,7 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         mine = full(n) if gets else None
         theirs = full(n) if gets else None
         here = in_place and gets
-        if mine is not None:
+        if mine is not None and theirs is not None:  # (gets)
             filler(mine, x) if here else reset(mine)
             reset(theirs)
         call.mine = (IN if here else send, mine)
@@ -391,6 +397,7 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         if fam == "reduce":
             call.keywords["root"] = root
         if defined:
+            assert mine is not None and theirs is not None  # (defined: gets)
             call.results.append(("recvbuf", mine, theirs))
         call.inputs.append(("sendbuf", send, x))
         return call
@@ -403,7 +410,7 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         gets = fam == "allgather" or rank == root
         here = in_place and gets
         mine, theirs = (full(size), full(size)) if gets else (None, None)
-        if gets:
+        if mine is not None and theirs is not None:  # (gets)
             own = slice(displs[rank], displs[rank] + counts[rank])
             filler(mine, x, own) if here else reset(mine)
             reset(theirs)
@@ -412,17 +419,18 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         call.theirs = (send, spec(theirs) if gets else None)
         if fam == "gather":
             call.keywords["root"] = root
-        if gets:
+        if mine is not None and theirs is not None:  # (gets)
             call.results.append(("recvbuf", mine, theirs))
         call.inputs.append(("sendbuf", send, x))
         return call
     if fam == "scatter":
+        assert root is not None  # (a rooted collective's cases have a root)
         counts = _counts(collective, case, p) or [n] * p
         displs, size = _layout(counts) if v else ([r * n for r in range(p)], n * p)
         spec = (lambda buf: [buf, (tuple(counts), tuple(displs))]) if v else (lambda buf: buf)
         has = rank == root
         send = full(size) if has else None
-        if has:
+        if send is not None:  # (has)
             filler(send, values(root, size))
         mine, theirs = full(counts[rank]), full(counts[rank])
         reset(mine)
@@ -433,7 +441,7 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         call.keywords["root"] = root
         if not here:
             call.results.append(("recvbuf", mine, theirs))
-        if has:
+        if send is not None:  # (has)
             call.inputs.append(("sendbuf", send, values(root, size)))
         return call
     if fam == "alltoall":
@@ -580,7 +588,10 @@ def run_cases(comm: Any, collective: str, algorithm: str, quick: bool = False, p
     everyone = MPI.COMM_WORLD.gather(outcomes, root=0)
     if rank != 0:
         return {}
-    passed, failed, skipped = 0, [], {}
+    assert everyone is not None  # (rank 0: the gather's root)
+    passed = 0
+    failed: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
     covered: dict[str, list] = {"counts": [], "types": [], "roots": [], "in_place": [], "modes": []}
     for i, case in enumerate(todo):
         states = [ranks[i] for ranks in everyone]

@@ -34,7 +34,6 @@ import time
 
 from tests import mpirun
 
-
 #: What a simulated-nodes pass runs by default: the code that depends on where ranks live.
 NODE_TESTS = [os.path.join(mpirun.REPO, "tests", "coll"), os.path.join(mpirun.REPO, "tests", "test_shm.py")]
 

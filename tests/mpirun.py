@@ -42,7 +42,7 @@ def mpiexec_path() -> str:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flavor() -> str:
     """``"hydra"`` (MPICH, Intel MPI) or ``"openmpi"``."""
     try:

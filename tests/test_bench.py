@@ -15,8 +15,18 @@ import numpy as np
 import pytest
 
 from mpicomm import bench
-from mpicomm.bench import (COLLECTIVES, bandwidths, bus_factor, layout, markdown_table, mismatch, model_bytes,
-                           nccl_bytes, parse_sizes, rank_values)
+from mpicomm.bench import (
+    COLLECTIVES,
+    bandwidths,
+    bus_factor,
+    layout,
+    markdown_table,
+    mismatch,
+    model_bytes,
+    nccl_bytes,
+    parse_sizes,
+    rank_values,
+)
 from tests import mpirun
 
 
@@ -669,7 +679,7 @@ def test_inplace_warmup_and_osu_format_end_to_end(tmp_path):
     for heads, numbers in tables:
         assert heads[2] == "# Datatype: MPI_DOUBLE."
         assert [row[0] for row in numbers] == [8, 1024]
-        for size, avg, low, high, iterations, verdict in numbers:
+        for _size, avg, low, high, iterations, verdict in numbers:
             assert 0 < low <= avg <= high and iterations == 4 and verdict == "Pass"
     assert "| Size |" not in result.stdout  # no Markdown table in this format
     rows = json.loads(data.read_text())["results"]

@@ -301,8 +301,9 @@ def test_document_carries_schema_command_machine_versions_date_and_results():
     assert isinstance(doc["machine"], str) and doc["machine"]
     assert isinstance(doc["host"], str)
     versions = doc["versions"]
-    import mpicomm
     import numpy
+
+    import mpicomm
 
     assert versions["mpicomm"] == mpicomm.__version__ and versions["numpy"] == numpy.__version__
     assert versions["python"].count(".") == 2 and "mpi4py" in versions

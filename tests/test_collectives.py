@@ -15,9 +15,8 @@ from mpi4py import MPI
 import mpicomm
 from mpicomm import collectives, registry
 from mpicomm.catalogue import COLLECTIVES
-from tests.conftest import host
-
 from tests.coll import reference
+from tests.conftest import host
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
@@ -104,13 +103,13 @@ def test_reduce(comm, xp, root):
     expected = np.empty((4, 3), np.int32)
     WORLD.Reduce(host(x), expected, op=MPI.MIN, root=root)
     result = mpicomm.reduce(x, "min", root)
-    if RANK == root:
+    if root == RANK:
         assert_result(result, expected, xp, "reduce")
     else:
         assert result is None
     out = xp.empty((4, 3), np.int32)
     result = mpicomm.reduce(x, MPI.MIN, root=root, out=out)
-    if RANK == root:
+    if root == RANK:
         assert result is out
         assert_result(out, expected, xp, "reduce out=")
     else:
@@ -166,19 +165,19 @@ def test_gather(comm, xp, root):
     expected = np.empty((P, 2, 3), np.int16)
     WORLD.Gather(host(x), expected, root=root)
     result = mpicomm.gather(x, root)
-    if RANK == root:
+    if root == RANK:
         assert_result(result, expected, xp, "gather")
     else:
         assert result is None
-    out = xp.empty((P, 2, 3), np.int16) if RANK == root else None
+    out = xp.empty((P, 2, 3), np.int16) if root == RANK else None
     result = mpicomm.gather(x, root=root, out=out)
     assert result is out
 
 
 def _gatherv_expected(sizes, root):
     x = data(RANK, (sizes[RANK],))
-    expected = np.empty(sum(sizes)) if RANK == root else None
-    WORLD.Gatherv(x, [expected, sizes] if RANK == root else None, root=root)
+    expected = np.empty(sum(sizes)) if root == RANK else None
+    WORLD.Gatherv(x, [expected, sizes] if root == RANK else None, root=root)
     return x, expected
 
 
@@ -188,7 +187,7 @@ def test_gatherv(comm, xp, given):
     sizes = [(r * 3) % 4 for r in range(P)]  # zeros included
     x, expected = _gatherv_expected(sizes, root)
     result = mpicomm.gatherv(xp.asarray(x), sizes if given else None, root)
-    if RANK == root:
+    if root == RANK:
         assert_result(result, expected, xp, "gatherv")
     else:
         assert result is None
@@ -210,7 +209,7 @@ def test_scatter_gives_the_counts_off_the_root(comm, monkeypatch):
     seen = []
     monkeypatch.setattr(collectives, "start", lambda c, args, algorithm, blocking: seen.append(args))
     root = 0
-    mpicomm.scatter(data(root, (P, 3)) if RANK == root else None, root)  # the arguments only: nothing runs
+    mpicomm.scatter(data(root, (P, 3)) if root == RANK else None, root)  # the arguments only: nothing runs
     (args,) = seen
     known = args.problem is None and args.sendcounts == (3,) * P and args.senddispls == tuple(3 * i for i in range(P))
     assert all(WORLD.allgather(known))  # the same outcome on every rank
@@ -219,9 +218,9 @@ def test_scatter_gives_the_counts_off_the_root(comm, monkeypatch):
 @pytest.mark.parametrize("root", sorted({0, P // 2}))
 def test_scatter_non_root_without_out(comm, xp, root):
     source = data(root, (P, 3, 2), np.float32, xp)
-    x = source if RANK == root else None  # off the root, nothing: the root announces dtype and shape
+    x = source if root == RANK else None  # off the root, nothing: the root announces dtype and shape
     expected = np.empty((3, 2), np.float32)
-    WORLD.Scatter(host(source) if RANK == root else None, expected, root=root)
+    WORLD.Scatter(host(source) if root == RANK else None, expected, root=root)
     result = mpicomm.scatter(x, root, algorithm=SCATTER)
     assert_result(result, expected, xp, "scatter")
     assert result.dtype == np.float32
@@ -231,7 +230,7 @@ def test_scatter_with_out_everywhere(comm, xp, no_allocation):
     root = P - 1
     source = data(root, (P, 4), np.int64, xp)
     out = xp.zeros(4, np.int64)
-    result = mpicomm.scatter(source if RANK == root else None, root, out=out, algorithm=SCATTER)
+    result = mpicomm.scatter(source if root == RANK else None, root, out=out, algorithm=SCATTER)
     assert result is out
     assert_result(out, host(source)[RANK], xp, "scatter out=")
     assert no_allocation == []
@@ -242,12 +241,27 @@ def test_scatterv(comm, xp):
     counts = [(r + 2) % 3 for r in range(P)]
     source = data(root, (sum(counts) + 2,), np.float64, xp)  # longer than needed: allowed
     expected = np.empty(counts[RANK])
-    WORLD.Scatterv([host(source), counts] if RANK == root else None, expected, root=root)
-    result = mpicomm.scatterv(source if RANK == root else None, counts if RANK == root else None, root)
+    WORLD.Scatterv([host(source), counts] if root == RANK else None, expected, root=root)
+    result = mpicomm.scatterv(source if root == RANK else None, counts if root == RANK else None, root)
     assert_result(result, expected, xp, "scatterv")
     out = xp.empty(counts[RANK])
-    assert mpicomm.scatterv(source if RANK == root else None, counts, root, out=out) is out
+    assert mpicomm.scatterv(source if root == RANK else None, counts, root, out=out) is out
     assert_result(out, expected, xp, "scatterv out=")
+
+
+def test_a_numpy_integer_root_is_the_root(comm):
+    """A root given as a NumPy integer (check_peer takes one): the exchanges before the call use it too."""
+    root = np.int64(P - 1)
+    sizes = [r + 1 for r in range(P)]
+    x, expected = _gatherv_expected(sizes, int(root))
+    result = mpicomm.gatherv(x, root=root)  # without counts: the root's come from the sizes it gathered
+    if root == RANK:
+        assert_result(result, expected, np, "gatherv, NumPy root")
+    else:
+        assert result is None
+    source = data(int(root), (P, 3))
+    result = mpicomm.scatter(source if root == RANK else None, root)  # off the root: the root announced the shape
+    assert_result(result, source[RANK], np, "scatter, NumPy root")
 
 
 # ---------------------------------------------------------------- all-to-all family
@@ -420,7 +434,7 @@ def test_bad_inputs_raise_on_every_rank(comm):
 def test_scatter_shape_checked_on_the_root(comm):
     root = 0
     x = data(RANK, (P + 1, 2))
-    argument_error_everywhere(lambda: mpicomm.scatter(x if RANK == root else None, root, out=np.empty(2),
+    argument_error_everywhere(lambda: mpicomm.scatter(x if root == RANK else None, root, out=np.empty(2),
                                                       algorithm=SCATTER),
                               f"rank {root}: x has shape ({P + 1}, 2); scatter splits the first axis, which must be p = {P}")
 

@@ -37,10 +37,10 @@ def test_topology_is_consistent_across_ranks(comm):
     rows = comm.allgather((comm.rank, comm.local_rank, comm.local_size, comm.node, comm.nodes, comm.host))
     assert all(r[4] == rows[0][4] for r in rows)  # one node count
     nodes = {}
-    for rank, local_rank, local_size, node, _, host in rows:
+    for rank, local_rank, local_size, node, _, _host in rows:
         nodes.setdefault(node, []).append((rank, local_rank, local_size))
     assert sorted(nodes) == list(range(comm.nodes))
-    for node, members in nodes.items():
+    for members in nodes.values():
         assert sorted(lr for _, lr, _ in members) == list(range(len(members)))  # local ranks 0..k-1
         assert all(ls == len(members) for _, _, ls in members)
     lowest = [min(r for r, _, _ in members) for _, members in sorted(nodes.items())]

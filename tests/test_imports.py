@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import os
 
-
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mpicomm")
 
 

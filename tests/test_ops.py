@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mpicomm
 from mpicomm import ops
-from mpicomm.transport.buffers import DTYPES
 from mpicomm.ops import BUILTIN, create, is_pair_dtype, pair_dtype, resolve
+from mpicomm.transport.buffers import DTYPES
 
 UFUNC_OF = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "land": "logical_and",
             "lor": "logical_or", "lxor": "logical_xor", "band": "bitwise_and", "bor": "bitwise_or",

@@ -7,8 +7,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm.transport.buffers import DTYPES
 from mpicomm.engine.requests import outstanding
+from mpicomm.transport.buffers import DTYPES
 
 from .conftest import host, rank_data
 

@@ -7,7 +7,6 @@ import os
 import pytest
 
 from mpicomm.__main__ import README_MARKERS, algorithm_markdown, update_readme
-
 from tests import mpirun
 
 pytestmark = pytest.mark.serial

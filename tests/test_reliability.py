@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -348,7 +349,7 @@ def test_a_freed_comm_raises_mpicomm_s_error_for_every_use(comm):
         ("another wrapper", lambda: other.Allreduce(MPI.IN_PLACE, x)),
         ("a persistent request", lambda: request.Start()),
     ]
-    for name, use in uses:
+    for _name, use in uses:
         with pytest.raises(mpicomm.FreedError, match=r"was freed \(Comm.Free\).*make a new one"):
             use()
     assert repr(dup) == "<mpicomm.Comm (freed)>"

@@ -132,7 +132,7 @@ def test_ipull_many_at_once_then_waitall(comm, path):
 @pytest.mark.mpi
 def test_pull_before_the_owner_publishes(comm):
     """Rank 0 publishes late; requests wait at rank 0 (its own included) and are answered on publish."""
-    r, p = comm.rank, comm.size
+    r = comm.rank
     rdv = comm.rendezvous()
     try:
         comm.Barrier()
@@ -238,7 +238,7 @@ def test_pull_into_a_mismatching_out_raises_and_the_rendezvous_stays_usable(comm
 
 @pytest.mark.mpi(min_size=2)
 def test_never_published_key_raises_remote_error_once_the_owner_closes(comm):
-    r, p = comm.rank, comm.size
+    r = comm.rank
     rdv = comm.rendezvous()
     if r == 0:
         rdv.publish("real", rank_data(0, 4, np.int64))
@@ -378,7 +378,7 @@ def test_count_minus_one_is_rejected_not_read_as_to_the_end(comm):
 
 @pytest.mark.mpi
 def test_pull_from_itself_of_an_unpublished_key_raises_key_error(comm):
-    r, p = comm.rank, comm.size
+    r = comm.rank
     rdv = comm.rendezvous()
     try:
         with pytest.raises(KeyError, match=f"rank {r} pulls 'never' from itself but has not published it"):

@@ -332,7 +332,7 @@ def test_staged_window_is_a_host_mirror_synchronised_by_publish_and_collect(comm
 
 @pytest.mark.mpi
 def test_zero_length_windows_everywhere(comm, path):
-    r, p = comm.rank, comm.size
+    p = comm.size
     local = np.empty(0, np.complex128)
     with comm.expose(local) as win:
         sizes = list(win.sizes)

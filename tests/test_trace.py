@@ -197,9 +197,8 @@ def test_span_records_the_block_and_what_it_adds(fresh, monkeypatch):
     monkeypatch.setattr(trace, "ON", True)
     with trace.span("get", "rma", peer=1) as note:
         note["bytes"] = 24
-    with pytest.raises(KeyError):
-        with trace.span("get", "rma", peer=2):
-            raise KeyError("missing")
+    with pytest.raises(KeyError), trace.span("get", "rma", peer=2):
+        raise KeyError("missing")
     assert [e[5] for e in trace._events] == [
         {"peer": 1, "seq": 0, "bytes": 24},
         {"peer": 2, "seq": 1, "error": "KeyError: 'missing'"},
@@ -210,9 +209,8 @@ def test_span_is_a_user_annotation_that_costs_nothing_when_off(fresh, monkeypatc
     monkeypatch.setattr(trace, "ON", False)
     with trace.span("phase", step=3) as note:
         note["cells"] = 10
-    with pytest.raises(ValueError):
-        with trace.span("failing"):
-            raise ValueError("passes through")
+    with pytest.raises(ValueError), trace.span("failing"):
+        raise ValueError("passes through")
     assert trace._events == [] and trace._seq == {}
     monkeypatch.setattr(trace, "ON", True)
     with trace.span("phase", step=4) as note:  # the documented example: category "user" by default
@@ -411,7 +409,7 @@ def test_one_event_per_point_to_point_call(traced_job):
         events = lane(traced_job, r, "p2p")
         assert [e["name"] for e in events] == [name for name, _ in expected], f"rank {r}"
         assert [e["args"]["seq"] for e in events] == list(range(len(expected)))
-        for e, (name, args) in zip(events, expected):
+        for e, (_name, args) in zip(events, expected):
             assert {k: e["args"].get(k) for k in args} == args, f"rank {r}: {e}"
         starts = [e["ts"] for e in events[:5]]  # the calls, in call order (the answer runs when served)
         assert starts == sorted(starts)

@@ -115,9 +115,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          f"{format_size(MIN_MEMORY)}")
     if args.command == "bench":
         cli.check_out(own, args)
-    if args.command == "corpus":
-        if args.files < 1 or args.vocabulary < 1 or args.zipf <= 0 or not 0 <= args.unicode <= 1:
-            parser.error("corpus: need --files >= 1, --vocabulary >= 1, --zipf > 0, 0 <= --unicode <= 1")
+    if args.command == "corpus" and (args.files < 1 or args.vocabulary < 1 or args.zipf <= 0
+                                     or not 0 <= args.unicode <= 1):
+        parser.error("corpus: need --files >= 1, --vocabulary >= 1, --zipf > 0, 0 <= --unicode <= 1")
     return args
 
 

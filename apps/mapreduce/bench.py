@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | 
     base_times, engine_times, base_cpu, engine_cpu, phases = [], [], [], [], []
     reference = engine = None
     progress = cli.Progress(args.repeat, "bench", show=rank == 0 and not args.quiet)
-    for rep in range(args.repeat):
+    for _ in range(args.repeat):
         if rank == 0:
             start, cpu = time.perf_counter(), time.process_time()
             counts: Counter = count_files(paths)

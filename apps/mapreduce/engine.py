@@ -115,7 +115,7 @@ class Budget:
     group: int
 
     @classmethod
-    def of(cls, limit: int) -> "Budget":
+    def of(cls, limit: int) -> Budget:
         """The shares of *limit*: see the module docstring."""
         return cls(limit, block=min(max(limit // 64, 64 << 10), 256 << 10), store=int(limit * 0.3),
                    round=min(max(limit // 64, 64 << 10), 64 << 20), group=int(limit * 0.3))
@@ -787,7 +787,7 @@ class MapReduce:
         self._runs, self._results, self._group, self._buckets = [], [], None, []
         self.spill.close()
 
-    def __enter__(self) -> "MapReduce":
+    def __enter__(self) -> MapReduce:
         return self
 
     def __exit__(self, *exc: Any) -> None:

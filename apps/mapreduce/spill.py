@@ -73,7 +73,7 @@ class SpillDir:
             self._finalizer()
         self._path = None
 
-    def __enter__(self) -> "SpillDir":
+    def __enter__(self) -> SpillDir:
         return self
 
     def __exit__(self, *exc: Any) -> None:

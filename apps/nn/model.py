@@ -88,7 +88,7 @@ class Sequential:
 
         self.params: Any = xp.asarray(host.astype(dt))
         self.grads: Any = xp.zeros(offset, dtype=dt)
-        for (start, stop), layer in zip(self.layer_ranges, layers):
+        for (start, _stop), layer in zip(self.layer_ranges, layers):
             layer.params, layer.grads = {}, {}
             for name, shape in layer.param_shapes().items():
                 size = int(np.prod(shape, dtype=np.int64))

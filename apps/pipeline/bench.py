@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpi4py import MPI
 
 import mpicomm
 from mpicomm import cli
 
+from .config import Config
 from .engine import wait_sleeping
+from .measure import summary
 from .model import ModelSpec
 from .timeline import FORMULAS
-from .config import Config
-from .measure import summary
 from .train import train
 
 __all__ = ["bench", "ROWS"]

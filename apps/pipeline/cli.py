@@ -39,8 +39,8 @@ def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
     """The model, data and optimizer options (shared by ``train`` and ``bench``; *defaults* override)."""
     from dataclasses import replace
 
-    from apps.pipeline.model import ModelSpec
     from apps.pipeline.config import Config
+    from apps.pipeline.model import ModelSpec
 
     m = replace(ModelSpec(), **{k: v for k, v in defaults.items() if k in ModelSpec.__dataclass_fields__})
     c = replace(Config(), **{k: v for k, v in defaults.items() if k in Config.__dataclass_fields__})
@@ -64,8 +64,8 @@ def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
 
 
 def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False) -> None:
-    from apps.pipeline.schedules import SCHEDULES
     from apps.pipeline.config import Config
+    from apps.pipeline.schedules import SCHEDULES
 
     c = Config()
     g = p.add_argument_group("schedule")
@@ -186,7 +186,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from apps.pipeline.schedules import table, splits_backward
+    from apps.pipeline.schedules import splits_backward, table
     from apps.pipeline.timeline import FORMULAS, formula, plan
 
     p, m, v, name = args.stages, args.micro, args.chunks, args.schedule
@@ -222,8 +222,8 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def config_from(args: argparse.Namespace) -> Any:
-    from apps.pipeline.model import ModelSpec
     from apps.pipeline.config import Config
+    from apps.pipeline.model import ModelSpec
 
     spec = ModelSpec(features=args.features, width=args.width, hidden=args.hidden, blocks=args.blocks,
                      classes=args.classes, activation=args.activation)
@@ -253,8 +253,8 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
 
     from apps.pipeline.data import reference
     from apps.pipeline.measure import summary
-    from apps.pipeline.train import train
     from apps.pipeline.timeline import FORMULAS
+    from apps.pipeline.train import train
 
     cfg = config_from(args)
     topo = cfg.check(comm.Get_size())

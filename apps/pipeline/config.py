@@ -54,7 +54,7 @@ class Config:
     restart: bool = False
     progress: bool = True
 
-    def check(self, world: int) -> "Topology":
+    def check(self, world: int) -> Topology:
         """The rank layout; ConfigError naming the option and the fix when the options cannot run on *world* ranks."""
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"--schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")

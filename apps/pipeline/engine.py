@@ -26,8 +26,9 @@ the step's start), and goes to ``MPICOMM_TRACE`` when tracing is on.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -9,7 +9,8 @@ neighbour can be told from a bubble that is the rank's own overhead.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mpicomm import cli
 

@@ -36,8 +36,8 @@ rank - 1F1B's peak on the first rank).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 __all__ = ["Action", "SCHEDULES", "COMPUTE", "compute_order", "with_comms", "actions", "table", "check_shape",
            "ScheduleError", "splits_backward"]

@@ -32,7 +32,8 @@ and the peak number of micro-batches in flight.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -234,7 +235,7 @@ class Stage:
 
     def _in_features(self) -> int:
         first = self.layers[0]
-        return int(getattr(first, "in_features"))
+        return int(first.in_features)
 
     @property
     def out_features(self) -> int:

@@ -24,17 +24,18 @@ the whole job instead of leaving it hung.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 import mpicomm
-from mpicomm import cli
 from apps import checkpoint as ck
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.sgd.ddp import Reducer
+from mpicomm import cli
 
 from . import checkpoints
 from .config import Config, ConfigError, Topology, check_memory

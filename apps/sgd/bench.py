@@ -32,14 +32,15 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm import cli
 from apps.sgd.train import Config, Report, train
+from mpicomm import cli
 
 __all__ = ["add_options", "bench", "PARTS"]
 
@@ -105,7 +106,7 @@ def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> 
     alone, together = [], []
     self_comm = mpicomm.Comm(MPI.COMM_SELF) if rank == 0 else None
     progress = _progress(comm, args, args.repeat, "scaling")
-    for i in range(args.repeat):
+    for _ in range(args.repeat):
         if rank == 0:
             alone.append(_run(self_comm, cfg).samples_per_s)
         comm.Barrier()
@@ -156,7 +157,7 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         runs += [("ps-sync", dict(mode="ps-sync", servers=1)), ("ps-async", dict(mode="ps-async", servers=1, staleness=None))]
     results: dict[str, list[Report]] = {name: [] for name, _ in runs}
     progress = _progress(comm, args, args.repeat, "modes")
-    for i in range(args.repeat):
+    for _ in range(args.repeat):
         for name, kw in runs:
             results[name].append(_run(comm, _model_cfg(args, **kw)))
         progress.step(f"{len(runs)} modes")

@@ -20,8 +20,8 @@ on different ranks would pair different buckets in one collective.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 __all__ = ["Bucket", "Parameter", "FIRST_CAP_BYTES", "DEFAULT_CAP_MB", "plan", "ready_at"]
 

@@ -19,8 +19,8 @@ would (see its docstring), plus :func:`divide`, the split of ``n`` items over
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 import mpicomm
-from mpicomm import trace
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.xp import array_module
-from apps.sgd.data import divide
 from apps.sgd.buckets import DEFAULT_CAP_MB, Bucket, Parameter, plan, ready_at
+from apps.sgd.data import divide
+from mpicomm import trace
 
 __all__ = ["Reducer", "DDP", "COMPRESSION", "parameters_of", "StepResult"]
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import csv
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from collections.abc import Iterable
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

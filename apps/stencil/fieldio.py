@@ -243,7 +243,7 @@ def digest(grid: Grid, fields: dict[str, Any]) -> str:
     total = np.zeros(1, np.uint64)
     n = grid.layout.owned[1] - grid.layout.owned[0]
     with np.errstate(over="ignore"):
-        for f, (name, a) in enumerate(sorted(fields.items())):
+        for f, (_name, a) in enumerate(sorted(fields.items())):
             local = grid.owned_host(a)
             bits = local.view(np.uint64 if local.dtype.itemsize == 8 else np.uint32).astype(np.uint64)
             index = np.zeros(local.shape, np.uint64)

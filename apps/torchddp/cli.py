@@ -260,7 +260,6 @@ def run(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     import mpicomm.torch  # noqa: F401 - starts MPI, registers the backend, fills RANK, WORLD_SIZE, MASTER_ADDR/PORT
-
     from apps.torchddp.checkpoint import CheckpointError
 
     threads = _threads(args.threads)

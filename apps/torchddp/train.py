@@ -33,8 +33,9 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -208,7 +209,7 @@ def _open_checkpoint(cfg: Config, rank: int) -> tuple[dict, bytes] | None:
         why = checkpoint.mismatch(path, header.get("identity", {}), cfg.identity())
         if why:
             raise CheckpointError(why)
-        if not isinstance(header.get("step"), int) or not 0 <= header["step"]:
+        if not isinstance(header.get("step"), int) or not header["step"] >= 0:
             raise CheckpointError(f"checkpoint {path}: no valid step in its header")
         return header, payload
 

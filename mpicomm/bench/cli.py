@@ -11,8 +11,8 @@ import argparse
 import importlib.util
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .. import cli as shared
 from .backend import BACKENDS, mpi_problem, problem
@@ -28,7 +28,7 @@ class Benchmark:
     """A sub-command: *run* measures and returns a :class:`Report` (the same on every rank that prints)."""
 
     name: str
-    run: Callable[[argparse.Namespace], "Report"]
+    run: Callable[[argparse.Namespace], Report]
     summary: str
     description: str = ""
     collective: bool = False

@@ -33,15 +33,30 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..cli import Progress, format_time
 from .backend import array_module, put, to_host
-from .metrics import (WINDOW, Collective, _iterations, bandwidth_iterations, bandwidths, layout, mismatch, model_bytes,
-                      rank_values, redop_name, root_of, type_name, warmup_iterations, wrong_elements)
+from .metrics import (
+    WINDOW,
+    Collective,
+    _iterations,
+    bandwidth_iterations,
+    bandwidths,
+    layout,
+    mismatch,
+    model_bytes,
+    rank_values,
+    redop_name,
+    root_of,
+    type_name,
+    warmup_iterations,
+    wrong_elements,
+)
 
 __all__ = ["pingpong_rows", "CollectiveRun", "collective_run", "time_algorithms", "requested_algorithms",
            "usable_algorithms", "IN_PLACE"]
@@ -77,8 +92,9 @@ def pingpong_rows(args: argparse.Namespace) -> list[dict]:
     isend_array/irecv_array) run interleaved in rounds, after their warm-up.
     Rank 0's numbers go to every rank.
     """
-    import mpicomm
     from mpi4py import MPI
+
+    import mpicomm
 
     comm = mpicomm.Comm()
     if comm.size < 2:
@@ -100,37 +116,38 @@ def pingpong_rows(args: argparse.Namespace) -> list[dict]:
         x = xp.zeros(size, xp.uint8)
         y = xp.zeros(size, xp.uint8)
 
-        def bounce(send: Callable, recv: Callable) -> Callable[[], Any]:
+        def bounce(send: Callable, recv: Callable, x: Any, y: Any) -> Callable[[], Any]:
             """One round trip: rank 0 sends then receives, rank 1 the other way round."""
             if rank == 0:
                 return lambda: (send(x, peer), recv(y, peer))
             return lambda: (recv(y, peer), send(x, peer))
 
         def burst(isend: Callable, irecv: Callable, waitall: Callable, send: Callable,
-                  recv: Callable) -> Callable[[], Any]:
+                  recv: Callable, x: Any, y: Any) -> Callable[[], Any]:
             """One osu_bw window: *window* sends (rank 0) or receives (rank 1), waited for, then the ack."""
             if rank == 0:
                 return lambda: (waitall([isend(x, peer, 1) for _ in range(window)]), recv(ack, peer, 2))
             return lambda: (waitall([irecv(y, peer, 1) for _ in range(window)]), send(ack, peer, 2))
 
-        latency = {"native": bounce(comm.Send, comm.Recv), "mpicomm": bounce(comm.send_array, comm.recv_array)}
+        latency = {"native": bounce(comm.Send, comm.Recv, x, y),
+                   "mpicomm": bounce(comm.send_array, comm.recv_array, x, y)}
         bandwidth = {
-            "native": burst(comm.Isend, comm.Irecv, MPI.Request.Waitall, comm.Send, comm.Recv),
+            "native": burst(comm.Isend, comm.Irecv, MPI.Request.Waitall, comm.Send, comm.Recv, x, y),
             "mpicomm": burst(comm.isend_array, comm.irecv_array, mpicomm.Request.Waitall, comm.send_array,
-                             comm.recv_array),
+                             comm.recv_array, x, y),
         }
         rounds = max(1, min(args.rounds, iters))
         bw_rounds = max(1, min(args.rounds, windows))
         lat = {name: [0.0, math.inf, 0.0, 0] for name in latency}
         bw = {name: [0.0, math.inf, 0.0, 0] for name in bandwidth}
         if rank < 2:
-            for name, fn in latency.items():
+            for fn in latency.values():
                 for _ in range(warm):
                     fn()
             for _ in range(rounds):
                 for name, fn in latency.items():
                     _time_each(fn, max(1, iters // rounds), lat[name])
-            for name, fn in bandwidth.items():
+            for fn in bandwidth.values():
                 for _ in range(warm_windows):
                     fn()
             for _ in range(bw_rounds):
@@ -479,6 +496,7 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             wrongs = {key: int(t) for key, t in zip(keys, totals)}
             failed = failed or bool(flags.any())
         if rank == 0:
+            assert every is not None  # (rank 0: the gather's root)
             here = _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen.get("auto"), verdicts,
                               machine, item)
             facts = {"type": type_name(spec.name, dtype), "redop": redop_name(spec.name, op),

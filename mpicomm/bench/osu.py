@@ -32,7 +32,7 @@ here, as OSU writes them (the Markdown tables write µs).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .metrics import Collective
 

@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..cli import SCHEMA, US, add_out, check_out
 
@@ -69,7 +69,7 @@ def _load(paths: Iterable[str]) -> dict[int, list[dict]]:
                 document = json.load(f)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: not a benchmark JSON file ({exc}); write one with "
-                             f"mpiexec -n N python -m mpicomm.bench COLLECTIVE --json {path}")
+                             f"mpiexec -n N python -m mpicomm.bench COLLECTIVE --json {path}") from None
         rows = document.get("results", document.get("rows")) if isinstance(document, dict) else None
         if not isinstance(rows, list) or document.get("schema", SCHEMA) != SCHEMA or "p" not in document:
             raise SystemExit(f"{path}: has no rows or p; is it from python -m mpicomm.bench --json?")

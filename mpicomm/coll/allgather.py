@@ -19,7 +19,7 @@ rotated order) - *recv* itself when *displs* are the packed prefix sums of
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..model import Machine, ceil_lg, direct_exchange, folded, node_layout, pof2
 from ..registry import cheapest, cost, register
@@ -46,7 +46,7 @@ def _packed_workspace(s: Builder, recv: View, counts: Sequence[int], displs: Seq
     """
     offsets = _offsets(counts)
     if list(displs) == offsets[:-1]:
-        return recv[: offsets[-1]], offsets
+        return recv.part(0, offsets[-1]), offsets
     return s.empty(offsets[-1]), offsets
 
 
@@ -56,7 +56,7 @@ def _unpack(s: Builder, work: View, offsets: list[int], recv: View, counts: Sequ
     if work.buf == recv.buf:
         return
     for r in range(len(counts)):
-        s.copy(block(recv, counts, displs, r), work[offsets[r] : offsets[r + 1]])
+        s.copy(block(recv, counts, displs, r), work.part(offsets[r], offsets[r + 1]))
 
 
 @register("allgather", "linear")
@@ -125,13 +125,14 @@ def recursive_doubling(s: Builder, send: View, recv: View, counts: Sequence[int]
 
     def ranks(first: int, last: int) -> View:
         """The packed blocks of ranks first … last − 1."""
-        return work[offsets[first] : offsets[last]]
+        return work.part(offsets[first], offsets[last])
 
     s.copy(ranks(rank, rank + 1), send)
     f = fold(rank, p)
     if f.newrank is None:  # folded away: hand the block up, wait for everything
+        assert f.partner is not None  # a folded-away rank always has its proxy
         s.send(f.partner, ranks(rank, rank + 1))
-        s.recv(f.partner, work[:total])
+        s.recv(f.partner, work.part(0, total))
     else:
 
         def lowest(newrank: int) -> int:
@@ -146,7 +147,7 @@ def recursive_doubling(s: Builder, send: View, recv: View, counts: Sequence[int]
             s.sendrecv(partner, ranks(lowest(mine), lowest(mine + mask)),
                        partner, ranks(lowest(theirs), lowest(theirs + mask)))
         if f.partner is not None:
-            s.send(f.partner, work[:total])
+            s.send(f.partner, work.part(0, total))
     _unpack(s, work, offsets, recv, counts, displs)
 
 
@@ -171,18 +172,18 @@ def bruck(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Seq
     offsets = _offsets([counts[r] for r in order])  # rotated: position i holds rank (r + i) mod p
     total = offsets[-1]
     tmp = s.empty(total)
-    s.copy(tmp[: offsets[1]], send)
+    s.copy(tmp.part(0, offsets[1]), send)
     for to, frm, blocks in bruck_allgather(rank, p):
         distance = (rank - to) % p
-        s.sendrecv(to, tmp[: offsets[blocks]], frm, tmp[offsets[distance] : offsets[distance + blocks]])
+        s.sendrecv(to, tmp.part(0, offsets[blocks]), frm, tmp.part(offsets[distance], offsets[distance + blocks]))
     packed = _offsets(counts)
     if list(displs) == packed[:-1]:  # rotate back with two copies
         tail = total - packed[rank]  # ranks r … p − 1 come first in tmp
-        s.copy(recv[packed[rank] : total], tmp[:tail])
-        s.copy(recv[: packed[rank]], tmp[tail:])
+        s.copy(recv.part(packed[rank], total), tmp.part(0, tail))
+        s.copy(recv.part(0, packed[rank]), tmp.part(tail))
     else:
         for i, r in enumerate(order):
-            s.copy(block(recv, counts, displs, r), tmp[offsets[i] : offsets[i + 1]])
+            s.copy(block(recv, counts, displs, r), tmp.part(offsets[i], offsets[i + 1]))
 
 
 @register("allgather", "shm", single_node=True, host_only=True)
@@ -235,7 +236,7 @@ def hierarchical(s: Builder, send: View, recv: View, counts: Sequence[int], disp
     base = node_starts[node_index]
     local_counts = [counts[r] for r in mine]
     local_displs = [start[r] - base for r in mine]
-    node_pack = packed[base : base + node_counts[node_index]]
+    node_pack = packed.part(base, base + node_counts[node_index])
     s.nested(lv.node, "gatherv", send=send, recv=node_pack if lv.leader else None, root=0,
              recvcounts=local_counts if lv.leader else None, recvdispls=local_displs if lv.leader else None)
     if lv.leader:
@@ -243,7 +244,7 @@ def hierarchical(s: Builder, send: View, recv: View, counts: Sequence[int], disp
                  recvdispls=node_starts)
     s.nested(lv.node, "bcast", recv=packed, root=0, count=packed.size)
     for r in range(s.p):
-        s.copy(block(recv, counts, displs, r), packed[start[r] : start[r] + counts[r]])
+        s.copy(block(recv, counts, displs, r), packed.part(start[r], start[r] + counts[r]))
 
 
 # ---------------------------------------------------------------- cost functions (n: the catalogue's size)

@@ -9,7 +9,8 @@ p = ranks.
 from __future__ import annotations
 
 import math
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from ..model import Machine, ceil_lg, folded, halving_doubling, node_layout, pof2, segments
 from ..registry import cheapest, cost, register
@@ -46,6 +47,7 @@ def recursive_doubling(s: Builder, send: View, recv: View) -> None:
     """
     f = fold(s.rank, s.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
+        assert f.partner is not None  # a folded-away rank always has its proxy
         s.send(f.partner, send)
         s.recv(f.partner, recv)
         return
@@ -198,15 +200,15 @@ def ring(s: Builder, send: View, recv: View) -> None:
     buffers = (s.empty(width), s.empty(width))
     right, left = (rank + 1) % p, (rank - 1) % p
     for i, piece in enumerate(pieces):
-        sends = [(right, recv[piece.send[0] : piece.send[1]])] if piece.send else []
+        sends = [(right, recv.part(piece.send[0], piece.send[1]))] if piece.send else []
         recvs = []
         if piece.recv:
             a, b = piece.recv
-            recvs = [(left, buffers[i % 2][: b - a] if piece.combine else recv[a:b])]
+            recvs = [(left, buffers[i % 2].part(0, b - a) if piece.combine else recv.part(a, b))]
         s.exchange(sends, recvs)
         if piece.combine and piece.recv is not None:
             a, b = piece.recv
-            s.combine(buffers[i % 2][: b - a], recv[a:b], recv[a:b])
+            s.combine(buffers[i % 2].part(0, b - a), recv.part(a, b), recv.part(a, b))
 
 
 @register("allreduce", "rabenseifner", commutative_only=True)
@@ -230,6 +232,7 @@ def rabenseifner(s: Builder, send: View, recv: View) -> None:
     s.copy(recv, send)
     f = fold(s.rank, s.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
+        assert f.partner is not None  # a folded-away rank always has its proxy
         _folded_away(s, f.partner, recv)
         return
     tmp = None
@@ -251,16 +254,16 @@ def rabenseifner(s: Builder, send: View, recv: View) -> None:
             give, hi = (lo + mask, hi), lo + mask
         if tmp is None:  # the first round receives the most: later ranges lie inside this one
             tmp = s.empty(at[hi] - at[lo])
-        incoming = tmp[: at[hi] - at[lo]]
-        s.sendrecv(partner, recv[at[give[0]] : at[give[1]]], partner, incoming)
+        incoming = tmp.part(0, at[hi] - at[lo])
+        s.sendrecv(partner, recv.part(at[give[0]], at[give[1]]), partner, incoming)
         if partner < s.rank:
-            s.combine(incoming, recv[at[lo] : at[hi]], recv[at[lo] : at[hi]])
+            s.combine(incoming, recv.part(at[lo], at[hi]), recv.part(at[lo], at[hi]))
         else:
-            s.combine(recv[at[lo] : at[hi]], incoming, recv[at[lo] : at[hi]])
+            s.combine(recv.part(at[lo], at[hi]), incoming, recv.part(at[lo], at[hi]))
         mask >>= 1
     for outer_lo, outer_hi, partner in reversed(rounds):  # allgather: swap ranges, doubling them
         other = (outer_lo, lo) if lo > outer_lo else (hi, outer_hi)
-        s.sendrecv(partner, recv[at[lo] : at[hi]], partner, recv[at[other[0]] : at[other[1]]])
+        s.sendrecv(partner, recv.part(at[lo], at[hi]), partner, recv.part(at[other[0]], at[other[1]]))
         lo, hi = outer_lo, outer_hi
     if f.partner is not None:
         s.send(f.partner, recv)

@@ -14,7 +14,8 @@ share memory here. n = bytes each rank sends in total, p = ranks.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ __all__ = ["linear", "pairwise", "bruck", "shm"]
 
 def _block(buf: View, counts: Sequence[int], displs: Sequence[int], r: int) -> View:
     """Rank *r*'s block of *buf*: elements ``displs[r] … displs[r] + counts[r] − 1``."""
-    return buf[displs[r] : displs[r] + counts[r]]
+    return buf.part(displs[r], displs[r] + counts[r])
 
 
 @register("alltoall", "linear", in_place=False)
@@ -94,7 +95,7 @@ def _joined(views: Sequence[View]) -> View | None:
     """The one view that is *views* one after another in one buffer (empty ones ignored), or None."""
     full = [v for v in views if v.size]
     if not full:
-        return views[0][0:0]
+        return views[0].part(0, 0)
     for a, b in zip(full, full[1:]):
         if b.buf != a.buf or b.start != a.stop:
             return None
@@ -143,19 +144,19 @@ def _bruck_rounds(s: Builder, held: list[View], arriving: Sequence[Sequence[int]
                 out = s.empty(pack, dtype)
             o = 0
             for v in views:
-                s.copy(out[o : o + v.size], v)
+                s.copy(out.part(o, o + v.size), v)
                 o += v.size
-            outgoing = out[:o]
+            outgoing = out.part(0, o)
         if direct is not None:
             into = direct
         else:
             assert inbox is not None
-            into = inbox[at : at + sum(incoming)]
+            into = inbox.part(at, at + sum(incoming))
             at += sum(incoming)
         s.sendrecv((rank + d) % p, outgoing, (rank - d) % p, into)
         o = 0
         for i, n in zip(moving, incoming):
-            held[i] = into[o : o + n]
+            held[i] = into.part(o, o + n)
             o += n
             if i < 2 * d and direct is None and land is not None:  # no higher bit: it has arrived
                 land(i, held[i])
@@ -244,7 +245,7 @@ def bruck(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequenc
         _assign(run.program.buffers[table.buf][table.start : table.stop], sizes)
 
     s.local(fill, "write the blocks' sizes, rotated (position i: the block for rank r + i)", reads=(), writes=(table,))
-    inbox = _bruck_rounds(s, [table[i : i + 1] for i in range(p)], [[1] * len(_moving(p, d)) for d in distances],
+    inbox = _bruck_rounds(s, [table.part(i, i + 1) for i in range(p)], [[1] * len(_moving(p, d)) for d in distances],
                           np.int64)
     assert inbox is not None
     got: dict[str, list[int]] = {}

@@ -76,7 +76,7 @@ def scatter_allgather(s: Builder, buf: View) -> None:
 
     def blocks(first: int, number: int) -> View:  # blocks first … first + number − 1, contiguous
         start = displs[first]
-        return buf[start : start + sum(counts[first : first + number])]
+        return buf.part(start, start + sum(counts[first : first + number]))
 
     node = binomial_tree(vrank, p)
     if node.parent is not None:
@@ -107,9 +107,9 @@ def pipeline(s: Builder, buf: View) -> None:
     nxt = s.real_rank(vrank + 1) if vrank < p - 1 else None
     lag = 0 if prev is None else 1  # the root forwards segment k in step k, the others one step later
     for k in range(nseg + lag):
-        recvs = [(prev, buf[k * seg : (k + 1) * seg])] if prev is not None and k < nseg else []
+        recvs = [(prev, buf.part(k * seg, (k + 1) * seg))] if prev is not None and k < nseg else []
         j = k - lag
-        sends = [(nxt, buf[j * seg : (j + 1) * seg])] if nxt is not None and 0 <= j < nseg else []
+        sends = [(nxt, buf.part(j * seg, (j + 1) * seg))] if nxt is not None and 0 <= j < nseg else []
         if recvs or sends:
             s.exchange(sends=sends, recvs=recvs)
 

@@ -18,7 +18,8 @@ receive from them describes the rest of its schedule once they are in
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ _INT64 = np.dtype(np.int64)
 
 def block(buf: View, counts: Sequence[int], displs: Sequence[int], r: int) -> View:
     """Rank *r*'s block of *buf*: elements ``displs[r] … displs[r] + counts[r] − 1`` (a view)."""
-    return buf[displs[r] : displs[r] + counts[r]]
+    return buf.part(displs[r], displs[r] + counts[r])
 
 
 def span(ranks: Sequence[int], counts: Sequence[int], displs: Sequence[int]) -> tuple[int, int] | None:
@@ -90,6 +91,7 @@ def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, dis
     if s.rank != s.root:
         s.send(s.root, send)
         return
+    assert counts is not None and displs is not None  # known at the root, gatherv too
     s.copy(block(recv, counts, displs, s.root), send)
     recvs = [(r, block(recv, counts, displs, r)) for r in range(s.p) if r != s.root]
     if recvs:
@@ -123,7 +125,8 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
     children = [(s.real_rank(c), [s.real_rank(v) for v in range(c, c + size)]) for c, size in reversed(node.children)]
     headers = s.collective == "gatherv"  # off the root nobody knows the counts: children announce them
     heard = s.empty(len(children), _INT64) if headers and children else None
-    header_recvs = [(child, heard[i : i + 1]) for i, (child, _) in enumerate(children)] if heard is not None else []
+    header_recvs = ([(child, heard.part(i, i + 1)) for i, (child, _) in enumerate(children)]
+                    if heard is not None else [])
 
     if node.parent is None:  # the root: every block to its displacement
         assert counts is not None and displs is not None
@@ -132,7 +135,7 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
         for child, ranks in children:
             run = span(ranks, counts, displs)
             if run is not None:
-                data.append((child, recv[run[0] : run[1]]))
+                data.append((child, recv.part(run[0], run[1])))
             else:
                 scratch = s.empty(sum(counts[r] for r in ranks))
                 data.append((child, scratch))
@@ -142,14 +145,14 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
         for ranks, scratch in unpack:
             offset = 0
             for r in ranks:
-                s.copy(block(recv, counts, displs, r), scratch[offset : offset + counts[r]])
+                s.copy(block(recv, counts, displs, r), scratch.part(offset, offset + counts[r]))
                 offset += counts[r]
         return
 
     parent = s.real_rank(node.parent)
     if not children:  # a leaf sends its own block as it is (gatherv: its size first)
-        up = [(parent, constants(s, [send.size], "the size header"))] if headers else []
-        s.exchange(sends=up + [(parent, send)])
+        header = [(parent, constants(s, [send.size], "the size header"))] if headers else []
+        s.exchange(sends=header + [(parent, send)])
         return
     if counts is not None:  # gather: every size is known
         sizes = [sum(counts[r] for r in ranks) for _, ranks in children]
@@ -177,10 +180,10 @@ def _forward(s: Builder, parent: int, send: View, children: list[tuple[int, list
     (with the size header *up* in front of it, if given)."""
     total = send.size + sum(sizes)
     gathered = s.empty(total)
-    s.copy(gathered[: send.size], send)
+    s.copy(gathered.part(0, send.size), send)
     data, offset = [], send.size
     for (child, _), size in zip(children, sizes):
-        data.append((child, gathered[offset : offset + size]))
+        data.append((child, gathered.part(offset, offset + size)))
         offset += size
     s.exchange(sends=[(parent, up)] if up is not None else [], recvs=header_recvs + data)
     s.send(parent, gathered)

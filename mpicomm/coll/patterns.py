@@ -8,7 +8,8 @@ same pattern. Vocabulary: ``p`` ranks, ``rank`` this one, ``root``, and the
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 __all__ = [
     "block_partition",

@@ -52,6 +52,7 @@ def linear(s: Builder, send: View, recv: View | None) -> None:
             tmp = tmp if tmp is not None else acc  # the lower ranks' scratch is free now
             acc = recv
         else:
+            assert tmp is not None  # None only if p = 1, or root = 1 (whose turn comes first and frees acc)
             s.recv(r, tmp)
             s.combine(acc, tmp, acc)
 
@@ -124,8 +125,13 @@ def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
     count = send.size
     f = fold(rank, p)
     rf = fold(root, p)
-    newroot = rf.newrank if rf.newrank is not None else fold(rf.partner, p).newrank
+    if rf.newrank is None:  # the root is folded away: its odd partner stands for it
+        assert rf.partner is not None
+        rf = fold(rf.partner, p)
+    newroot = rf.newrank
+    assert newroot is not None  # the root's newrank, or its partner's
     if f.newrank is None:  # folded away: hand the vector up (the root then waits for the result)
+        assert f.partner is not None  # a folded-away rank always has its proxy
         s.send(f.partner, send)
         if rank == root:
             assert recv is not None
@@ -153,9 +159,9 @@ def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
             keep, give = (mid, hi), (lo, mid)
         else:
             keep, give = (lo, mid), (mid, hi)
-        mine = acc[edges[keep[0]] : edges[keep[1]]]
-        theirs = tmp[: mine.size]
-        s.sendrecv(partner, acc[edges[give[0]] : edges[give[1]]], partner, theirs)
+        mine = acc.part(edges[keep[0]], edges[keep[1]])
+        theirs = tmp.part(0, mine.size)
+        s.sendrecv(partner, acc.part(edges[give[0]], edges[give[1]]), partner, theirs)
         if partner < rank:
             s.combine(theirs, mine, mine)
         else:
@@ -166,9 +172,9 @@ def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
     while distance < f.pof2:  # binomial gather of the reduced blocks towards w = 0
         partner = unfold(f.newrank ^ distance, f.rem)
         if w & distance:
-            s.send(partner, acc[edges[w] : edges[w + distance]])
+            s.send(partner, acc.part(edges[w], edges[w + distance]))
             return
-        s.recv(partner, acc[edges[w + distance] : edges[w + 2 * distance]])
+        s.recv(partner, acc.part(edges[w + distance], edges[w + 2 * distance]))
         distance *= 2
     if rank != root:  # this rank is the root's odd partner: the root was folded away
         s.send(root, acc)

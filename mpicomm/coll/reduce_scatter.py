@@ -12,14 +12,14 @@ plan copies the input first. n = bytes of the whole input vector, p = ranks.
 from __future__ import annotations
 
 import math
-
+from collections.abc import Sequence
 from itertools import accumulate
-from typing import Sequence
 
 from ..model import Machine, folded, pof2
 from ..registry import cost, register
 from ..schedule import Builder, View
-from .patterns import fold, pairwise as pairwise_schedule, ring_reduce_scatter, unfold
+from .patterns import fold, ring_reduce_scatter, unfold
+from .patterns import pairwise as pairwise_schedule
 
 __all__ = ["ring", "recursive_halving", "pairwise", "shm"]
 
@@ -47,7 +47,7 @@ def ring(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     at = _displs(counts)
 
     def block(x: View, b: int) -> View:
-        return x[at[b] : at[b + 1]]
+        return x.part(at[b], at[b + 1])
 
     if p == 1:
         s.copy(recv, block(send, 0))
@@ -56,10 +56,10 @@ def ring(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     incoming, partial = s.empty(width), s.empty(width)  # partial: what the next step sends
     right, left = (rank + 1) % p, (rank - 1) % p
     for k, (send_block, recv_block) in enumerate(ring_reduce_scatter(rank, p)):
-        outgoing = block(send, send_block) if k == 0 else partial[: counts[send_block]]
-        tmp = incoming[: counts[recv_block]]
+        outgoing = block(send, send_block) if k == 0 else partial.part(0, counts[send_block])
+        tmp = incoming.part(0, counts[recv_block])
         s.sendrecv(right, outgoing, left, tmp)
-        out = recv if k == p - 2 else partial[: counts[recv_block]]  # the last step's block is this rank's
+        out = recv if k == p - 2 else partial.part(0, counts[recv_block])  # the last step's block is this rank's
         s.combine(tmp, block(send, recv_block), out)
 
 
@@ -85,6 +85,7 @@ def recursive_halving(s: Builder, send: View, recv: View, counts: Sequence[int])
     at = _displs(counts)
     f = fold(rank, p)
     if f.newrank is None:  # folded away: hand the whole vector up, receive this rank's block at the end
+        assert f.partner is not None  # a folded-away rank always has its proxy
         s.send(f.partner, send)
         s.recv(f.partner, recv)
         return
@@ -103,25 +104,25 @@ def recursive_halving(s: Builder, send: View, recv: View, counts: Sequence[int])
     while mask > 0:
         partner = unfold(f.newrank ^ mask, f.rem)
         if f.newrank & mask:
-            give, lo = partials[new_at[lo] : new_at[lo + mask]], lo + mask
+            give, lo = partials.part(new_at[lo], new_at[lo + mask]), lo + mask
         else:
-            give, hi = partials[new_at[lo + mask] : new_at[hi]], lo + mask
+            give, hi = partials.part(new_at[lo + mask], new_at[hi]), lo + mask
         a, b = new_at[lo], new_at[hi]
         if tmp is None:  # the first round receives the most: later ranges lie inside this one
             tmp = s.empty(b - a)
-        incoming = tmp[: b - a]
+        incoming = tmp.part(0, b - a)
         s.sendrecv(partner, give, partner, incoming)
         if acc is None:
             acc = s.empty(at[p])
         if partner < rank:
-            s.combine(incoming, partials[a:b], acc[a:b])
+            s.combine(incoming, partials.part(a, b), acc.part(a, b))
         else:
-            s.combine(partials[a:b], incoming, acc[a:b])
+            s.combine(partials.part(a, b), incoming, acc.part(a, b))
         partials = acc
         mask >>= 1
     if f.partner is not None:  # hand the even rank below its block, keep this one's
-        s.send(f.partner, partials[at[rank - 1] : at[rank]])
-    s.copy(recv, partials[at[rank] : at[rank + 1]])
+        s.send(f.partner, partials.part(at[rank - 1], at[rank]))
+    s.copy(recv, partials.part(at[rank], at[rank + 1]))
 
 
 @register("reduce_scatter", "pairwise", in_place=False)
@@ -144,7 +145,7 @@ def pairwise(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """
     p, rank = s.p, s.rank
     at = _displs(counts)
-    mine = send[at[rank] : at[rank + 1]]
+    mine = send.part(at[rank], at[rank + 1])
     if p == 1:
         s.copy(recv, mine)
         return
@@ -153,7 +154,7 @@ def pairwise(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     right = s.empty(n)
     for k, (dest, source) in enumerate(pairwise_schedule(rank, p)):
         x = buffers[k % 2]
-        s.sendrecv(dest, send[at[dest] : at[dest + 1]], source, x)
+        s.sendrecv(dest, send.part(at[dest], at[dest + 1]), source, x)
         if source < rank:  # x_{r-1} first, then lower ranks: prepend
             if source == rank - 1:
                 s.copy(recv, x)

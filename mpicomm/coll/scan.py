@@ -129,18 +129,26 @@ def _doubling(s: Builder, send: View, recv: View, inclusive: bool) -> None:
     distance = 1
     while distance < p:
         dest, source = rank + distance, rank - distance
-        sends = [(dest, partial)] if dest < p else []
-        got = recv if not inclusive and distance == 1 else tmp
-        recvs = [(source, got)] if source >= 0 else []
+        sends: list[tuple[int, View]] = []
+        if dest < p:
+            assert partial is not None  # None only on an exscan's last rank, which sends nothing
+            sends.append((dest, partial))
+        got = None  # where the partial of rank − distance lands, if one comes
+        if source >= 0:
+            got = recv if not inclusive and distance == 1 else tmp
+            assert got is not None  # tmp is None only on ranks that receive nothing after round 0
+        recvs = [(source, got)] if got is not None else []
         if sends or recvs:
             s.exchange(sends, recvs)
-        if recvs:  # got: the ranks just below this rank's range
+        if got is not None:  # got: the ranks just below this rank's range
             if inclusive:
+                assert partial is not None  # a scan's partial is recv
                 s.combine(got, partial, partial)
             else:
                 if got is not recv:
                     s.combine(got, recv, recv)
                 if dest + distance < p:  # a later round still sends the partial
+                    assert partial is not None
                     s.combine(got, partial, partial)
         distance *= 2
 

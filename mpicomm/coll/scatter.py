@@ -18,7 +18,8 @@ them describes the rest of its schedule once they are in
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,7 @@ def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, dis
     if s.rank != s.root:
         s.recv(s.root, recv)
         return
+    assert counts is not None and displs is not None  # known at the root, scatterv too
     s.copy(recv, block(send, counts, displs, s.root))
     sends = [(r, block(send, counts, displs, r)) for r in range(s.p) if r != s.root]
     if sends:
@@ -84,7 +86,7 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
         sends, at = [], 0
         for (child, size), ranks in zip(node.children, subtrees):
             if table is not None and size > 1:
-                sends.append((s.real_rank(child), table[at : at + size]))
+                sends.append((s.real_rank(child), table.part(at, at + size)))
                 at += size
             sends.append((s.real_rank(child), _pack(s, send, ranks, counts, displs)))
         if sends:
@@ -121,13 +123,13 @@ def _forward(s: Builder, parent: int, recv: View, node: Any, sub: Sequence[int],
         offsets.append(offsets[-1] + c)
     held = s.empty(offsets[-1])
     s.recv(parent, held)
-    s.copy(recv, held[: sub[0]])
+    s.copy(recv, held.part(0, sub[0]))
     sends = []
     for child, size in node.children:
         first, last = child - vrank, child - vrank + size
         if mine is not None and size > 1:
-            sends.append((s.real_rank(child), mine[first:last]))
-        sends.append((s.real_rank(child), held[offsets[first] : offsets[last]]))
+            sends.append((s.real_rank(child), mine.part(first, last)))
+        sends.append((s.real_rank(child), held.part(offsets[first], offsets[last])))
     s.exchange(sends=sends)
 
 
@@ -136,10 +138,10 @@ def _pack(s: Builder, send: View, ranks: list[int], counts: Sequence[int], displ
     before the first message)."""
     run = span(ranks, counts, displs)
     if run is not None:
-        return send[run[0] : run[1]]
+        return send.part(run[0], run[1])
     packed = s.empty(sum(counts[r] for r in ranks))
     offset = 0
     for r in ranks:
-        s.copy(packed[offset : offset + counts[r]], block(send, counts, displs, r))
+        s.copy(packed.part(offset, offset + counts[r]), block(send, counts, displs, r))
         offset += counts[r]
     return packed

@@ -30,7 +30,8 @@ same either way; the local steps choose the path, alike on every rank.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -377,7 +378,7 @@ def allgather(s: Builder, send: View, recv: View, counts: Sequence[int], displs:
     """Every rank publishes its block, then copies every block straight from the peers' memory."""
     p, rank, dtype = s.p, s.rank, s.dtype
     item = dtype.itemsize
-    s.copy(recv[displs[rank] : displs[rank] + counts[rank]], send)
+    s.copy(recv.part(displs[rank], displs[rank] + counts[rank]), send)
     if p == 1:
         return
     call = _begin(s, 1)
@@ -418,7 +419,7 @@ def reduce_scatter(s: Builder, send: View, recv: View, counts: Sequence[int]) ->
         at.append(at[-1] + c)
     item = s.dtype.itemsize
     rank, p, count = s.rank, s.p, counts[s.rank]
-    mine = send[at[rank] : at[rank] + count]
+    mine = send.part(at[rank], at[rank] + count)
     if p == 1:
         s.copy(recv, mine)
         return
@@ -471,8 +472,8 @@ def alltoall(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequ
     block out of every peer's memory. alltoallv first agrees on the largest scratch any rank needs."""
     p, rank, dtype = s.p, s.rank, s.dtype
     item = dtype.itemsize
-    s.copy(recv[recvdispls[rank] : recvdispls[rank] + recvcounts[rank]],
-           send[senddispls[rank] : senddispls[rank] + sendcounts[rank]])
+    s.copy(recv.part(recvdispls[rank], recvdispls[rank] + recvcounts[rank]),
+           send.part(senddispls[rank], senddispls[rank] + sendcounts[rank]))
     if p == 1:
         return
     v = s.collective != "alltoall"

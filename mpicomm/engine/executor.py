@@ -43,7 +43,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mpi4py import MPI
 
@@ -82,7 +83,7 @@ def in_callback() -> bool:
     return getattr(_here, "depth", 0) > 0
 
 
-def _call_back(run: "Run") -> None:
+def _call_back(run: Run) -> None:
     callbacks = run.callbacks
     if not callbacks:
         return
@@ -112,7 +113,7 @@ class Step:
         self.peers: tuple[tuple[str, int], ...] = ()  # ("recv"|"send", rank) per request, for the watchdog
         self.waits = False  # syncs or nested (set by finish())
 
-    def finish(self) -> "Step":
+    def finish(self) -> Step:
         """Freeze what the executor checks on every poll (call once the step is filled in)."""
         self.waits = bool(self.syncs or self.nested)
         return self
@@ -126,7 +127,7 @@ class AgreeStep:
 
     __slots__ = ("reqs", "combine", "peer")
 
-    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[["Run"], None], peer: int):
+    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[[Run], None], peer: int):
         self.reqs = reqs
         self.combine = combine
         self.peer = peer
@@ -231,9 +232,8 @@ class Run:
         if agree:
             self.a = 0
             _Startall(agree[0].reqs)
-        elif program.check is not None and program.verdict_at < 0:  # nobody to exchange with: judge now
-            if self._judge():
-                return
+        elif program.check is not None and program.verdict_at < 0 and self._judge():  # nobody to exchange with
+            return  # (judged now: the run was handed another program, which _judge started)
         if not program.gated or self.agreed:
             if program.steps:
                 self._post(0)
@@ -303,8 +303,8 @@ class Run:
             if step.waits and not self._waited(step):
                 return False
             if self.afters is not None:
-                for fn in self.afters:
-                    fn()
+                for after in self.afters:
+                    after()
                 self.afters = None
             k += 1
             early = step.early and k < n and not self.broken
@@ -312,9 +312,8 @@ class Run:
                 self._post(k)
             for fn in step.words:
                 fn(self)
-            if k - 1 == program.verdict_at:
-                if self._judge():
-                    return self._poll()  # the run now runs another program (the library's collective)
+            if k - 1 == program.verdict_at and self._judge():
+                return self._poll()  # the run now runs another program (the library's collective)
             if not self.broken:
                 for fn in step.ops:
                     fn(self)

@@ -31,7 +31,8 @@ import collections
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mpi4py import MPI
 
@@ -146,10 +147,10 @@ def wait(run: Run, q: Queue, watchdog: Any = None, others: Callable[[], bool] | 
                 head = q.runs[0] if q.runs else run
                 watchdog.pause([head])
                 continue
-            head = q.runs[0] if q.runs else None
+            front = q.runs[0] if q.runs else None
             busy = others() if others is not None else False
-            if head is not None and not busy and not head.waits_on_memory() and head.live():
-                head.sleep()
+            if front is not None and not busy and not front.waits_on_memory() and front.live():
+                front.sleep()
                 continue
         waited = time.perf_counter() - started
         if waited < 2e-3:

@@ -31,8 +31,9 @@ generator raises completes with that error; ``Wait``/``Test`` re-raise it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Generator, Iterable, Sequence
+from typing import Any
 
 from mpi4py import MPI
 
@@ -94,7 +95,7 @@ def _after(step: Sequence[MPI.Request]) -> None:
         step.finish()
 
 
-_active: list["Request"] = []
+_active: list[Request] = []
 
 
 class Request:
@@ -111,7 +112,7 @@ class Request:
     )
 
     def __init__(self, steps: Steps, label: Any = "request"):
-        self._gen = steps
+        self._gen: Steps | None = steps  # (None in a CollectiveRequest, which runs no generator)
         self._reqs: list[MPI.Request] = []
         self._statuses: list[MPI.Status] = []
         self._step = 0  # index of the current step
@@ -141,7 +142,7 @@ class Request:
     def _resume(self, statuses: list[MPI.Status] | None, first: bool = False) -> None:
         self._busy = True
         try:
-            step = next(self._gen) if first else self._gen.send(statuses)  # type: ignore[arg-type]
+            step = next(self._gen) if first else self._gen.send(statuses)  # type: ignore[arg-type, union-attr]  # only a plain Request resumes its generator; statuses: a list after the first
         except StopIteration as stop:
             self._finish(stop.value, None)
             return
@@ -277,6 +278,7 @@ class Request:
             self._resume(self._statuses)
             _wait_for([self])
             return
+        assert self._gen is not None  # a plain Request (CollectiveRequest has its own Cancel)
         self._gen.close()
         if all(cancelled):
             self._cancelled = True
@@ -287,7 +289,7 @@ class Request:
             _active.remove(self)
 
     @staticmethod
-    def _wrap(requests: Iterable[Any]) -> list["Request"]:
+    def _wrap(requests: Iterable[Any]) -> list[Request]:
         out = []
         for r in _check_types(requests):
             if isinstance(r, Request):
@@ -439,7 +441,7 @@ def _copy_status(source: MPI.Status, target: MPI.Status) -> None:
     target.Set_cancelled(source.Is_cancelled())
 
 
-def pending_elsewhere(q: "_progress.Queue") -> Callable[[], bool] | None:
+def pending_elsewhere(q: _progress.Queue) -> Callable[[], bool] | None:
     """What a blocking collective on *q* must advance while it waits: the process's point-to-point requests
     and the queues no progress thread drives (MPI's progress rule: a peer may need one of them to reach the
     collective); None when there is nothing (it then sleeps in MPI on its own requests)."""
@@ -479,7 +481,7 @@ def _wait_for(requests: Sequence[Request]) -> None:
             watchdog.pause([r for r in requests if not r._done] + [r for r in _active if r not in requests])
 
 
-def _waitall(step: Sequence[MPI.Request], statuses: list[MPI.Status], label: Any, index: int, watchdog: "Watchdog | None") -> None:
+def _waitall(step: Sequence[MPI.Request], statuses: list[MPI.Status], label: Any, index: int, watchdog: Watchdog | None) -> None:
     if watchdog is None:
         MPI.Request.Waitall(step, statuses)
         return

@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mpi4py import MPI
 
@@ -44,7 +45,7 @@ class Watchdog:
         self.naps = 0
 
     @classmethod
-    def start(cls) -> "Watchdog | None":
+    def start(cls) -> Watchdog | None:
         try:
             timeout = config.timeout()
         except ValueError:  # refused on every rank where settings are checked (making a Comm); no watchdog here

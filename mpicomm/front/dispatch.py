@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Literal, overload
 
 import mpi4py
 import numpy as np
@@ -39,7 +40,6 @@ from mpi4py import MPI
 
 from .. import config, registry
 from .. import trace as _trace
-from ..transport.buffers import array_module
 from ..catalogue import COLLECTIVES, REDUCING, family
 from ..engine import progress
 from ..engine.executor import Run, complete, in_callback
@@ -49,6 +49,7 @@ from ..ops import Op, resolve
 from ..plan.args import Args, ArgumentError, selection_bytes
 from ..plan.compile import Plan, agreement_only, build, library_plan, traced
 from ..state import State, as_state
+from ..transport.buffers import array_module
 
 __all__ = ["start", "persistent_plan", "choose", "planner", "execute", "ArgumentError", "Args", "PLANS_KEPT"]
 
@@ -308,6 +309,15 @@ def enter(state: Any) -> bool:
     return True
 
 
+@overload
+def start(state: Any, args: Args, algorithm: str | None, blocking: Literal[False],
+          fast: None = None) -> CollectiveRequest: ...
+
+
+@overload
+def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any: ...
+
+
 def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any:
     """Run the collective *args* describes on *state*'s communicator: blocking, return its result; else return
     a request (see the module docstring).
@@ -360,7 +370,7 @@ class Fast:
         self.state = state
         self.plan = plan
         self.program = plan.program
-        checks = []
+        checks: list[tuple[weakref.ref[np.ndarray] | None, Any, int | None]] = []
         for x in objects:
             if type(x) is np.ndarray:
                 checks.append((weakref.ref(x), x.dtype, x.size))
@@ -377,7 +387,7 @@ class Fast:
             if ref is None:
                 if x is not kind:
                     return False
-            elif ref() is not x or x.dtype is not kind or x.size != size:
+            elif ref() is not x or x.dtype is not kind or x.size != size:  # type: ignore[union-attr]  # x is ref(): never None (found by the arrays' ids)
                 return False
         if _environment(self.plan.collective) != self.env:
             return False
@@ -415,7 +425,9 @@ def _environment(collective: str = "") -> tuple:
         names = ["MPICOMM_VALIDATE", "MPICOMM_TIMEOUT", "MPICOMM_TRANSFER"]
         if collective:
             names.append(f"MPICOMM_{collective.upper()}_ALGORITHM")
-        keys = _ENV_KEYS[collective] = tuple(config._ENCODE(n) for n in names)  # type: ignore[attr-defined]
+        encode = config._ENCODE
+        assert encode is not None  # os.environ has encodekey wherever it has _data (os._Environ)
+        keys = _ENV_KEYS[collective] = tuple(encode(n) for n in names)
     return tuple(get(k) for k in keys)
 
 

@@ -23,7 +23,8 @@ data.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..engine.executor import Program, Run
 from ..engine.progress import callback_when_done, submit
@@ -64,7 +65,7 @@ class Prequest(CollectiveRequest):
             raise ValueError(f"{self.label}: this persistent request was freed; make a new one with *_init")
         return plan
 
-    @property
+    @property  # type: ignore[misc]  # read-only on purpose: the plan names it
     def label(self) -> str:
         plan = self._plan
         if plan is None:
@@ -106,7 +107,7 @@ class Prequest(CollectiveRequest):
                 state.lock.release()
 
     @staticmethod
-    def Startall(requests: Sequence["Prequest"]) -> None:
+    def Startall(requests: Sequence[Prequest]) -> None:
         """Start every request in *requests*, in order."""
         for r in requests:
             if not isinstance(r, Prequest):

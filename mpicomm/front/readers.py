@@ -10,15 +10,16 @@ recorded in ``Args.unsupported`` with the library call that runs it instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..transport import specs
 from ..catalogue import row
 from ..ops import BUILTIN, resolve
 from ..plan.args import Args
+from ..transport import specs
 from ..validate import check_peer
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def block_of(buf: Any, counts: Any, displs: Any, r: int) -> Any:
 
 
 
-def read(collective: str, comm: "Comm", *positional: Any, **keywords: Any) -> Args:
+def read(collective: str, comm: Comm, *positional: Any, **keywords: Any) -> Args:
     """Read one call's mpi4py-style arguments; never raises (see the module docstring)."""
     args = Args(collective)
     method = getattr(MPI.Intracomm, row(collective).nonblocking)
@@ -59,7 +60,7 @@ def _native_keywords(keywords: dict) -> dict:
     return out
 
 
-def _root(args: Args, comm: "Comm", root: Any) -> bool:
+def _root(args: Args, comm: Comm, root: Any) -> bool:
     """Record the root; True on the root."""
     args.root = check_peer(root, "root", comm.Get_size())
     if args.root == MPI.PROC_NULL:
@@ -111,7 +112,7 @@ def _reduction(args: Args, sendbuf: Any, recvbuf: Any, op: Any, in_place_ok: boo
     args.count = recv.count
 
 
-def _bcast(args: Args, comm: "Comm", buf: Any, root: Any = 0) -> None:
+def _bcast(args: Args, comm: Comm, buf: Any, root: Any = 0) -> None:
     is_root = _root(args, comm, root)
     flat = specs.plain(buf)
     if flat is not None and (is_root or buf.flags.writeable):  # the common case, read as below would
@@ -124,7 +125,7 @@ def _bcast(args: Args, comm: "Comm", buf: Any, root: Any = 0) -> None:
     args.count = b.count
 
 
-def _reduce(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: Any = 0) -> None:
+def _reduce(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: Any = 0) -> None:
     is_root = _root(args, comm, root)
     if is_root:
         _reduction(args, sendbuf, recvbuf, op)
@@ -136,7 +137,7 @@ def _reduce(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.
     args.send, args.count = send.array, send.count
 
 
-def _allreduce(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+def _allreduce(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
     _reduction(args, sendbuf, recvbuf, op)
 
 
@@ -152,15 +153,15 @@ def _layout(spec: Any, name: str, p: int, v: bool, receive: bool = False
     A receive v-spec's blocks must not overlap (block specs are packed).
     """
     if v:
-        buffer = specs.vector(spec, name, p)
+        vbuffer = specs.vector(spec, name, p)
         if receive:
-            specs.check_disjoint(buffer.counts, buffer.displs, name)
-        return buffer, buffer.counts, buffer.displs
+            specs.check_disjoint(vbuffer.counts, vbuffer.displs, name)
+        return vbuffer, vbuffer.counts, vbuffer.displs
     buffer, block = specs.block(spec, name, p)
     return (buffer, *_equal(block, p))
 
 
-def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
+def _gather(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     is_root = _root(args, comm, root)
     if is_root:
@@ -184,7 +185,7 @@ def _gather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0,
             args.recvcounts, args.recvdispls = _equal(send.count, p)
 
 
-def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
+def _scatter(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, root: Any = 0, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     is_root = _root(args, comm, root)
     if is_root:
@@ -208,7 +209,7 @@ def _scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, root: Any = 0
             args.sendcounts, args.senddispls = _equal(recv.count, p)
 
 
-def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
+def _allgather(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     recv, counts, displs = _layout(recvbuf, "recvbuf", p, v, receive=True)
     _take(args, specs.writable(recv, "recvbuf"))
@@ -222,7 +223,7 @@ def _allgather(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = F
     args.count = -1 if v else counts[0]
 
 
-def _alltoall(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
+def _alltoall(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, v: bool = False) -> None:
     p = comm.Get_size()
     recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", p, v, receive=True)
     _take(args, specs.writable(recv, "recvbuf"))
@@ -238,7 +239,7 @@ def _alltoall(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, v: bool = Fa
     args.count = -1 if v else rcounts[0]
 
 
-def _reduce_scatter_block(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+def _reduce_scatter_block(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
     p = comm.Get_size()
     args.op = _op(op)
     if specs.is_in_place(sendbuf):
@@ -257,7 +258,7 @@ def _reduce_scatter_block(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, 
     args.recvcounts = (block,) * p
 
 
-def _reduce_scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+def _reduce_scatter(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                     op: Any = MPI.SUM) -> None:
     p, rank = comm.Get_size(), comm.Get_rank()
     args.op = _op(op)
@@ -282,7 +283,7 @@ def _reduce_scatter(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, recvco
         args.send, args.recv = send.array, recv.array
 
 
-def _scan(args: Args, comm: "Comm", sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+def _scan(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
     _reduction(args, sendbuf, recvbuf, op)
 
 

@@ -41,7 +41,8 @@ the same :class:`ArgumentError` naming it.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -171,7 +172,7 @@ def butterfly(rank: int, p: int) -> list[tuple[str, int]]:
 def combiner(working: np.ndarray, got: np.ndarray, kind: str, flag: list[bool]) -> Callable[[Any], None]:
     """A callable that folds received words *got* into *working* (kind ``fold``/``both``: MIN, MIN, MIN, SUM;
     ``recv``: take them; ``send``: nothing). *flag*[0] is set when *working* changed."""
-    w_bytes, g_bytes = memoryview(working.view(np.uint8)), memoryview(got.view(np.uint8))
+    w_bytes, g_bytes = memoryview(working.view(np.uint8)), memoryview(got.view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer (numpy's stub: Python 3.12+)
     wu, gu = working.view(np.uint64)[3:4], got.view(np.uint64)[3:4]
     head_w, head_g = working[:3], got[:3]
     minimum, add, copyto = np.minimum, np.add, np.copyto
@@ -249,7 +250,10 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{', '.join(map(str, ranks[:8]))}, …"
 
 
-def _differ(rows: list[dict], key: str, what: str, show: Callable[[int, Any], str], unknown: Any = object()) -> str | None:
+_NONE = object()  # a value no description holds: nothing is left out
+
+
+def _differ(rows: list[dict], key: str, what: str, show: Callable[[int, Any], str], unknown: Any = _NONE) -> str | None:
     values = [row[key] for row in rows]
     if len({repr(v) for v in values if v != unknown}) <= 1:
         return None
@@ -299,7 +303,7 @@ def disagreements(rows: list[dict]) -> list[str]:
     if not native:
         checks.append(("count", "the count", lambda r, v: f"{v} elements"))
     for key, what, show in checks:
-        message = _differ(rows, key, what, show, "" if native and key == "dtype_key" else object())
+        message = _differ(rows, key, what, show, "" if native and key == "dtype_key" else _NONE)
         if message:
             out.append(message)
     if not out and not native:

@@ -9,15 +9,16 @@ is the message size n of the catalogue's size rule for one call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..transport.buffers import overlap
 from ..catalogue import CATALOGUE
 from ..ops import Op
+from ..transport.buffers import overlap
 
 __all__ = ["ArgumentError", "Args", "selection_bytes"]
 
@@ -38,7 +39,7 @@ def _kept_away() -> Any:
     raise RuntimeError("a kept plan's arguments no longer hold the caller's buffer specs")
 
 
-def library_request(args: "Args", comm: MPI.Intracomm) -> MPI.Request:
+def library_request(args: Args, comm: MPI.Intracomm) -> MPI.Request:
     """Start the MPI library's own nonblocking collective on *args*' arrays (plain arrays: what a kept plan
     has), on *comm* (the user's communicator) - for when another rank's buffer spec only the library takes."""
     c = args.collective
@@ -50,22 +51,24 @@ def library_request(args: "Args", comm: MPI.Intracomm) -> MPI.Request:
     if c == "bcast":
         return comm.Ibcast(recv if recv is not None else send, args.root)
     if c == "reduce":
+        assert op is not None  # (a reducing collective's arguments have an op: read with them)
         root = comm.Get_rank() == args.root
         return comm.Ireduce(place if root and args.in_place else send, recv if root else None, op, args.root)
     if c in ("allreduce", "scan", "exscan"):
-        method = {"allreduce": comm.Iallreduce, "scan": comm.Iscan, "exscan": comm.Iexscan}[c]
-        return method(place if args.in_place else send, recv, op)
+        assert op is not None  # (as above)
+        reduction = {"allreduce": comm.Iallreduce, "scan": comm.Iscan, "exscan": comm.Iexscan}[c]
+        return reduction(place if args.in_place else send, recv, op)
     v = c.endswith("v")
     if c in ("gather", "gatherv"):
         root = comm.Get_rank() == args.root
         spec = ([recv, (args.recvcounts, args.recvdispls)] if v else recv) if root else None
-        method = comm.Igatherv if v else comm.Igather
-        return method(place if root and args.in_place else send, spec, args.root)
+        gather = comm.Igatherv if v else comm.Igather
+        return gather(place if root and args.in_place else send, spec, args.root)
     if c in ("scatter", "scatterv"):
         root = comm.Get_rank() == args.root
         spec = ([send, (args.sendcounts, args.senddispls)] if v else send) if root else None
-        method = comm.Iscatterv if v else comm.Iscatter
-        return method(spec, place if root and args.in_place else recv, args.root)
+        scatter = comm.Iscatterv if v else comm.Iscatter
+        return scatter(spec, place if root and args.in_place else recv, args.root)
     if c in ("allgather", "allgatherv"):
         spec = [recv, (args.recvcounts, args.recvdispls)] if v else recv
         return (comm.Iallgatherv if v else comm.Iallgather)(place if args.in_place else send, spec)
@@ -75,8 +78,10 @@ def library_request(args: "Args", comm: MPI.Intracomm) -> MPI.Request:
         source = place if args.in_place else [send, (args.sendcounts, args.senddispls)]
         return comm.Ialltoallv(source, [recv, (args.recvcounts, args.recvdispls)])
     if c == "reduce_scatter_block":
+        assert op is not None  # (as above)
         return comm.Ireduce_scatter_block(place if args.in_place else send, recv, op)
     if c == "reduce_scatter":
+        assert op is not None  # (as above)
         return comm.Ireduce_scatter(place if args.in_place else send, recv, list(args.recvcounts or ()), op)
     if c == "barrier":
         return comm.Ibarrier()
@@ -120,7 +125,7 @@ class Args:
     def __repr__(self) -> str:
         return f"Args({self.collective!r}, {', '.join(f'{k}={v!r}' for k, v in vars(self).items() if k != 'collective')})"
 
-    def detached(self, send: Any, recv: Any) -> "Args":
+    def detached(self, send: Any, recv: Any) -> Args:
         """A copy for a plan kept for later calls: *send*/*recv* instead of the caller's arrays (views over the
         same memory that hold no reference to them), and no closure over the caller's objects (the library
         call is replaced by a marker: a kept plan never runs it)."""
@@ -132,13 +137,13 @@ class Args:
         other.result = _nothing
         return other
 
-    def fail(self, problem: BaseException) -> "Args":
+    def fail(self, problem: BaseException) -> Args:
         """Record *problem* (the first one wins); returns self."""
         if self.problem is None:
             self.problem = problem
         return self
 
-    def check_op(self) -> "Args":
+    def check_op(self) -> Args:
         """Record a problem if the op is not defined on the element type."""
         op, dtype = self.op, self.dtype
         if self.problem is None and op is not None and dtype is not None and (op, dtype) not in _OP_FITS:
@@ -152,7 +157,7 @@ class Args:
         return self
 
 
-    def check_overlap(self) -> "Args":
+    def check_overlap(self) -> Args:
         """Record a problem if the send and receive buffers partly overlap (not in place, not the same bytes).
 
         MPI calls aliased send and receive buffers erroneous (``MPI.IN_PLACE``

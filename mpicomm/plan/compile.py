@@ -25,16 +25,17 @@ fused with them, another. Both change when a call fails on a disagreement.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ..transport import buffers
 from .. import trace as _trace
 from ..catalogue import family
 from ..engine.executor import AgreeStep, Program, Run, Step
 from ..schedule import RECV, SEND, Builder, Combine, Copy, Local, Round, Schedule, View, early
+from ..transport import buffers
 from . import agreement
 from .args import Args, library_request, selection_bytes
 
@@ -57,7 +58,7 @@ def _raw(x: Any) -> Any:
     if x.size == 0:
         return np.empty(0, x.dtype)
     address = x.__array_interface__["data"][0]
-    return np.frombuffer(MPI.buffer.fromaddress(address, x.nbytes), x.dtype)
+    return np.frombuffer(MPI.buffer.fromaddress(address, x.nbytes), x.dtype)  # type: ignore[call-overload]  # MPI.buffer is a buffer (its stub: Python 3.12+)
 
 
 def _address(x: Any) -> int:
@@ -135,8 +136,8 @@ class Plan:
         for step in self.program.steps:
             for r in step.reqs or ():
                 _free(r)
-        for step in self.program.agree or ():
-            for r in step.reqs:
+        for agree in self.program.agree or ():
+            for r in agree.reqs:
                 _free(r)
         self.program.steps = []
         self.program.agree = None
@@ -213,7 +214,7 @@ def call_algorithm(b: Builder, fn: Callable, args: Args) -> None:
 
 
 def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool, validate: bool,
-          persistent: int | None = None, planner: Callable[..., "Plan"] | None = None, cached: bool = False) -> Plan:
+          persistent: int | None = None, planner: Callable[..., Plan] | None = None, cached: bool = False) -> Plan:
     """Compile the plan of this rank's call *args* with *algorithm* (a registry entry) on *state*.
 
     *validate*: carry the agreement (see :mod:`.agreement`); *persistent*: the
@@ -240,8 +241,12 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
         own = _empty(xp, device, int(send.size), send.dtype)  # the algorithm may not read what it writes
         source_array = arrays[SEND]
         arrays[SEND] = own
-        copyto = getattr(xp, "copyto")
-        pre.append(lambda run, d=own, s=source_array: copyto(d, s))
+        copyto = xp.copyto
+
+        def copy_in(run: Run, d: Any = own, s: Any = source_array) -> None:
+            copyto(d, s)
+
+        pre.append(copy_in)
     for count, dt in sched.buffers[2:]:
         arrays.append(_empty(xp, device, count, dt))
     plan.arrays = arrays
@@ -333,8 +338,8 @@ def _step(plan: Plan, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
         step.post = post_library
         step.peers = tuple(("library", -1) for _ in starts)
     step.pre = tuple(op.fn for op in r.pre)
-    step.ops = tuple(_op(op, arrays, xp, device, args) for op in r.ops)
-    step.ops = tuple(fn for fn in step.ops if fn is not None)
+    ops = tuple(_op(op, arrays, xp, device, args) for op in r.ops)
+    step.ops = tuple(fn for fn in ops if fn is not None)
     if r.syncs:
         from ..transport.memory import sync_condition
 
@@ -414,6 +419,7 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
     if kind is Combine:
         a, b, o = _view(arrays, op.a), _view(arrays, op.b), _view(arrays, op.out)
         red = args.op
+        assert red is not None  # a Combine is a reducing collective's (readers and nested_args set its op)
         ufunc = getattr(xp, red.ufunc, None) if red is not None and red.ufunc else None
         if device is None:
             if ufunc is not None:
@@ -587,7 +593,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
     agree_tag = state.tags(plan.epoch)[1]
     if aligned is not None:
         aliased = _aliasable(sched, aligned)
-        for (kind, peer), i in zip(kinds, aligned):
+        for (kind, _peer), i in zip(kinds, aligned):
             _fuse(plan.program.steps[i], sched.rounds[i], arrays, lib, agree_tag, words, kind, flag, stagings, plan,
                   aliased, args)
         for i in aligned:  # the words a fused step sends are those combined by the step before it
@@ -677,7 +683,7 @@ def library_program(state: Any, args: Args, label: Any) -> Program:
             return library_request(args, state.comm)
 
     def post() -> tuple[list[MPI.Request], list[Callable[[], None]]]:
-        return [native()], []  # type: ignore[misc]
+        return [native()], []
 
     step.post = post
     step.peers = (("library", -1),)
@@ -705,7 +711,10 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             local = list(local) if local is arrays else local
             local[v.buf] = data
         elif data is not None:
-            copy_out.append(lambda run, d=x, s=data: np.copyto(d, s))
+            def copy_data(run: Run, d: Any = x, s: Any = data) -> None:
+                np.copyto(d, s)
+
+            copy_out.append(copy_data)
     if local is not arrays:
         step.ops = tuple(fn for fn in (_op(op, local, np, None, args) for op in r.ops) if fn is not None)
     for peer, v in r.sends:

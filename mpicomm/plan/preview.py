@@ -10,8 +10,9 @@ counter waits and named steps; hierarchical ones with their nested calls.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,14 +35,14 @@ class Layout:
     local_of: tuple[int, ...] = field(default=())
 
     @classmethod
-    def even(cls, p: int, nodes: int = 1) -> "Layout":
+    def even(cls, p: int, nodes: int = 1) -> Layout:
         """*p* ranks spread block-wise over *nodes* nodes (ranks 0 … ⌈p/nodes⌉−1 on node 0…)."""
         per = -(-p // max(1, nodes))
         node_of = tuple(r // per for r in range(p))
         local_of = tuple(r % per for r in range(p))
         return cls(p, max(node_of) + 1 if p else 1, 0, node_of, local_of)
 
-    def at(self, rank: int) -> "Layout":
+    def at(self, rank: int) -> Layout:
         return Layout(self.size, self.nodes, rank, self.node_of, self.local_of)
 
     @property

@@ -33,9 +33,8 @@ Nothing of torch is imported by the rest of mpicomm.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
@@ -67,7 +66,8 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroup:
         if size != mpi_size:
             raise ValueError(f"mpicomm backend: world_size={size} but this MPI job has {mpi_size} ranks; launch "
                              f"with mpiexec -n {size} (or pass world_size={mpi_size})")
-        comm = Comm(MPI.COMM_WORLD.Split(0, rank))
+        # Split returns a communicator of its receiver's class (an Intracomm here); mpi4py's stub says Comm
+        comm = Comm(cast(MPI.Intracomm, MPI.COMM_WORLD.Split(0, rank)))
         _WORLD["world"] = comm  # a later init (after destroy_process_group) replaces it
     else:
         world = world_comm()

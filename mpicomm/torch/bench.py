@@ -30,7 +30,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,9 @@ from .. import cli
 from ..bench.report import markdown_table
 from ..comm import Comm
 from ..config import describe_cpu
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
 
 __all__ = ["main", "measure", "PassThrough", "PASSTHROUGH"]
 
@@ -55,7 +59,7 @@ PASSTHROUGH = "passthrough"
 class _Completed(dist.Work):
     """A Work that completed inside its call, with its future already set."""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, future: torch.futures.Future[list[torch.Tensor]]):
         super().__init__()
         self._future = future
 
@@ -65,7 +69,7 @@ class _Completed(dist.Work):
     def is_completed(self) -> bool:
         return True
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
 
 
@@ -77,24 +81,25 @@ class PassThrough(dist.ProcessGroup):
     """
 
     def __init__(self, comm: MPI.Intracomm, rank: int, size: int):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the binding's (rank, size) overload; stubs omit it
         self.comm = comm
 
     def getBackendName(self) -> str:
         return PASSTHROUGH
 
     # the name PyTorch gives a group is kept on its C++ backends, which a Python group has none of
-    def _set_group_name(self, name: str) -> None:
+    def _set_group_name(self, name: GroupName) -> None:
         self._name = name
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> GroupName:
         return self._name
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # torch passes (tensors, opts) only
+                  opts: object = None) -> dist.Work:
         for t in tensors:
             self.comm.Allreduce(MPI.IN_PLACE, t.numpy(), MPI.SUM)
-        future = torch.futures.Future()
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
         future.set_result(tensors)
         return _Completed(future)
 
@@ -103,7 +108,8 @@ def _create_passthrough(store: object, rank: int, size: int, timeout: object) ->
     """The creator ``dist.new_group(backend="passthrough")`` calls: a group of the whole job only (the Split is
     collective over ``MPI.COMM_WORLD``; PyTorch's group ranks are the job's, as the bench's default group makes
     them)."""
-    return PassThrough(MPI.COMM_WORLD.Split(0, rank), rank, size)
+    # Split returns a communicator of its receiver's class (an Intracomm here); mpi4py's stub says Comm
+    return PassThrough(cast(MPI.Intracomm, MPI.COMM_WORLD.Split(0, rank)), rank, size)
 
 
 def _register_passthrough() -> None:
@@ -126,11 +132,12 @@ def _time(fn: Callable[[], object], iters: int, world: MPI.Intracomm) -> float:
     start = time.perf_counter()
     for _ in range(iters):
         fn()
-    return world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
+    slowest: float = world.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
+    return slowest
 
 
 def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None,
-            progress: cli.Progress, baseline: str = PASSTHROUGH) -> list[dict]:
+            progress: cli.Progress, baseline: str = PASSTHROUGH) -> list[dict[str, float]]:
     """One row per size: the median seconds of each variant, and the checks that they agree."""
     world = MPI.COMM_WORLD
     gloo = dist.new_group(backend="gloo")
@@ -145,14 +152,14 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
         n = max(1, size // itemsize)
         t = torch.zeros(n, dtype=dtype)  # zeros: repeated in-place sums stay finite
         a = t.numpy()
-        variants = {
-            "Comm.Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, a),
-            "mpicomm": lambda: dist.all_reduce(t),
-            "native": lambda: world.Allreduce(MPI.IN_PLACE, a),
-            "gloo": lambda: dist.all_reduce(t, group=gloo),
+        variants = {  # (each binds this size's arrays)
+            "Comm.Allreduce": lambda a=a: comm.Allreduce(MPI.IN_PLACE, a),
+            "mpicomm": lambda t=t: dist.all_reduce(t),
+            "native": lambda a=a: world.Allreduce(MPI.IN_PLACE, a),
+            "gloo": lambda t=t: dist.all_reduce(t, group=gloo),
         }
         if passthrough is not None:
-            variants["passthrough"] = lambda: dist.all_reduce(t, group=passthrough)
+            variants["passthrough"] = lambda t=t: dist.all_reduce(t, group=passthrough)
         count = _iterations(n * itemsize, iters)
         per_round = max(1, count // rounds)
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -172,7 +179,7 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
             z = (torch.arange(n, dtype=torch.float64) % 1000 + 1000 * world.Get_rank()).to(dtype)
             dist.all_reduce(z, group=passthrough)
             wrong += int((z != y).sum())
-        row = {"bytes": n * itemsize, "count": n, "iterations": per_round * rounds, "wrong": wrong}
+        row: dict[str, float] = {"bytes": n * itemsize, "count": n, "iterations": per_round * rounds, "wrong": wrong}
         row.update({k: statistics.median(v) for k, v in times.items()})
         rows.append(row)
         progress.step(f"{cli.format_size(n * itemsize)}: mpicomm {cli.format_time(row['mpicomm'])}, "
@@ -185,7 +192,7 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, float]]) -> str:
     """The Markdown table (the pass-through columns when the rows have them)."""
     base = bool(rows) and "passthrough" in rows[0]
     header = ["Size (B)", f"gloo ({cli.US})"]
@@ -259,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             cli.write_json(args.json, command, rows, ranks=p, dtype=args.dtype, torch=torch.__version__)
     dist.destroy_process_group()
-    return world.allreduce(code, op=MPI.MAX)
+    worst: int = world.allreduce(code, op=MPI.MAX)
+    return worst
 
 
 if __name__ == "__main__":

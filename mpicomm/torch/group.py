@@ -41,51 +41,80 @@ or destination outside a subgroup, for example) is PyTorch's, on that rank.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..transport.buffers import byte_range, overlap
 from ..comm import Comm
 from ..front.dispatch import start as _start
 from ..plan.args import Args, ArgumentError
+from ..transport.buffers import byte_range, overlap
 from .tensors import Staged, check_tensor, finisher, mpi_op, stage
 from .work import Work, done, point_to_point, started, synchronous
 
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
+
 __all__ = ["ProcessGroup", "BACKEND"]
 
-_RED = torch.distributed.ReduceOp.RedOpType
+_RED = torch.distributed.ReduceOp  # its SUM... are the RedOpType members (the stubs declare them here)
 
 #: The name the backend is registered under (``dist.init_process_group("mpicomm")``).
 BACKEND = "mpicomm"
 
 
 
-def _unaliased(send: np.ndarray, recv: np.ndarray) -> np.ndarray:
+#: A staged buffer (:attr:`Staged.array <.tensors.Staged.array>`): a CPU tensor's NumPy view, or a device tensor.
+_Buffer: TypeAlias = np.ndarray | torch.Tensor
+
+
+def _overlaps(a: _Buffer, b: _Buffer) -> bool:
+    """True when *a* and *b* (contiguous) share memory. Device tensors by their addresses: mpicomm's
+    :func:`~mpicomm.transport.buffers.overlap` reads NumPy and CuPy arrays, not torch tensors."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return overlap(a, b) is not None
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
+
+
+def _span(x: _Buffer) -> tuple[int, int]:
+    """``(first byte address, one past the last)`` of contiguous *x*."""
+    if isinstance(x, torch.Tensor):
+        start = x.data_ptr()
+        return start, start + x.numel() * x.element_size()
+    return byte_range(x)
+
+
+def _copied(x: _Buffer) -> _Buffer:
+    return x.copy() if isinstance(x, np.ndarray) else x.clone()
+
+
+def _unaliased(send: _Buffer, recv: _Buffer) -> _Buffer:
     """*send*, or a copy where it shares memory with *recv*.
 
     PyTorch lets a collective's input alias its output; MPI, and mpicomm's
     validation, refuse partly overlapping buffers (the algorithms read the input
     while they write the output). A copy is what gloo's semantics need here.
     """
-    return send if overlap(send, recv) is None else send.copy()
+    return _copied(send) if _overlaps(send, recv) else send
 
 
-def _gather_source(send: np.ndarray, recv: np.ndarray, rank: int) -> Any:
+def _gather_source(send: _Buffer, recv: _Buffer, rank: int) -> Any:
     """All-gather's send buffer: ``MPI.IN_PLACE`` when *send* IS this rank's block of *recv*.
 
     FSDP gathers a shard that already lives at its place in the output
     (``all_gather_into_tensor(out, out.chunk(p)[rank])``): that is MPI's in-place
     all-gather, with nothing to copy. Any other overlap is copied first.
     """
-    if overlap(send, recv) is None:
+    if not _overlaps(send, recv):
         return send
-    n = send.size
-    if byte_range(recv.reshape(-1)[rank * n:(rank + 1) * n]) == byte_range(send):
+    n = send.size if isinstance(send, np.ndarray) else send.numel()
+    if _span(recv.reshape(-1)[rank * n:(rank + 1) * n]) == _span(send):
         return MPI.IN_PLACE
-    return send.copy()
+    return _copied(send)
 
 def _blocking(opts: Any) -> bool:
     """True when the operation completes before its call returns: the caller waits at once (``async_op=False``:
@@ -134,8 +163,14 @@ def _array(t: torch.Tensor) -> Any:
 class ProcessGroup(torch.distributed.ProcessGroup):
     """A torch.distributed process group over an :class:`mpicomm.Comm` (ranks in the group's order)."""
 
+    # PyTorch's stubs describe its C++ binding of ProcessGroup: __init__(store, rank, size), and collectives
+    # overloaded with the binding's conveniences (one tensor, op=, root=, timeout=) and its keyword names. A
+    # process group written in Python, as PyTorch's own are (testing/_internal/distributed/multi_threaded_pg.py),
+    # is made with the binding's (rank, size) overload, which the stubs omit, and torch.distributed calls its
+    # collectives with positional (tensors..., opts) only. The type: ignore comments below are for that.
+
     def __init__(self, comm: Comm, timeout: Any = None):
-        super().__init__(comm.Get_rank(), comm.Get_size())
+        super().__init__(comm.Get_rank(), comm.Get_size())  # type: ignore[call-arg]  # (rank, size): see above
         self.comm = comm
         self.timeout = timeout
         self._state = comm._state  # the communicator's mpicomm state: its remembered calls (state.fast)
@@ -152,12 +187,12 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
     # PyTorch keeps a group's name and description on its C++ backends, which a group written in Python
     # has none of: keep them here (DeviceMesh, FSDP and the name registry read them).
-    def _set_group_name(self, name: str) -> None:
+    def _set_group_name(self, name: GroupName) -> None:
         self._name = name
 
     @property
-    def group_name(self) -> str:
-        name = getattr(self, "_name", None)
+    def group_name(self) -> GroupName:
+        name: GroupName | None = getattr(self, "_name", None)
         if name is None:
             raise RuntimeError("mpicomm backend: this process group has no name yet (PyTorch names it when "
                                "init_process_group or new_group returns)")
@@ -216,7 +251,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
     # problem found while checking is refused through the agreement (:meth:`_refuse`), so every rank raises
     # it; an error from the communication itself (already every rank's, or MPI's) propagates unchanged.
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # torch passes (tensors, opts) only
+                  opts: Any = None) -> Work:
         """All-reduce each tensor in place (``dist.all_reduce``).
 
         The blocking call on one contiguous CPU tensor (``dist.all_reduce(t)``) is remembered on the
@@ -304,7 +340,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finish, list(tensors), "allreduce_coalesced", opts)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def reduce(self, tensors: list[torch.Tensor],  # type: ignore[override]  # torch passes (tensors, opts) only
+               opts: Any = None) -> Work:
         """Reduce onto ``opts.rootRank`` in place there; other ranks' tensors are unchanged (``dist.reduce``)."""
         opts = opts or torch.distributed.ReduceOptions()
         try:
@@ -326,7 +363,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                         s.scale(red.premul)
                     else:
                         send *= red.premul
-                args = (MPI.IN_PLACE, s.array) if is_root else (send, None)
+                args: tuple[Any, Any] = (MPI.IN_PLACE, s.array) if is_root else (send, None)
                 if blocking:
                     comm.Reduce(*args, red.op, root)
                 else:
@@ -341,7 +378,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finisher(staged, after), list(tensors), "reduce", opts)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
+    def reduce_scatter(self, outputs: list[torch.Tensor],  # type: ignore[override]  # torch passes lists and opts only
+                       inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """``dist.reduce_scatter``: rank i gets the reduction of every rank's ``inputs[0][i]``."""
         opts = opts or torch.distributed.ReduceScatterOptions()
         try:
@@ -374,8 +412,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
             if even:
                 call = comm.Reduce_scatter_block if blocking else comm.Ireduce_scatter_block
                 return call(flat.array, staged.array, red.op)
-            call = comm.Reduce_scatter if blocking else comm.Ireduce_scatter
-            return call(flat.array, staged.array, counts, red.op)
+            call_v = comm.Reduce_scatter if blocking else comm.Ireduce_scatter
+            return call_v(flat.array, staged.array, counts, red.op)
 
         def after() -> None:
             if red.scale is not None:
@@ -412,7 +450,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finisher([staged], after), [out], "reduce_scatter_tensor", opts)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # passed positionally: see the class
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Work:
@@ -424,11 +462,12 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         return self._together([self.reduce_scatter_single(o, i, part) for o, i in zip(outputs, inputs)],
                               list(outputs), "reduce_scatter_tensor_coalesced", part)
 
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]  # called positionally
 
     # ------------------------------------------------------------ data movement
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def broadcast(self, tensors: list[torch.Tensor],  # type: ignore[override]  # torch passes (tensors, opts) only
+                  opts: Any = None) -> Work:
         """Broadcast each tensor from ``opts.rootRank`` (``dist.broadcast``)."""
         opts = opts or torch.distributed.BroadcastOptions()
         try:
@@ -447,7 +486,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finisher(staged), list(tensors), "broadcast", opts)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+    def allgather(self, outputs: list[list[torch.Tensor]],  # type: ignore[override]  # torch passes lists and opts only
+                  inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """``dist.all_gather``: ``outputs[0][i]`` receives rank i's ``inputs[0]`` (sizes may differ per rank)."""
         opts = opts or _options("AllgatherOptions")
         try:
@@ -471,7 +511,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         return self._submit(start, finish, result, "all_gather", opts)
 
     def _gather_into_list(self, outs: list[torch.Tensor], inp: torch.Tensor, what: str
-                          ) -> tuple[Any, Callable[[], None], list]:
+                          ) -> tuple[Any, Callable[[], None], list[list[torch.Tensor]]]:
         """A flat receive array for a list of p output tensors, and the finish that copies into them."""
         if len(outs) != self._p:
             raise ValueError(f"mpicomm backend: {what} output list has {len(outs)} tensors for a group of {self._p} "
@@ -528,9 +568,10 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         works = [self.all_gather_single(o, i, part) for o, i in zip(outputs, inputs)]
         return self._together(works, list(outputs), "allgather_into_tensor_coalesced", part)
 
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]  # called positionally
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Work:
+    def gather(self, outputs: list[list[torch.Tensor]],  # type: ignore[override]  # torch passes lists and opts only
+               inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """``dist.gather``: the root's ``outputs[0][i]`` receives rank i's ``inputs[0]`` (blocks of one size,
         as gloo: only the root knows the list, so a size that differs is the root's error, raised on every
         rank)."""
@@ -564,7 +605,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finish, result, "gather", opts)
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
+    def scatter(self, outputs: list[torch.Tensor],  # type: ignore[override]  # torch passes lists and opts only
+                inputs: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """``dist.scatter``: rank i's ``outputs[0]`` receives the root's ``inputs[0][i]``."""
         opts = opts or torch.distributed.ScatterOptions()
         try:
@@ -591,7 +633,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         def start(blocking: bool) -> Any:
             call = comm.Scatterv if blocking else comm.Iscatterv
-            if send is None:
+            if counts is None:  # (not the root: no send buffer either)
                 return call(None, staged.array, root)
             return call([send, (counts, _displs(counts))], staged.array, root)
 
@@ -656,7 +698,7 @@ class ProcessGroup(torch.distributed.ProcessGroup):
 
         return self._submit(start, finisher([staged]), [out], "all_to_all_single", opts)
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # the stub's overloads: see the class
 
     def _split_counts(self, t: torch.Tensor, splits: list[int], what: str) -> list[int]:
         rows = t.shape[0] if t.dim() else 1
@@ -749,11 +791,12 @@ _DIRECT = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, t
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 #: Op codes (``hash(ReduceOp)``, the op's code): AVG (SUM, then 1/p), and PREMUL_SUM, whose factor the code does
 #: not carry (never remembered by address).
-_AVG, _PREMUL = int(_RED.AVG), int(_RED.PREMUL_SUM)
+_AVG: int = _RED.AVG.value
+_PREMUL: int = _RED.PREMUL_SUM.value
 _ALLREDUCE = "torch-allreduce"
 
 
-def _one(requests: list) -> Any:
+def _one(requests: list[Any]) -> Any:
     """None for no request, the request for one, the list for several."""
     if not requests:
         return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 from mpi4py import MPI
 
@@ -29,7 +29,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port no process listens on now (the kernel's choice for port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 def set_environment(env: MutableMapping[str, str] | None = None, comm: MPI.Intracomm | None = None) -> dict[str, str]:

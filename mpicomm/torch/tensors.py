@@ -22,8 +22,9 @@ process group (:mod:`.group`) turns that into the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from mpi4py import MPI
@@ -35,7 +36,7 @@ __all__ = ["Staged", "stage", "finisher", "mpi_op", "Reduction", "check_tensor",
 #: The device types the backend takes tensors on (CUDA through mpicomm's CuPy paths).
 DEVICES = ("cpu", "cuda")
 
-_RED = torch.distributed.ReduceOp.RedOpType
+_RED = torch.distributed.ReduceOp  # its SUM... are the RedOpType members (the stubs declare them here)
 _BITWISE = {_RED.BAND: MPI.BAND, _RED.BOR: MPI.BOR, _RED.BXOR: MPI.BXOR}
 _BOOL = {_RED.SUM: MPI.LOR, _RED.MAX: MPI.LOR, _RED.PRODUCT: MPI.LAND, _RED.MIN: MPI.LAND,
          _RED.BAND: MPI.LAND, _RED.BOR: MPI.LOR, _RED.BXOR: MPI.LXOR}
@@ -68,8 +69,8 @@ class Reduction:
     premul: Any = None  # multiply each rank's input by this before the sum (PREMUL_SUM)
 
 
-_REDUCTIONS: dict[tuple, Reduction] = {}
-_PREMUL = int(_RED.PREMUL_SUM)
+_REDUCTIONS: dict[tuple[int, torch.dtype, int, Any], Reduction] = {}
+_PREMUL: int = _RED.PREMUL_SUM.value  # the op's code, as int(op) gives it
 
 
 def mpi_op(reduce_op: Any, dtype: torch.dtype, size: int) -> Reduction:

@@ -49,7 +49,8 @@ thread: no overlap with backward, nothing left to the progress thread).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from mpi4py import MPI
@@ -87,13 +88,13 @@ class Work(torch.distributed.Work):
     _name: str = "operation"
     _completed = True
     _error: BaseException | None = None
-    _future: torch.futures.Future | None = None
+    _future: torch.futures.Future[list[Any]] | None = None  # completed with _result, the output tensors
     _requests: Sequence[Any] = ()  # CollectiveRequests, or plain MPI requests (point to point) until handed over
     _plain = False  # _requests are plain MPI requests not handed to the progress thread
     _status: MPI.Status | None = None
     _finish: Callable[[], Any] | None = None
     _lock: Any = None
-    _then: list | None = None  # callables run once completed (a coalesced Work's parts report to it)
+    _then: list[Callable[[Work], None]] | None = None  # run once completed (a coalesced Work's parts report to it)
 
     def __repr__(self) -> str:
         return f"<mpicomm Work {self._name} {'completed' if self._completed else 'in flight'}>"
@@ -132,7 +133,7 @@ class Work(torch.distributed.Work):
         for fn in then or ():
             fn(self)
 
-    def _on_done(self, fn: Callable[["Work"], None]) -> None:
+    def _on_done(self, fn: Callable[[Work], None]) -> None:
         """Call ``fn(self)`` once completed (now, if it is)."""
         if not self._completed:
             with self._lock:
@@ -196,7 +197,7 @@ class Work(torch.distributed.Work):
     def exception(self) -> Any:
         return self._error
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[list[Any]]:
         """A future completed with the operation's output tensors once it completes (DDP's reducer waits on it)."""
         future = self._future
         if future is not None:
@@ -220,7 +221,7 @@ class Work(torch.distributed.Work):
             handed[0].add_done_callback(self._part_done)  # (at once, if already complete: outside the lock)
         return future
 
-    def result(self) -> list:
+    def result(self) -> list[Any]:
         self.wait()
         return self._result if isinstance(self._result, list) else [self._result]
 
@@ -293,7 +294,7 @@ def point_to_point(requests: Any, finish: Callable[[], Any] | None, result: Any,
     return work
 
 
-def _listed(requests: Any) -> list:
+def _listed(requests: Any) -> list[Any]:
     if requests is None:
         return []
     if isinstance(requests, (list, tuple)):
@@ -301,7 +302,7 @@ def _listed(requests: Any) -> list:
     return [requests]
 
 
-def _finished(r: Any) -> bool:
+def _finished(r: Work | MPI.Request | CollectiveRequest) -> bool:
     if isinstance(r, Work):
         return r._completed
     if isinstance(r, MPI.Request):  # a plain request tested (and completed) by the Work itself
@@ -309,7 +310,7 @@ def _finished(r: Any) -> bool:
     return r.run.done
 
 
-def _error_of(r: Any) -> BaseException | None:
+def _error_of(r: Work | MPI.Request | CollectiveRequest) -> BaseException | None:
     if isinstance(r, Work):
         return r._error
     if isinstance(r, MPI.Request):
@@ -317,9 +318,9 @@ def _error_of(r: Any) -> BaseException | None:
     return r.run.error
 
 
-def _settle(future: torch.futures.Future, result: Any, error: BaseException | None) -> None:
+def _settle(future: torch.futures.Future[list[Any]], result: Any, error: BaseException | None) -> None:
     if error is not None:
-        future.set_exception(error)
+        future.set_exception(error)  # type: ignore[arg-type]  # torch annotates it T (the result); it takes the error
     else:
         future.set_result(result)
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -207,7 +208,7 @@ def mpi_datatype(dtype: Any) -> MPI.Datatype:
     return _mpi_datatype(np.dtype(dtype))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mpi_datatype(dt: np.dtype) -> MPI.Datatype:
     try:
         return dtlib.from_numpy_dtype(dt)
@@ -282,7 +283,7 @@ def _loaded_libmpi() -> ctypes.CDLL:
     return ctypes.CDLL(None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library_cuda_support() -> bool:
     """Ask the MPI library whether it accepts device pointers (``MPIX_Query_cuda_support``).
 

@@ -59,7 +59,7 @@ def read(pid: int, address: int, out: np.ndarray) -> None:
     while at < nbytes:  # (the kernel may copy less than asked, at a page it cannot cross: go on from there)
         local = _IOVec(base + at, nbytes - at)
         remote = _IOVec(address + at, nbytes - at)
-        done = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)  # type: ignore[misc]
+        done = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if done <= 0:
             err = ctypes.get_errno() if done < 0 else 0
             raise OSError(err, f"process_vm_readv of {nbytes - at} bytes from process {pid}: "

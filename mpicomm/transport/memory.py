@@ -40,14 +40,13 @@ import os
 import sys
 import time
 from array import array
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import cma
-
-
 
 __all__ = ["Window", "Arena", "arena", "check_single_node", "place", "target", "address", "sync_condition", "SCRATCH",
            "POOL", "PRIVATE", "ALIGN", "IN", "RED", "DONE", "FAILED", "round_up"]
@@ -76,7 +75,7 @@ class Window:
         self.segments = []
         for r in range(comm.Get_size()):
             buf, _ = self.win.Shared_query(r)
-            self.segments.append(np.frombuffer(buf, np.uint8) if len(buf) else np.empty(0, np.uint8))
+            self.segments.append(np.frombuffer(buf, np.uint8) if len(buf) else np.empty(0, np.uint8))  # type: ignore[call-overload]  # MPI.buffer is a buffer (its stub: Python 3.12+)
         self.base = self.segments[comm.Get_rank()].__array_interface__["data"][0]
 
     def sync(self) -> None:
@@ -86,7 +85,7 @@ class Window:
     def export(self, rank: int) -> np.ndarray:
         """A new array over rank *rank*'s piece; every view of it names it as its base (see :class:`Pool`)."""
         buf, _ = self.win.Shared_query(rank)
-        return np.frombuffer(buf, np.uint8) if len(buf) else np.empty(0, np.uint8)
+        return np.frombuffer(buf, np.uint8) if len(buf) else np.empty(0, np.uint8)  # type: ignore[call-overload]  # MPI.buffer is a buffer (its stub: Python 3.12+)
 
     def free(self) -> None:
         self.segments = []
@@ -124,7 +123,7 @@ class Arena:
         self.p = self.lib.Get_size()
         self.control = Window(self.lib, _SLOT * 8)
         self.slots = [s.view(np.int64) for s in self.control.segments]
-        self.words = [memoryview(s).cast("q") for s in self.control.segments]  # plain int loads and stores
+        self.words = [memoryview(s).cast("q") for s in self.control.segments]  # type: ignore[arg-type]  # int loads/stores; ndarray is a buffer (stub: 3.12+)
         self.slots[self.rank][:] = 0  # Allocate_shared does not zero the memory
         self.probe = np.frombuffer(os.urandom(16), np.uint8).copy()  # private bytes a peer reads to test CMA
         self.words[self.rank][_PID] = os.getpid()

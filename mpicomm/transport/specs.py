@@ -31,15 +31,16 @@ every rank's block has *count* elements and rank i's starts at i·displ.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .buffers import DTYPES, adopt, array_module
 from ..ops import is_pair_dtype
+from .buffers import DTYPES, adopt, array_module
 
 __all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable", "check_disjoint"]
 
@@ -159,7 +160,7 @@ def _library_can_map(flat: Any, name: str) -> None:
     rank failing while the others wait in the library.
     """
     try:
-        fmt = memoryview(flat).format if isinstance(flat, np.ndarray) else flat.dtype.char
+        fmt = memoryview(flat).format if isinstance(flat, np.ndarray) else flat.dtype.char  # type: ignore[arg-type]  # ndarray is a buffer (numpy's stub: Python 3.12+)
     except (TypeError, ValueError, BufferError):
         fmt = "?unknown"
     known = getattr(MPI, "_typedict", None)

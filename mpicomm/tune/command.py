@@ -39,7 +39,8 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import cli, config, model, rules
 from .collectives import measure_collectives, model_corrections
@@ -119,20 +120,20 @@ def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] |
         print(f"mpicomm.tune --collectives: {p} ranks on {comm.nodes} node(s), up to {comm.ppn} per node "
               f"(layout {layout}), host {result.host}")
         print("\n".join(lines))
-        path = None
+        saved_to: str | None = None
         try:
-            path = rules.save(result, args.out)
+            saved_to = rules.save(result, args.out)
         except OSError as exc:
             print(f"\ncould not save the rules: {exc}; set MPICOMM_CACHE_DIR to a writable directory or use "
                   f"--out", file=sys.stderr)
             status = 1
         else:
-            print(f"\nsaved: {path}")
+            print(f"\nsaved: {saved_to}")
             if args.out and os.path.abspath(args.out) != rules.path_for(result.host, layout):
                 print(f"(communicators load {rules.path_for(result.host, layout)}; copy it there to use it)")
         status = max(status, _save_corrections(comm, result, layout, args.out))
         if args.json:
-            cli.write_json(args.json, _command(argv, p), {"rules": json.loads(result.to_json())}, saved=path,
+            cli.write_json(args.json, _command(argv, p), {"rules": json.loads(result.to_json())}, saved=saved_to,
                            layout=layout)
     return plain.bcast(status, root=0)
 
@@ -277,17 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if rank == 0 and fit.machine is not None:
         print(report(fit))
-        path = None
+        saved_to: str | None = None
         try:
-            path = model.save(fit.machine, args.output or model.path_for(fit.machine.host, fit.layout))
+            saved_to = model.save(fit.machine, args.output or model.path_for(fit.machine.host, fit.layout))
         except OSError as exc:
             print(f"\ncould not save the fit: {exc}; set MPICOMM_CACHE_DIR to a writable directory or use --output",
                   file=sys.stderr)
             status = 1
         else:
-            print(f"\nsaved: {path}")
+            print(f"\nsaved: {saved_to}")
             if args.output:
                 print(f"(communicators load {model.path_for(fit.machine.host, fit.layout)}; copy it there to use it)")
         if args.json:
-            cli.write_json(args.json, _command(argv, p), fit_json(fit), saved=path)
+            cli.write_json(args.json, _command(argv, p), fit_json(fit), saved=saved_to)
     return plain.bcast(status, root=0)

@@ -39,7 +39,8 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -268,11 +269,11 @@ def _local_work(sizes: Sequence[int], iters: int | None) -> tuple[list[int], lis
         c = np.empty(count, np.float64)
         k = _local_iters(count * 8, iters)
 
-        def adding(n: int) -> None:
+        def adding(n: int, a: np.ndarray = a, b: np.ndarray = b, c: np.ndarray = c) -> None:
             for _ in range(n):
                 np.add(a, b, out=c)
 
-        def copying(n: int) -> None:
+        def copying(n: int, a: np.ndarray = a, c: np.ndarray = c) -> None:
             for _ in range(n):
                 c[...] = a
 

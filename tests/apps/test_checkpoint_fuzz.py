@@ -89,7 +89,7 @@ class Case:
 
     def _snapshot(self) -> dict[str, tuple[bytes, int]]:
         seen = {}
-        for top, dirs, files in os.walk(self.root):
+        for top, _dirs, files in os.walk(self.root):
             if os.path.abspath(top).startswith(os.path.abspath(self.dir)):
                 continue
             for name in files:

@@ -7,8 +7,17 @@ import random
 
 import pytest
 
-from apps.mapreduce.inputs import (InputError, Split, adjust, check_inputs, decode, format_size, parse_size,
-                                   plan_splits, read_blocks)
+from apps.mapreduce.inputs import (
+    InputError,
+    Split,
+    adjust,
+    check_inputs,
+    decode,
+    format_size,
+    parse_size,
+    plan_splits,
+    read_blocks,
+)
 
 
 @pytest.mark.parametrize("text, value", [("512M", 512 << 20), ("1.5G", 3 << 29), ("64KiB", 64 << 10),
@@ -50,7 +59,7 @@ def test_splits_tile_the_concatenated_files_exactly(p):
     plans = plan_splits(paths, sizes, p)
     assert len(plans) == p
     covered = {i: [] for i in range(len(sizes))}
-    for r, plan in enumerate(plans):
+    for plan in plans:
         for s in plan:
             assert s.path == paths[s.index] and 0 <= s.start < s.stop <= sizes[s.index]
             covered[s.index].append((s.start, s.stop))
@@ -59,7 +68,7 @@ def test_splits_tile_the_concatenated_files_exactly(p):
         assert sum(b - a for a, b in ranges) == sizes[i]
         assert all(ranges[k][1] == ranges[k + 1][0] for k in range(len(ranges) - 1))
     total = sum(sizes)
-    for r, plan in enumerate(plans):  # equal shares: each rank within one byte of T/p
+    for plan in plans:  # equal shares: each rank within one byte of T/p
         assert abs(sum(s.stop - s.start for s in plan) - total / p) < 1
 
 
@@ -142,7 +151,7 @@ def test_read_blocks_refuses_a_zero_block(tmp_path):
 
 
 def test_decode_names_file_and_byte_under_strict_and_replaces_otherwise():
-    data = "ok ".encode() + b"\xff\xfe" + " end".encode()
+    data = b"ok " + b"\xff\xfe" + b" end"
     with pytest.raises(InputError, match=r"'f.txt': byte 103: invalid UTF-8.*--errors replace"):
         decode(data, "strict", "f.txt", 100)
     assert decode(data, "replace", "f.txt", 100) == "ok \ufffd\ufffd end"

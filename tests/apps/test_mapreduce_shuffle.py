@@ -7,9 +7,25 @@ import zlib
 import numpy as np
 import pytest
 
-from apps.mapreduce.shuffle import (Spec, bounds, buckets, concat_batches, exchange, fmix32, item_bytes, iter_segments,
-                                    owners, pack, pack_partitioned, read_segment, segment_nbytes, slice_batch, take,
-                                    unpack, write_segment)
+from apps.mapreduce.shuffle import (
+    Spec,
+    bounds,
+    buckets,
+    concat_batches,
+    exchange,
+    fmix32,
+    item_bytes,
+    iter_segments,
+    owners,
+    pack,
+    pack_partitioned,
+    read_segment,
+    segment_nbytes,
+    slice_batch,
+    take,
+    unpack,
+    write_segment,
+)
 
 CASES = [
     (Spec("str", "int"), ["a", "", "naïve", "日本語", "x" * 300], [1, -2, 3 << 40, 0, 7]),

@@ -8,11 +8,9 @@ from collections import Counter
 
 import pytest
 
-from apps.mapreduce.engine import Budget
-from apps.mapreduce.inputs import InputError
-from apps.mapreduce.engine import KeyValue
 from apps.mapreduce.combine import Sum
-from apps.mapreduce.inputs import Block
+from apps.mapreduce.engine import Budget, KeyValue
+from apps.mapreduce.inputs import Block, InputError
 from apps.mapreduce.wordcount import canonicalizer, count_files, fmt, mapper, order, tokenize, wordcount
 
 #: Forces every spill path on small inputs: map-side spills, reduce buckets, spilled results, many rounds.

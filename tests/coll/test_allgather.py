@@ -77,7 +77,7 @@ def test_allgather_in_place(comm, algorithm):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_allgatherv_uneven_counts_and_displacements(comm, xp, algorithm):
     p, rank = comm.size, comm.rank
-    for pattern, make in COUNT_PATTERNS.items():
+    for make in COUNT_PATTERNS.values():
         vcounts = make(p)
         for how in LAYOUTS:
             displs, size = layout(vcounts, how)

@@ -11,7 +11,8 @@ the MPI library.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -555,7 +556,7 @@ def test_commutative_only_default_of_the_communicator_refuses_matmul(comm):
     comm.set_algorithm("allreduce", names[0])
     try:
         for algorithm in (None, "auto"):  # "auto" on the call defers to the communicator's default
-            expect_everywhere(comm, lambda: comm.Allreduce(m, np.empty_like(m), reference.MATMUL, algorithm=algorithm),
+            expect_everywhere(comm, lambda a=algorithm: comm.Allreduce(m, np.empty_like(m), reference.MATMUL, algorithm=a),
                               f"allreduce algorithm {names[0]!r} (from the communicator) reorders operands")
     finally:
         comm.set_algorithm("allreduce", None)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicomm.transport.buffers import mpi_datatype
 from mpicomm.engine.requests import Envelope, Request, outstanding, progress, run
+from mpicomm.transport.buffers import mpi_datatype
 
 from ..conftest import rank_data
 

@@ -17,16 +17,16 @@ and checks that:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI
 
-from .conftest import torch, values
-
-import torch.distributed as dist  # noqa: E402
-
 from mpicomm import ArgumentError  # noqa: E402
+
+from .conftest import torch, values
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(60)]
 R = dist.ReduceOp

@@ -33,17 +33,17 @@ The last test prints the tally (cases, errors, wrong results).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
+import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI
 
-from .conftest import torch, values
-
-import torch.distributed as dist  # noqa: E402
-
 from mpicomm import ArgumentError  # noqa: E402
+
+from .conftest import torch, values
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402

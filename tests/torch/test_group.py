@@ -9,10 +9,9 @@ computed from every rank's inputs.
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist  # noqa: E402
 
 from .conftest import torch, values
-
-import torch.distributed as dist  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 R = dist.ReduceOp
@@ -329,7 +328,7 @@ def test_point_to_point(groups):
         q.wait()
     _same(got, values(left, 1000, torch.float64), "batch_isend_irecv ring")
     if r == 0:
-        for k in range(1, p):
+        for _ in range(1, p):
             t = torch.empty(2, dtype=torch.int64)
             sender = dist.recv(t)  # any source
             _same(t, torch.tensor([sender, sender * 2]), f"recv from any source ({sender})")
@@ -366,7 +365,7 @@ def test_new_group_subcommunicator(groups):
 
 
 def test_errors_name_the_problem(groups):
-    r, p = dist.get_rank(), dist.get_world_size()
+    p = dist.get_world_size()
     with pytest.raises(ValueError, match="BAND needs an integer"):
         dist.all_reduce(torch.ones(3), op=R.BAND)
     with pytest.raises(ValueError, match="AVG needs a floating-point"):

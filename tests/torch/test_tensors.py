@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI
 
 import mpicomm
-
 from mpicomm.torch.tensors import Staged, check_tensor, mpi_op
 
 from .conftest import torch
-
-import torch.distributed as dist  # noqa: E402
 
 pytestmark = pytest.mark.serial
 R = dist.ReduceOp

@@ -9,11 +9,10 @@ training on the whole batch (float64, so the only difference is summation order)
 from __future__ import annotations
 
 import pytest
-
-from .conftest import torch
-
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from .conftest import torch
 
 pytestmark = pytest.mark.mpi
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist  # noqa: E402
 
 from mpicomm import config
 from mpicomm.torch.work import Work, done
 
 from .conftest import torch
-
-import torch.distributed as dist  # noqa: E402
 
 pytestmark = pytest.mark.serial
 R = dist.ReduceOp

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import array
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

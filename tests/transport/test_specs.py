@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicomm.transport import specs
 from mpicomm.ops import pair_dtype
+from mpicomm.transport import specs
 from mpicomm.transport.specs import Unsupported, block, block_counts, is_in_place, simple, vector, writable
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from mpicomm.tune import fit as fitting
 
-
 #: Exact two-regime samples: 5 µs + 0.1 ns/B up to 1 MiB, 5 µs + 0.4 ns/B from 2 MiB on.
 TWO_SIZES = [8 << (2 * i) for i in range(9)] + [2 << 20, 8 << 20, 32 << 20]  # 8 B .. 512 KiB, then 2 .. 32 MiB
 

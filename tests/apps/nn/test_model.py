@@ -42,15 +42,15 @@ def test_views_and_ranges():
         assert np.all(layer.grads[key] == 1.5)
     model.zero_grad()
     assert np.all(model.grads == 0)
-    assert all(np.shares_memory(g, model.grads) for l in model.layers for g in l.grads.values())
+    assert all(np.shares_memory(g, model.grads) for layer in model.layers for g in layer.grads.values())
 
 
 def test_mlp_structure_and_errors():
     model = mlp([4, 8, 8, 2], activation="gelu", layernorm=True, dropout=0.1)
-    kinds = [type(l) for l in model.layers]
+    kinds = [type(layer) for layer in model.layers]
     assert kinds == [Linear, LayerNorm, GELU, Dropout, Linear, LayerNorm, GELU, Dropout, Linear]
-    assert [type(l) for l in mlp([3, 2]).layers] == [Linear]
-    assert [type(l) for l in mlp([3, 5, 2]).layers] == [Linear, ReLU, Linear]
+    assert [type(layer) for layer in mlp([3, 2]).layers] == [Linear]
+    assert [type(layer) for layer in mlp([3, 5, 2]).layers] == [Linear, ReLU, Linear]
     with pytest.raises(ValueError, match="'relu', 'gelu'"):
         mlp([3, 2], activation="tanh")
     with pytest.raises(ValueError, match="at least 2 sizes"):

@@ -18,11 +18,11 @@ import pytest
 
 import mpicomm
 from apps.checkpoint import CheckpointError
+from apps.pipeline.config import Config, ConfigError
+from apps.pipeline.data import reference
 from apps.pipeline.model import ModelSpec
 from apps.pipeline.schedules import SCHEDULES
 from apps.pipeline.stage import STRATEGIES
-from apps.pipeline.config import Config, ConfigError
-from apps.pipeline.data import reference
 from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)

@@ -26,7 +26,7 @@ DOCUMENT = {"schema", "schema_version", "command", "machine", "versions", "date"
 def _document(path) -> dict:
     """A --json document, checked for the fields every mpicomm command writes."""
     doc = json.loads(path.read_text())
-    assert DOCUMENT <= doc.keys(), doc.keys()
+    assert doc.keys() >= DOCUMENT, doc.keys()
     assert doc["schema"] == cli.SCHEMA and doc["schema_version"] == cli.SCHEMA_VERSION
     assert {"python", "numpy", "mpicomm"} <= doc["versions"].keys()
     return doc

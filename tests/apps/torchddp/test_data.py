@@ -38,7 +38,7 @@ def test_a_stream_is_the_same_batch_every_time_and_streams_differ(kind):
     x3, _ = a.batch(4, 16)
     x4, _ = Teacher(spec, 1).batch(3, 16)
     assert not torch.equal(x1, x3) and not torch.equal(x1, x4)
-    assert y1.dtype == torch.int64 and 0 <= int(y1.min()) and int(y1.max()) < spec.classes
+    assert y1.dtype == torch.int64 and int(y1.min()) >= 0 and int(y1.max()) < spec.classes
 
 
 @pytest.mark.parametrize("kind", ["mlp", "transformer"])
