@@ -67,6 +67,10 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Comm": ("mpicomm.comm", "Comm"),
+    "CartComm": ("mpicomm.comm", "CartComm"),
+    "GraphComm": ("mpicomm.comm", "GraphComm"),
+    "DistGraphComm": ("mpicomm.comm", "DistGraphComm"),
+    "DupRequest": ("mpicomm.comm", "DupRequest"),
     "Request": ("mpicomm.engine.requests", "Request"),
     "Prequest": ("mpicomm.front.persistent", "Prequest"),
     "progress": ("mpicomm.engine.requests", "progress"),

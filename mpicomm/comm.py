@@ -18,12 +18,41 @@ one state:
 Constructing a ``Comm`` is therefore collective over ``mpi_comm`` the first time.
 All topology values are computed then, never lazily, so reading
 ``comm.local_rank`` on one rank only cannot hang.
+
+Every communicator made from a ``Comm`` is an mpicomm one, of the class of its
+MPI topology - :class:`Comm`, :class:`CartComm` (also an ``MPI.Cartcomm``:
+``Shift``, ``Get_coords``, ``Sub``...), :class:`GraphComm`, :class:`DistGraphComm`
+- with its state built as it is made (``Dup``, ``Dup_with_info``, ``Clone``,
+``Split``, ``Split_type``, ``Create``, ``Create_group``, ``Create_cart``,
+``Create_graph``, ``Create_dist_graph``, ``Create_dist_graph_adjacent``,
+``CartComm.Sub``: collective over the new communicator, as the constructor
+is). A rank outside the new communicator gets mpi4py's null result, equal to
+``MPI.COMM_NULL``, not wrapped. ``Comm(c)`` of a communicator with a topology
+is likewise the class of that topology.
+
+``Idup`` and ``Idup_with_info`` return the new communicator (of the same class)
+and a :class:`DupRequest`, an ``MPI.Request`` whose completion - ``Wait``, or
+the ``Test`` that returns True - also builds the new communicator's state
+there, collective over it (every rank completes its request at the same
+point of its program). Before that, any mpicomm use of the new communicator
+raises RuntimeError. A request completed where mpicomm cannot see it
+(``MPI.Request.Waitall([...])``) leaves the state to the new communicator's
+first mpicomm use, which must then be made on every rank (a collective is;
+``local_rank`` on one rank alone would wait for the others) - or call
+``request.Wait()`` again on every rank: it returns at once and builds it.
+
+Copies and pickles follow mpi4py: only a ``Comm`` over a predefined
+communicator (``MPI.COMM_WORLD``, ``MPI.COMM_SELF``) can be copied
+(``copy.copy``, ``copy.deepcopy``) or pickled; the result is the same
+communicator with the same state. Any other raises ValueError (mpi4py's
+"cannot serialize"), saying what to do instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast, overload
 
 import numpy as np
 from mpi4py import MPI
@@ -41,35 +70,76 @@ if TYPE_CHECKING:
     from .rendezvous import Rendezvous
     from .rma import Window
 
-__all__ = ["Comm"]
+__all__ = ["Comm", "CartComm", "GraphComm", "DistGraphComm", "DupRequest"]
 
 
 _read, _start = readers.read, dispatch.start
 
 
+_C = TypeVar("_C", bound="Comm")
+_N = TypeVar("_N", bound=MPI.Intracomm)
+
+
 class Comm(MPI.Intracomm):
     """An ``MPI.Intracomm`` with topology, typed push, one-sided and rendezvous pull, and algorithm choice.
 
-    ``Comm()`` wraps ``MPI.COMM_WORLD``; ``Comm(sub)`` wraps any intracommunicator.
-    Collective over the communicator the first time it is wrapped.
+    ``Comm()`` wraps ``MPI.COMM_WORLD``; ``Comm(sub)`` wraps any intracommunicator (one with a Cartesian, graph
+    or distributed-graph topology as a :class:`CartComm`, :class:`GraphComm` or :class:`DistGraphComm`).
+    Collective over the communicator the first time it is wrapped. Every communicator made from it is an
+    mpicomm one too (see the module docstring).
 
     Unlike mpi4py's, its nonblocking collectives return an ``mpicomm.Request`` and its ``*_init`` forms an
     ``mpicomm.Prequest`` (mpi4py's request interface, not ``MPI.Request`` subclasses), and ``Idup`` returns
-    a plain ``MPI.Intracomm``.
+    a :class:`DupRequest` (an ``MPI.Request`` whose completion builds the new communicator's state).
     """
 
+    #: The MPI topology of the class's communicators (``MPI.CART``...); None: any (``Comm`` itself).
+    _topology: ClassVar[int | None] = None
+    #: The name in ``repr`` and in messages.
+    _kind: ClassVar[str] = "Comm"
+    #: The communicator's :class:`State`; a :class:`Freed` once freed (every read of it raises FreedError), a
+    #: :class:`_Unready` while an ``Idup`` is pending. (An annotation only: no class attribute, so reading it
+    #: stays a plain instance-attribute read.)
+    _state: State | Freed | _Unready
+
     def __new__(cls, mpi_comm: MPI.Intracomm | None = None) -> Comm:
-        base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        if isinstance(base, MPI.Comm) and base == MPI.COMM_NULL:
+        if mpi_comm is None:
+            if cls._topology is not None:  # mpi4py's own constructors make an empty object, then set its handle
+                return MPI.Intracomm.__new__(cls)
+            mpi_comm = MPI.COMM_WORLD
+        if isinstance(mpi_comm, MPI.Comm) and mpi_comm == MPI.COMM_NULL:
             raise ValueError("mpi_comm is MPI.COMM_NULL; this rank is not in that communicator")
-        if not isinstance(base, MPI.Intracomm):
+        if not isinstance(mpi_comm, MPI.Intracomm):
             raise TypeError(
-                f"mpi_comm must be an mpi4py Intracomm (e.g. MPI.COMM_WORLD), got {type(base).__qualname__}"
+                f"mpi_comm must be an mpi4py Intracomm (e.g. MPI.COMM_WORLD), got {type(mpi_comm).__qualname__}"
             )
-        return super().__new__(cls, base)
+        topology = mpi_comm.Get_topology()
+        if cls is Comm:
+            cls = _BY_TOPOLOGY.get(topology, Comm)
+        elif cls._topology is not None and topology != cls._topology:
+            raise TypeError(f"{cls._kind} wraps a communicator with a {_TOPOLOGY_NAMES[cls._topology]} topology "
+                            f"(comm.{_MADE_BY[cls._topology]}(...)); this one has "
+                            f"{_TOPOLOGY_NAMES.get(topology, 'no')} topology (wrap it in mpicomm.Comm)")
+        # (MPI.Intracomm's __new__, not super()'s: the topology classes' next base is mpi4py's Cartcomm...,
+        # whose __new__ Python refuses for a class whose first base is Comm)
+        return MPI.Intracomm.__new__(cls, mpi_comm)
 
     def __init__(self, mpi_comm: MPI.Intracomm | None = None):
-        self._state: State | Freed = state_of(self)  # a Freed once freed: every read of it raises FreedError
+        if mpi_comm is None and self._topology is not None:
+            raise TypeError(f"{self._kind}() needs a communicator with a {_TOPOLOGY_NAMES[self._topology]} "
+                            f"topology, e.g. {self._kind}(comm.{_MADE_BY[self._topology]}(...))")
+        self._state = state_of(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copies and pickles, as mpi4py's: a predefined communicator only, the same communicator and state."""
+        for predefined in (MPI.COMM_WORLD, MPI.COMM_SELF):
+            if self == predefined:
+                return _rebuild, (type(self), predefined)
+        raise ValueError(
+            f"cannot serialize '{type(self).__module__}.{type(self).__qualname__}' instance: as in mpi4py, only a "
+            f"communicator over MPI.COMM_WORLD or MPI.COMM_SELF can be copied (copy.copy, copy.deepcopy) or "
+            f"pickled. Pass this communicator itself where it is needed (a copy would be the same communicator), "
+            f"or make a new one with comm.Dup() (collective)")
 
     # ------------------------------------------------------------ topology
 
@@ -574,23 +644,80 @@ class Comm(MPI.Intracomm):
         return self._persistent("exscan", algorithm, info, sendbuf, recvbuf, op=op)
 
     # ------------------------------------------------------------ communicator constructors
+    #
+    # Each returns an mpicomm communicator of the class of the new communicator's topology, its state built
+    # here (collective over it, as the constructor is: every rank of it calls the constructor at this point),
+    # or mpi4py's null result (== MPI.COMM_NULL) on a rank outside it. Each calls mpi4py's method on a plain
+    # view of this communicator, so mpi4py never makes an object of this class itself.
 
-    def Dup(self, info: MPI.Info | None = None) -> Comm:
-        """Duplicate (collective); the copy is a ``Comm`` with its own private state."""
-        return Comm(MPI.Intracomm.Dup(self, info))
+    def Dup(self: _C, info: MPI.Info | None = None) -> _C:
+        """Duplicate (collective); the copy is of this class, with its own state."""
+        return _made(type(self), _plain(self).Dup(info))
 
-    def Dup_with_info(self, info: MPI.Info) -> Comm:
-        """Duplicate with *info* (collective); the copy is a ``Comm``."""
-        return Comm(MPI.Intracomm.Dup_with_info(self, info))
+    def Dup_with_info(self: _C, info: MPI.Info) -> _C:
+        """Duplicate with *info* (collective); the copy is of this class, with its own state."""
+        return _made(type(self), _plain(self).Dup_with_info(info))
 
-    def Clone(self) -> Comm:
+    def Clone(self: _C) -> _C:
         """Same as :meth:`Dup`."""
         return self.Dup()
 
-    def Idup(self, info: MPI.Info | None = None) -> tuple[MPI.Intracomm, MPI.Request]:
-        """Nonblocking duplicate: returns a plain ``MPI.Intracomm``; wrap it in ``Comm`` after the request completes."""
-        new, request = MPI.Intracomm.Idup(self, info)
-        return MPI.Intracomm(new), request
+    def Idup(self: _C, info: MPI.Info | None = None) -> tuple[_C, DupRequest]:
+        """Nonblocking duplicate: the new communicator (of this class) and a :class:`DupRequest`.
+
+        The new communicator is usable once the request completes; the request's ``Wait`` (or the ``Test``
+        that returns True) builds its mpicomm state then, collective over it. Until then any mpicomm use of it
+        raises RuntimeError. Completed elsewhere (``MPI.Request.Waitall``), the state is built by its first
+        mpicomm use, which every rank must then make (or call ``request.Wait()`` again on every rank).
+        """
+        new, request = _plain(self).Idup(info)
+        return _pending(type(self), new, request)
+
+    def Idup_with_info(self: _C, info: MPI.Info) -> tuple[_C, DupRequest]:
+        """Nonblocking duplicate with *info*: as :meth:`Idup`."""
+        new, request = _plain(self).Idup_with_info(info)
+        return _pending(type(self), new, request)
+
+    def Split(self, color: int = 0, key: int = 0) -> Comm | MPI.Intracomm:
+        """Split by *color*, ordered by *key* (collective); ``MPI.COMM_NULL`` where color is ``MPI.UNDEFINED``."""
+        return _derived(Comm, cast(MPI.Intracomm, _plain(self).Split(color, key)))
+
+    def Split_type(self, split_type: int, key: int = 0, info: MPI.Info = MPI.INFO_NULL) -> Comm | MPI.Intracomm:
+        """Split by *split_type* (``MPI.COMM_TYPE_SHARED``...) (collective); ``MPI.COMM_NULL`` for ``MPI.UNDEFINED``."""
+        return _derived(Comm, cast(MPI.Intracomm, _plain(self).Split_type(split_type, key, info)))
+
+    def Create(self, group: MPI.Group) -> Comm | MPI.Intracomm:
+        """The communicator of *group* (collective over this one); ``MPI.COMM_NULL`` outside the group."""
+        return _derived(Comm, cast(MPI.Intracomm, _plain(self).Create(group)))
+
+    def Create_group(self, group: MPI.Group, tag: int = 0) -> Comm | MPI.Intracomm:
+        """The communicator of *group* (collective over the group only: its members call it)."""
+        return _derived(Comm, _plain(self).Create_group(group, tag))
+
+    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None,
+                    reorder: bool = False) -> CartComm | MPI.Cartcomm:
+        """A :class:`CartComm` over a Cartesian grid of *dims* (collective); ``MPI.COMM_NULL`` off the grid."""
+        return _derived(CartComm, _plain(self).Create_cart(dims, periods, reorder))
+
+    def Create_graph(self, index: Sequence[int], edges: Sequence[int],
+                     reorder: bool = False) -> GraphComm | MPI.Graphcomm:
+        """A :class:`GraphComm` (collective); ``MPI.COMM_NULL`` on ranks beyond the graph's nodes."""
+        return _derived(GraphComm, _plain(self).Create_graph(index, edges, reorder))
+
+    def Create_dist_graph(self, sources: Sequence[int], degrees: Sequence[int], destinations: Sequence[int],
+                          weights: Sequence[int] | None = None, info: MPI.Info = MPI.INFO_NULL,
+                          reorder: bool = False) -> DistGraphComm | MPI.Distgraphcomm:
+        """A :class:`DistGraphComm` from edges any rank may give (collective)."""
+        return _derived(DistGraphComm,
+                        _plain(self).Create_dist_graph(sources, degrees, destinations, weights, info, reorder))
+
+    def Create_dist_graph_adjacent(self, sources: Sequence[int], destinations: Sequence[int],
+                                   sourceweights: Sequence[int] | None = None,
+                                   destweights: Sequence[int] | None = None, info: MPI.Info = MPI.INFO_NULL,
+                                   reorder: bool = False) -> DistGraphComm | MPI.Distgraphcomm:
+        """A :class:`DistGraphComm` from each rank's own neighbours (collective)."""
+        return _derived(DistGraphComm, _plain(self).Create_dist_graph_adjacent(sources, destinations, sourceweights,
+                                                                                destweights, info, reorder))
 
     def Free(self) -> None:
         """Free the communicator (collective, as ``MPI_Comm_free``) and mpicomm's state with it.
@@ -599,15 +726,168 @@ class Comm(MPI.Intracomm):
         every mpicomm use of this ``Comm`` - a collective, a push, ``local_rank``
         - raises :class:`mpicomm.FreedError` naming it.
         """
-        what = f"mpicomm.Comm {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
+        what = f"mpicomm.{self._kind} {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
         MPI.Intracomm.Free(self)
         self._state = Freed(what)
 
     def __repr__(self) -> str:
         s = self._state
         if type(s) is Freed:
-            return "<mpicomm.Comm (freed)>"
+            return f"<mpicomm.{self._kind} (freed)>"
+        if type(s) is _Unready:
+            # (no Get_rank: the communicator may not be usable yet; reading the state could start its collective)
+            return f"<mpicomm.{self._kind} (from Idup; state not built yet)>"
         return (
-            f"<mpicomm.Comm rank {self.Get_rank()}/{self.Get_size()}, local {s.local_rank}/{s.local_size}, "
+            f"<mpicomm.{self._kind} rank {self.Get_rank()}/{self.Get_size()}, local {s.local_rank}/{s.local_size}, "
             f"node {s.node}/{s.nodes} ({s.host})>"
         )
+
+
+# ---------------------------------------------------------------- the topology classes
+
+
+class CartComm(Comm, MPI.Cartcomm):
+    """A :class:`Comm` over a Cartesian communicator: also an ``MPI.Cartcomm`` (``Shift``, ``Get_coords``,
+    ``Get_topo``, ``Get_cart_rank``, ``Sub``, the neighbour collectives...). Made by ``comm.Create_cart(...)``,
+    or ``CartComm(cart)`` / ``Comm(cart)`` of an mpi4py one (collective the first time, as ``Comm``)."""
+
+    _topology = MPI.CART
+    _kind = "CartComm"
+
+    def Sub(self, remain_dims: Sequence[bool]) -> CartComm:
+        """The sub-grid keeping the dimensions where *remain_dims* is true, a :class:`CartComm` (collective)."""
+        return _made(CartComm, MPI.Cartcomm.Sub(self, remain_dims))
+
+
+class GraphComm(Comm, MPI.Graphcomm):
+    """A :class:`Comm` over a graph communicator (``comm.Create_graph``): also an ``MPI.Graphcomm``."""
+
+    _topology = MPI.GRAPH
+    _kind = "GraphComm"
+
+
+class DistGraphComm(Comm, MPI.Distgraphcomm):
+    """A :class:`Comm` over a distributed-graph communicator (``comm.Create_dist_graph``,
+    ``comm.Create_dist_graph_adjacent``): also an ``MPI.Distgraphcomm``."""
+
+    _topology = MPI.DIST_GRAPH
+    _kind = "DistGraphComm"
+
+
+_BY_TOPOLOGY: dict[int, type[Comm]] = {MPI.CART: CartComm, MPI.GRAPH: GraphComm, MPI.DIST_GRAPH: DistGraphComm}
+_TOPOLOGY_NAMES = {MPI.CART: "Cartesian", MPI.GRAPH: "graph", MPI.DIST_GRAPH: "distributed-graph"}
+_MADE_BY = {MPI.CART: "Create_cart", MPI.GRAPH: "Create_graph", MPI.DIST_GRAPH: "Create_dist_graph"}
+
+
+def _plain(comm: Comm) -> MPI.Intracomm:
+    """*comm*'s handle in a plain mpi4py object: what mpi4py's constructors are called on (they make an object
+    of their receiver's class, without our ``__init__``)."""
+    return MPI.Intracomm(comm)
+
+
+def _made(cls: type[_C], new: MPI.Comm) -> _C:
+    """*new* (a communicator a constructor just made on every rank of it) as a *cls*, its state built here
+    (collective over it). As mpi4py's constructors, without calling ``cls.__init__``."""
+    comm = cast(_C, cls.__new__(cls, cast(MPI.Intracomm, new)))
+    comm._state = state_of(comm)
+    return comm
+
+
+def _derived(cls: type[_C], new: _N) -> _C | _N:
+    """A constructor's result: mpi4py's null object (== ``MPI.COMM_NULL``) off the new communicator, else a
+    *cls* (``Comm``: the class of its topology), its state built (collective over it)."""
+    if new == MPI.COMM_NULL:
+        return new
+    return _made(cls, new)
+
+
+def _rebuild(cls: type[_C], predefined: MPI.Intracomm) -> _C:
+    """Unpickle (or copy) a communicator over a predefined one: the same communicator; in this process its
+    state is the one it already has (no collective), elsewhere it is built as ``Comm()`` builds it."""
+    return _made(cls, predefined)
+
+
+# ---------------------------------------------------------------- Idup
+
+
+class DupRequest(MPI.Request):
+    """The request of :meth:`Comm.Idup` and :meth:`Comm.Idup_with_info`: an ``MPI.Request`` that, when it
+    completes through its own ``Wait``/``wait`` or a ``Test``/``test`` that returns True, also builds the new
+    communicator's mpicomm state - collective over the new communicator, at the point where each rank
+    completes its request. Calling ``Wait`` again once it is complete returns at once (and builds the state if
+    the request was completed elsewhere, e.g. by ``MPI.Request.Waitall``)."""
+
+    _comm: Comm
+
+    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+        MPI.Request.Wait(self, status)
+        self._comm_ready()
+        return True
+
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        if not MPI.Request.Test(self, status):
+            return False
+        self._comm_ready()
+        return True
+
+    def wait(self, status: MPI.Status | None = None) -> Any:
+        result = MPI.Request.wait(self, status)
+        self._comm_ready()
+        return result
+
+    def test(self, status: MPI.Status | None = None) -> tuple[bool, Any]:
+        done, result = MPI.Request.test(self, status)
+        if done:
+            self._comm_ready()
+        return done, result
+
+    def _comm_ready(self) -> None:
+        comm = self._comm
+        if type(comm.__dict__.get("_state")) is _Unready:
+            comm._state = state_of(comm)
+
+
+class _Unready:
+    """What a communicator from ``Idup`` holds instead of its :class:`State` until its request completes.
+
+    Before: any read raises RuntimeError (the communicator cannot be used yet). After a completion mpicomm did
+    not see (``MPI.Request.Waitall``): the first read builds the state (collective over the communicator) and
+    puts it in the communicator's place; reads through this object go on to that state.
+    """
+
+    __slots__ = ("comm", "request", "built")
+
+    def __init__(self, comm: Comm, request: DupRequest):
+        self.comm, self.request = comm, request
+        self.built: State | None = None
+
+    @property
+    def _state(self) -> State:
+        # (a property named as Comm's attribute: state.as_state and the dispatcher, given this object, find the
+        # State through it, as they do through a Comm)
+        if self.built is not None:
+            return self.built
+        comm = self.comm
+        if self.request != MPI.REQUEST_NULL:
+            raise RuntimeError(
+                f"this mpicomm.{comm._kind} comes from Idup and its request has not completed: complete it "
+                f"(request.Wait(), or request.Test() until True) on every rank before using the communicator")
+        state = self.built = state_of(comm)
+        comm._state = state
+        return state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+
+def _pending(cls: type[_C], new: MPI.Intracomm, request: MPI.Request) -> tuple[_C, DupRequest]:
+    """The (communicator, request) of an Idup: a *cls* holding an :class:`_Unready` until the request completes.
+
+    (No ``cls.__new__``: its checks would query the communicator, which may not be used before completion; a
+    duplicate has the topology of its original, whose class *cls* is.)
+    """
+    comm = MPI.Intracomm.__new__(cls, new)
+    wrapped = DupRequest(request)
+    wrapped._comm = comm
+    comm._state = _Unready(comm, wrapped)
+    return comm, wrapped

@@ -124,9 +124,13 @@ _installed: int | None = None  #: the process that installed the handler (a fork
 
 def _on_sigint(signum: int, frame: Any) -> None:
     """The Python-level SIGINT handler: abort the job (several ranks), else ``KeyboardInterrupt``."""
+    _handled.append(signum)
     if os.getpid() != _installed or not _several_ranks():
         raise KeyboardInterrupt
     abort(INTERRUPTED, "interrupted (SIGINT)")
+
+
+_handled: list[int] = []  #: signals the main thread's handler has run for (the watcher compares)
 
 
 def _watch(read_fd: int) -> None:
@@ -144,9 +148,16 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if signal.SIGINT in data:
+            seen = len(_handled)
             time.sleep(0.1)
-            if signal.getsignal(signal.SIGINT) is _on_sigint and os.getpid() == _installed and _several_ranks():
+            if signal.getsignal(signal.SIGINT) is not _on_sigint or os.getpid() != _installed:
+                continue
+            if _several_ranks():
                 abort(INTERRUPTED, "interrupted (SIGINT) while blocked in MPI")
+            elif len(_handled) == seen:
+                # The kernel gave the signal to another thread (this one, or one of the MPI library's): the main
+                # thread sleeps on in a system call that nothing interrupted. Hand it to the main thread itself.
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
 def exit_together(code: int, message: str = "", wait: float = 10.0) -> None:

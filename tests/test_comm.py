@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
+from mpicomm.state import State
 from tests import mpirun
 
 
@@ -92,9 +93,9 @@ def test_free_releases_the_private_communicators(comm):
 
 @pytest.mark.mpi(min_size=2)
 def test_wraps_a_sub_communicator(comm):
-    half = comm.Split(comm.rank % 2, key=comm.rank)
-    assert type(half) is MPI.Intracomm  # mpi4py's behaviour is kept
-    sub = mpicomm.Comm(half)
+    plain = MPI.COMM_WORLD.Split(comm.rank % 2, key=comm.rank)
+    assert type(plain) is MPI.Intracomm
+    sub = mpicomm.Comm(plain)
     try:
         assert sub.size == len(range(comm.rank % 2, comm.size, 2))
         assert sub.nodes >= 1 and 0 <= sub.local_rank < sub.local_size
@@ -104,11 +105,106 @@ def test_wraps_a_sub_communicator(comm):
 
 
 @pytest.mark.mpi
-def test_idup_returns_a_plain_intracomm(comm):
+def test_split_of_a_comm_is_a_comm_and_wrapping_it_again_shares_its_state(comm):
+    half = comm.Split(comm.rank % 2, key=comm.rank)  # (tests/test_topology.py: every derived constructor)
+    try:
+        assert type(half) is mpicomm.Comm
+        assert mpicomm.Comm(half)._state is half._state
+        half.Barrier(algorithm="dissemination")
+    finally:
+        half.Free()
+
+
+def _sums_rank_data(new, size):
+    x = np.arange(4, dtype=np.int64) + 1000 * new.rank
+    total = np.empty_like(x)
+    new.Allreduce(x, total)
+    assert np.array_equal(total, sum(np.arange(4) + 1000 * r for r in range(size)))
+
+
+@pytest.mark.mpi
+def test_idup_returns_a_comm_whose_state_its_request_builds(comm):
     new, request = comm.Idup()
+    assert type(new) is mpicomm.Comm and isinstance(request, mpicomm.DupRequest)
+    assert isinstance(request, MPI.Request)
+    assert "state not built yet" in repr(new)
+    with pytest.raises(RuntimeError, match="comes from Idup and its request has not completed"):
+        new.Allreduce(np.zeros(1), np.zeros(1))  # refused on this rank alone, before any message
+    with pytest.raises(RuntimeError, match="request has not completed"):
+        assert new.local_rank is None
     request.Wait()
-    assert type(new) is MPI.Intracomm
+    assert type(new._state) is State and new._state is not comm._state  # built by Wait, collectively
+    if comm.rank == 0:  # a topology query on one rank only: the state exists, nothing to wait for
+        assert (new.local_rank, new.node) == (comm.local_rank, comm.node)
+    _sums_rank_data(new, comm.size)
+    assert new.Compare(comm) == MPI.CONGRUENT
+    assert (new.local_rank, new.local_size, new.node) == (comm.local_rank, comm.local_size, comm.node)
+    assert request.Wait() is True  # again: at once
     new.Free()
+    assert new == MPI.COMM_NULL
+
+
+@pytest.mark.mpi
+def test_idup_with_info_built_by_the_test_that_completes(comm):
+    new, request = comm.Idup_with_info(MPI.INFO_NULL)
+    assert type(new) is mpicomm.Comm
+    while not request.Test():
+        pass
+    assert type(new._state) is State
+    _sums_rank_data(new, comm.size)
+    new.Free()
+
+
+@pytest.mark.mpi
+def test_idup_completed_elsewhere_builds_the_state_at_the_first_use(comm):
+    new, request = comm.Idup()
+    other, other_request = comm.Idup()
+    MPI.Request.Waitall([request, other_request])  # mpicomm does not see these complete
+    assert "state not built yet" in repr(new)
+    _sums_rank_data(new, comm.size)  # the first use, on every rank: builds the state, then runs
+    assert type(new._state) is State and new.local_size == comm.local_size
+    other_request.Wait()  # complete already: returns at once, and builds other's state (collective)
+    assert type(other._state) is State
+    _sums_rank_data(other, comm.size)
+    new.Free()
+    other.Free()
+
+
+@pytest.mark.mpi
+def test_copies_and_pickles_of_a_predefined_communicator_are_it(comm):
+    import copy
+    import pickle
+
+    self_comm = mpicomm.Comm(MPI.COMM_SELF)
+    for original, size in ((comm, comm.size), (self_comm, 1)):
+        for twin in (copy.copy(original), copy.deepcopy(original), pickle.loads(pickle.dumps(original))):
+            assert type(twin) is mpicomm.Comm and twin is not original
+            assert twin == original and twin.Compare(original) == MPI.IDENT  # the same handle, as in mpi4py
+            assert twin._state is original._state  # and the same state: nothing collective to make it
+            assert (twin.local_rank, twin.node, twin.nodes) == (original.local_rank, original.node, original.nodes)
+            _sums_rank_data(twin, size)
+
+
+@pytest.mark.mpi
+def test_copies_and_pickles_of_another_communicator_are_refused_as_in_mpi4py(comm):
+    import copy
+    import pickle
+
+    plain = MPI.COMM_WORLD.Dup()
+    dup = comm.Dup()
+    cart = comm.Create_cart([comm.size])
+    try:
+        for how in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(ValueError, match="cannot serialize"):
+                how(plain)  # mpi4py's rule
+            for new in (dup, cart):
+                with pytest.raises(ValueError, match=r"cannot serialize .*COMM_WORLD or MPI.COMM_SELF.*comm.Dup\(\)"):
+                    how(new)
+        _sums_rank_data(dup, comm.size)  # unharmed
+    finally:
+        plain.Free()
+        dup.Free()
+        cart.Free()
 
 
 @pytest.mark.mpi

@@ -129,6 +129,31 @@ def test_a_single_rank_still_gets_keyboard_interrupt(tmp_path):
     assert proc.returncode == 0 and "caught" in out and "aborting" not in out, out
 
 
+def test_a_single_rank_gets_keyboard_interrupt_when_another_thread_takes_the_signal(tmp_path):
+    """The kernel may hand SIGINT to any thread (mpicomm's watcher, the MPI library's): the main thread, asleep in
+    a system call nothing interrupted, must still get KeyboardInterrupt (before: it slept on; seen in a loaded CI run)."""
+    script = tmp_path / "elsewhere.py"
+    script.write_text(textwrap.dedent("""\
+        import signal, threading, time, mpicomm
+        mpicomm.Comm().Barrier()
+        watcher = next(t for t in threading.enumerate() if t.name == "mpicomm-sigint")
+        def poke():
+            time.sleep(0.3)  # the main thread is asleep by then
+            signal.pthread_kill(watcher.ident, signal.SIGINT)
+        threading.Thread(target=poke, daemon=True).start()
+        try:
+            print('ready', flush=True)
+            time.sleep(60)
+        except KeyboardInterrupt:
+            print('caught', flush=True)
+        """))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], cwd=mpirun.REPO, env=mpirun.clean_env(),
+                            capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0 and "caught" in result.stdout, result.stdout + result.stderr
+    assert time.monotonic() - started < 30, "the main thread slept on after the signal"
+
+
 def test_a_program_handler_is_left_alone():
     """A program that set its own SIGINT handler before mpicomm started MPI keeps it."""
     code = ("import signal\nmine = lambda *a: None\nsignal.signal(signal.SIGINT, mine)\n"

@@ -223,7 +223,7 @@ def test_pull_into_a_mismatching_out_raises_and_the_rendezvous_stays_usable(comm
         readonly.flags.writeable = False
         with pytest.raises(ValueError, match="out is read-only"):
             rdv.ipull("v", owner, out=readonly)
-        with pytest.raises(TypeError, match="out must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
+        with pytest.raises(TypeError, match=r"out must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
             rdv.pull("v", owner, out=[0] * 12)
         # still usable: the payloads were drained, and the next answers match their pulls
         after = [rdv.pull("v", owner, 5, 2), rdv.pull("v", owner, out=np.zeros(12, np.int64))]
@@ -335,7 +335,7 @@ def test_bad_arguments_raise_locally(comm):
             rdv.publish(None, np.zeros(1))
         with pytest.raises(ValueError, match="keys are at most 1024"):
             rdv.publish("k" * 1025, np.zeros(1))
-        with pytest.raises(TypeError, match="array must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
+        with pytest.raises(TypeError, match=r"array must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
             rdv.publish("list", [1, 2])
         with pytest.raises(ValueError, match="array is not C-contiguous"):
             rdv.publish("strided", np.zeros(4)[::2])

@@ -126,7 +126,7 @@ def test_get_with_a_bad_out_raises_locally(comm, xp):
         readonly.flags.writeable = False
         with pytest.raises(ValueError, match="out is read-only"):
             win.get(t, 0, 3, out=readonly)
-        with pytest.raises(TypeError, match="out must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
+        with pytest.raises(TypeError, match=r"out must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
             win.get(t, 0, 3, out=[0, 0, 0])
         still = win.get(t, 2, 3)  # the window is fine afterwards
         comm.Barrier()
@@ -207,7 +207,7 @@ def test_put_with_a_wrong_dtype_or_buffer_raises_type_error(comm, path):
                 win.put(rank_data(r, 2, np.float32), t, 1)
             with pytest.raises(TypeError, match="x is int32 but the window holds int64"):
                 win.put(np.arange(2, dtype=np.int32), t)
-            with pytest.raises(TypeError, match="x must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
+            with pytest.raises(TypeError, match=r"x must\ be\ an\ array\ or\ a\ buffer\ \(NumPy,\ CuPy,\ DLPack,\ __cuda_array_interface__,\ bytearray\.\.\.\),\ got\ list"):
                 win.put([1, 2], t)
             with pytest.raises(ValueError, match="x is not C-contiguous"):
                 win.put(rank_data(r, 4, np.int64)[::2], t)

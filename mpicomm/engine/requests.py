@@ -31,6 +31,8 @@ generator raises completes with that error; ``Wait``/``Test`` re-raise it.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ..runtime import handle_interrupts
+from . import executor as _executor
 from . import progress as _progress
 from .executor import Program, Run
 from .executor import Step as ProgramStep
@@ -103,7 +106,8 @@ class Request:
 
     ``wait()``/``test()`` (lowercase) also return the operation's result, as
     mpi4py's lowercase methods do: the received array of an ``irecv_array``.
-    ``Request.Waitall`` accepts plain ``MPI.Request`` objects too.
+    The class methods - ``Waitall``/``waitall``/``Testall``, ``Waitany``/``waitany``/``Testany``/``testany``,
+    ``Waitsome``/``waitsome``/``Testsome``/``testsome`` - accept plain ``MPI.Request`` objects too.
     """
 
     __slots__ = (
@@ -341,36 +345,88 @@ class Request:
                 _copy_status(plain_status[i], target)
         return True
 
+    # ------------------------------------------------------------ any / some: MPI's completion semantics
+    #
+    # Over mpicomm requests and plain MPI requests alike, as MPI_Waitany & co. behave:
+    # * inactive requests are ignored: MPI.REQUEST_NULL, an inactive (or freed) persistent request - native or
+    #   mpicomm - and an mpicomm request whose completion a wait or test has already reported; when every request
+    #   is inactive the "any" forms return MPI.UNDEFINED (Testany: flag True, and an empty status) and the "some"
+    #   forms None (mpi4py's answer for MPI_UNDEFINED);
+    # * each completion is reported once: a plain request is completed by MPI (set to REQUEST_NULL - in place,
+    #   so the caller's list sees it - or made inactive if persistent), an mpicomm request is marked delivered;
+    # * statuses are filled as mpi4py fills them: Waitany's one status; Waitsome's statuses[k] for the k-th index
+    #   returned (the list grows when shorter). A send's or a collective's status is the empty one;
+    # * a completed operation that failed raises its error (an mpicomm request re-raises it, a plain one raises
+    #   mpi4py's MPI.Exception) in a call that reports nothing else: completions are taken in index order and a
+    #   failure ends the batch, so the ones before it are returned now and it raises at the next call - no other
+    #   completion is consumed with an error and lost. The failed request is inactive afterwards.
+    #
+    # Waiting advances every outstanding mpicomm operation and sleeps as Waitall does: in MPI_Waitany over every
+    # point-to-point MPI request of the process and the plain requests given; with a collective among the
+    # requests, in the collective's own MPI requests when it is the only thing pending, else by polling with
+    # growing naps (its communicator's queue completes it, not an MPI request given here).
+
     @classmethod
     def Waitany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> int:
         """Wait until one of *requests* (mpicomm or plain MPI) completes; return its index.
 
-        As in MPI, a request whose completion was already reported (by this or
-        any wait/test) counts as inactive; ``MPI.UNDEFINED`` when all are.
+        As in MPI, inactive requests - REQUEST_NULL, an inactive persistent
+        request, one whose completion a wait or test has already reported - are
+        ignored; ``MPI.UNDEFINED`` (and an empty *status*) when all are.
         """
-        _check_types(requests)
-        while True:
-            progress()
-            for i, r in enumerate(requests):
-                if isinstance(r, Request) and r._done and not r._delivered:
-                    r._deliver(status)
-                    return i
-            plain = [(i, r) for i, r in enumerate(requests) if not isinstance(r, Request) and r]
-            if plain:
-                st = MPI.Status()
-                j, flag = MPI.Request.Testany([r for _, r in plain], st)
-                if flag and j != MPI.UNDEFINED:
-                    if status is not None:
-                        _copy_status(st, status)
-                    return plain[j][0]
-            if not plain and all(r._done for r in requests if isinstance(r, Request)):
-                return MPI.UNDEFINED
-            completed = _block([r for _, r in plain])
-            if completed is not None:
-                j, st = completed
-                if status is not None:
-                    _copy_status(st, status)
-                return plain[j][0]
+        return _any(requests, status, True, False)[0]
+
+    @classmethod
+    def waitany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> tuple[int, Any]:
+        """:meth:`Waitany`, returning ``(index, result)``: ``(MPI.UNDEFINED, None)`` when all are inactive."""
+        index, _, result = _any(requests, status, True, True)
+        return index, result
+
+    @classmethod
+    def Testany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> tuple[int, bool]:
+        """Advance everything; ``(index, True)`` if one of *requests* has completed (reported once),
+        ``(MPI.UNDEFINED, False)`` if none has, ``(MPI.UNDEFINED, True)`` when all are inactive."""
+        index, flag, _ = _any(requests, status, False, False)
+        return index, flag
+
+    @classmethod
+    def testany(cls, requests: Sequence[Any], status: MPI.Status | None = None) -> tuple[int, bool, Any]:
+        """:meth:`Testany`, returning ``(index, flag, result)`` (result None unless one completed)."""
+        return _any(requests, status, False, True)
+
+    @classmethod
+    def Waitsome(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> list[int] | None:
+        """Wait until at least one of *requests* completes; return the indices of all that have (in index order).
+
+        ``statuses[k]`` is filled for the k-th index returned. None when every request is inactive.
+        """
+        found = _completions(requests, True, True, False, statuses)
+        return None if found is None else [i for i, _ in found]
+
+    @classmethod
+    def waitsome(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None
+                 ) -> tuple[list[int] | None, list[Any] | None]:
+        """:meth:`Waitsome`, returning ``(indices, results)``; ``(None, None)`` when all are inactive."""
+        found = _completions(requests, True, True, True, statuses)
+        if found is None:
+            return None, None
+        return [i for i, _ in found], [result for _, result in found]
+
+    @classmethod
+    def Testsome(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None) -> list[int] | None:
+        """Advance everything; the indices of the requests that have completed (``[]``: none yet; None: all
+        inactive), each reported once; ``statuses[k]`` filled for the k-th."""
+        found = _completions(requests, False, True, False, statuses)
+        return None if found is None else [i for i, _ in found]
+
+    @classmethod
+    def testsome(cls, requests: Sequence[Any], statuses: list[MPI.Status] | None = None
+                 ) -> tuple[list[int] | None, list[Any] | None]:
+        """:meth:`Testsome`, returning ``(indices, results)``; ``(None, None)`` when all are inactive."""
+        found = _completions(requests, False, True, True, statuses)
+        if found is None:
+            return None, None
+        return [i for i, _ in found], [result for _, result in found]
 
     def __bool__(self) -> bool:
         """Active (like a non-null ``MPI.Request``) until a wait or test has reported its completion."""
@@ -396,6 +452,226 @@ def _single(req: MPI.Request) -> Steps:
     return Envelope(None, status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE), MPI.BYTE)
 
 
+def _active_mpicomm(r: Request) -> bool:
+    """Not yet reported to a wait or test (and, for a persistent request, started and not freed)."""
+    return not r._delivered and bool(r)
+
+
+def _native_scan(natives: list[tuple[int, MPI.Request]]) -> tuple[list[int], int | None, bool]:
+    """Which of the plain MPI *natives* (``(index, request)``, none null) have completed, without completing any:
+    ``(indices, failed, inactive)``. *failed*: the first one that completed with an error (then only those before
+    it are listed); *inactive*: every one is inactive (a persistent request not started)."""
+    reqs = [r for _, r in natives]
+    for _ in range(len(reqs) + 1):
+        try:
+            done = MPI.Request.Get_status_some(reqs)
+        except MPI.Exception:
+            pass  # one has failed: find it below (MPI_Request_get_status reports the error, freeing nothing)
+        else:
+            if done is None:
+                return [], None, True
+            return sorted(natives[j][0] for j in done), None, False
+        k = _first_failed(reqs)
+        if k is None:
+            continue
+        try:
+            before = MPI.Request.Get_status_some(reqs[:k]) if k else None
+        except MPI.Exception:
+            continue  # (another one failed meanwhile, earlier in the list)
+        return sorted(natives[j][0] for j in before or ()), natives[k][0], False
+    raise RuntimeError("MPI_Request_get_status_some keeps failing on requests that MPI_Request_get_status "
+                       "reports as fine")
+
+
+def _first_failed(reqs: list[MPI.Request]) -> int | None:
+    """The index of the first of *reqs* that completed with an error (none is freed), if any."""
+    for k, r in enumerate(reqs):
+        try:
+            r.Get_status()
+        except MPI.Exception:
+            return k
+    return None
+
+
+def _scan(items: list[Any], many: bool, holding: bool) -> list[tuple[int, bool]] | None:
+    """Advance everything once; the completions to report now, ``(index, failed)`` in index order (one, unless
+    *many*); None if every request is inactive. A failed one is reported alone: the batch ends before it, unless
+    it is first (and *holding* is False: no completion is already taken)."""
+    progress()
+    driven: set[int] = set()
+    for r in items:
+        if (isinstance(r, CollectiveRequest) and not r._done and r.queue not in _progress.queues
+                and id(r.queue) not in driven):
+            driven.add(id(r.queue))
+            r._poll()  # (no progress thread drives its queue)
+    active = False
+    candidates: list[tuple[int, bool]] = []
+    natives: list[tuple[int, MPI.Request]] = []
+    for i, r in enumerate(items):
+        if isinstance(r, Request):
+            if _active_mpicomm(r):
+                active = True
+                if r._done:
+                    candidates.append((i, r._error is not None))
+        elif r:  # not REQUEST_NULL
+            natives.append((i, r))
+    if natives:
+        done, failed, inactive = _native_scan(natives)
+        active = active or not inactive
+        candidates += [(i, False) for i in done]
+        if failed is not None:
+            candidates.append((failed, True))
+    if not active:
+        return None
+    candidates.sort()
+    plan: list[tuple[int, bool]] = []
+    for i, failed in candidates:
+        if failed:
+            if not plan and not holding:
+                plan.append((i, True))
+            break
+        plan.append((i, False))
+        if not many:
+            break
+    return plan
+
+
+def _status_at(statuses: list[MPI.Status] | None, k: int) -> MPI.Status | None:
+    """The status for the k-th completion reported (mpi4py grows a shorter list)."""
+    if statuses is None:
+        return None
+    if k >= len(statuses):
+        statuses.append(MPI.Status())
+    return statuses[k]
+
+
+def _report(items: list[Any], plan: list[tuple[int, bool]], taken: tuple[int, MPI.Status, Any] | None,
+            lower: bool, statuses: list[MPI.Status] | None) -> list[tuple[int, Any]]:
+    """Complete the planned requests (and the one MPI already completed while waiting, *taken*), in index
+    order; ``(index, result)`` for each; an mpicomm request that failed raises its error (planned alone)."""
+    entries = sorted(plan + ([(taken[0], False)] if taken is not None else []))
+    out: list[tuple[int, Any]] = []
+    for i, _ in entries:
+        target = _status_at(statuses, len(out))
+        r = items[i]
+        if taken is not None and i == taken[0]:
+            if target is not None:
+                _copy_status(taken[1], target)
+            result = taken[2]
+        elif isinstance(r, Request):
+            if target is not None:
+                _empty(target)
+            result = r._deliver(target)
+        elif lower:
+            flag, result = r.test(target)
+            if not flag:  # (cannot happen: it had completed)
+                continue
+        else:
+            if not r.Test(target):
+                continue
+            result = None
+        out.append((i, result))
+    return out
+
+
+class _Naps:
+    """A wait that cannot sleep in MPI polls: a few times at once, then yielding the core for 2 ms, then
+    napping 20 µs doubling to 1 ms (as a collective's wait does while other requests are pending)."""
+
+    __slots__ = ("polls", "since", "nap")
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.since = 0.0
+        self.nap = 0.0
+
+    def spinning(self) -> bool:
+        if self.polls < _executor.SPINS:
+            self.polls += 1
+            return True
+        return False
+
+    def pause(self) -> None:
+        now = time.perf_counter()
+        if not self.since:
+            self.since = now
+        if now - self.since < 2e-3:
+            os.sched_yield()
+        else:
+            self.nap = min(2 * self.nap if self.nap else 2e-5, 1e-3)
+            time.sleep(self.nap)
+
+
+def _sleep(items: list[Any], lower: bool, watchdog: Watchdog | None, naps: _Naps) -> tuple[int, MPI.Status, Any] | None:
+    """Block until something may have completed (nothing of *items* has, nor is every one inactive).
+
+    Returns ``(index, status, result)`` when a plain request of *items* was completed by MPI in the wait."""
+    pending = [r for r in items if isinstance(r, Request) and _active_mpicomm(r) and not r._done]
+    natives = [(i, r) for i, r in enumerate(items) if not isinstance(r, Request) and r]
+    if watchdog is not None:
+        watchdog.pause(pending + [r for r in _active if r not in pending])
+        return None
+    collectives = [r for r in pending if isinstance(r, CollectiveRequest)]
+    if collectives:
+        if naps.spinning():
+            return None
+        queues = {id(r.queue): r.queue for r in collectives}
+        if len(queues) == 1 and not natives and not _active:
+            (q,) = queues.values()
+            if not _progress.unattended(q):
+                with q.lock:  # (the progress thread leaves it alone meanwhile: one thread completes its requests)
+                    _progress.drive(q)
+                    front = q.runs[0] if q.runs else None
+                    if front is not None and not front.waits_on_memory() and front.live():
+                        front.sleep()  # nothing else can complete first: the head run's step, in MPI
+                        return None
+        naps.pause()
+        return None
+    owners = any(not r._busy and any(r._reqs) for r in _active)
+    if not natives and not owners:
+        naps.pause()  # (only a request whose generator is running - a re-entered wait - is pending)
+        return None
+    taken = _block([r for _, r in natives], lower)
+    if taken is None:
+        if not owners:  # MPI had nothing to wait for (the plain requests are inactive persistent ones)
+            naps.pause()
+        return None
+    j, status, result = taken
+    return natives[j][0], status, result
+
+
+def _completions(requests: Sequence[Any], block: bool, many: bool, lower: bool,
+                 statuses: list[MPI.Status] | None) -> list[tuple[int, Any]] | None:
+    """The completions of *requests* reported by one any/some call: ``(index, result)`` in index order;
+    ``[]`` when none (a test); None when every request is inactive."""
+    items = _check_types(requests)
+    watchdog = Watchdog.start() if block else None
+    naps = _Naps()
+    while True:
+        plan = _scan(items, many, False)
+        if plan is None:
+            return None
+        if plan or not block:
+            return _report(items, plan, None, lower, statuses)
+        taken = _sleep(items, lower, watchdog, naps)
+        if taken is not None:
+            more = _scan(items, True, True) if many else None  # and whatever else has completed by now
+            return _report(items, more or [], taken, lower, statuses)
+
+
+def _any(requests: Sequence[Any], status: MPI.Status | None, block: bool, lower: bool) -> tuple[int, bool, Any]:
+    """``(index, flag, result)`` of Waitany/Testany and their lowercase forms."""
+    found = _completions(requests, block, False, lower, None if status is None else [status])
+    if found is None:
+        if status is not None:
+            _empty(status)
+        return MPI.UNDEFINED, True, None
+    if not found:
+        return MPI.UNDEFINED, False, None
+    ((index, result),) = found
+    return index, True, result
+
+
 def progress() -> int:
     """Advance every outstanding mpicomm request without blocking (collectives of every communicator whose
     queue no other thread is driving, and point-to-point transfers); return how many stepped."""
@@ -413,24 +689,39 @@ def outstanding() -> list[Request]:
     return list(_active)
 
 
-def _block(extra: Sequence[MPI.Request] = ()) -> tuple[int, MPI.Status] | None:
+def _block(extra: Sequence[MPI.Request] = (), lower: bool = False) -> tuple[int, MPI.Status, Any] | None:
     """Sleep in MPI until some outstanding MPI request completes; keep its status.
 
     *extra* are plain MPI requests waited on too: if one of them completes,
-    return ``(its index, its status)``.
+    return ``(its index, its status, its result)`` (the result: mpi4py's
+    lowercase ``waitany``'s, when *lower*; else None).
     """
     owners = [(r, i) for r in _active if not r._busy for i, m in enumerate(r._reqs) if m]
     if not owners and not extra:
         return None
     status = MPI.Status()
-    index = MPI.Request.Waitany([r._reqs[i] for r, i in owners] + list(extra), status)
+    reqs = [r._reqs[i] for r, i in owners] + list(extra)
+    result = None
+    if lower and extra:
+        index, result = MPI.Request.waitany(reqs, status)
+    else:
+        index = MPI.Request.Waitany(reqs, status)
     if index == MPI.UNDEFINED:
         return None
     if index >= len(owners):
-        return index - len(owners), status
+        return index - len(owners), status, result
     r, i = owners[index]
     r._statuses[i] = status
     return None
+
+
+def _empty(status: MPI.Status) -> None:
+    """Make *status* MPI's empty status (a send's, a collective's, an inactive request's)."""
+    status.source = MPI.ANY_SOURCE
+    status.tag = MPI.ANY_TAG
+    status.error = MPI.SUCCESS
+    status.Set_elements(MPI.BYTE, 0)
+    status.Set_cancelled(False)
 
 
 def _copy_status(source: MPI.Status, target: MPI.Status) -> None:

@@ -107,9 +107,13 @@ def adopt(x: Any, name: str) -> Any:
     array library speaking the standard) a NumPy array when its memory is on
     the host, a CuPy array when it is on a GPU; anything with the buffer
     protocol (``bytearray``, ``array.array``, ``memoryview``) a NumPy array.
-    Writes into the result land in the caller's object. TypeError, naming the
-    kind and the fix, when none applies or the memory is on a GPU and CuPy is
-    not installed.
+    Writes into the result land in the caller's object. A DLPack buffer is
+    taken as mpi4py takes it: writable unless the exporter flags it read-only
+    (DLPack >= 1.0; a legacy exporter, ``__dlpack__(stream=None)`` without
+    ``max_version``, cannot, so its buffer is writable), and the result keeps
+    the exporter alive for as long as it (or a view, a plan, a persistent
+    request) is used. TypeError, naming the kind and the fix, when none
+    applies or the memory is on a GPU and CuPy is not installed.
     """
     if isinstance(x, np.ndarray):
         return x
@@ -125,9 +129,12 @@ def adopt(x: Any, name: str) -> Any:
         device_type = int(x.__dlpack_device__()[0])
         try:
             if device_type in (_DL_CPU, _DL_CUDA_HOST):
-                return np.from_dlpack(x)
+                return _host_dlpack(x, name, kind)
             if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
-                return _device_array(x, name, kind, "is a DLPack tensor in GPU memory").from_dlpack(x)
+                cupy = _device_array(x, name, kind, "is a DLPack tensor in GPU memory")
+                return _kept_alive(cupy, cupy.from_dlpack(x), x)
+        except _Refused:
+            raise
         except (BufferError, RuntimeError, TypeError) as exc:
             raise TypeError(f"{name} ({kind}) could not be shared through DLPack: {exc}; pass a plain array, or "
                             f"for a tensor that requires grad its .detach()") from None
@@ -144,6 +151,153 @@ def adopt(x: Any, name: str) -> Any:
         return np.asarray(view)
     except (TypeError, ValueError):
         return np.frombuffer(view.cast("B") if view.c_contiguous else view, np.uint8)
+
+
+# ---------------------------------------------------------------- DLPack, read the way mpi4py reads it
+#
+# ``numpy.from_dlpack`` does not fit a message-passing library: it marks an array made from a legacy
+# (pre-1.0, unversioned) capsule read-only, so it could never be a receive buffer, and its array keeps only
+# the capsule alive, not the exporter - an exporter whose capsule does not own the memory (mpi4py's test
+# exporters, some libraries' views) frees it when the caller drops the exporter, under a persistent request
+# still holding the array. mpi4py takes such a buffer writable unless the exporter says read-only (the
+# DLPack >= 1.0 flag; a legacy capsule cannot say it) and holds the exporter while MPI uses the memory.
+# :func:`_host_dlpack` does the same: it reads the capsule's ``DLTensor`` itself (ctypes, layouts from
+# dlpack.h) and makes a NumPy array over that memory whose ``base`` (a :class:`_DLPackExport`) holds both
+# the exporter and the capsule. The capsule is kept unconsumed (its name unchanged), so its own destructor
+# releases the export (calls the producer's deleter) when the last array over it is gone.
+
+_DL_READ_ONLY, _DL_IS_COPIED = 1, 2  # DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
+_DL_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}  # DLDataTypeCode: kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
+_DL_CODE_NAMES = {3: "an opaque handle", 4: "bfloat"}
+
+
+class _Refused(TypeError):
+    """A DLPack export read, and refused with a message of its own (raised as it is)."""
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),  # in elements; NULL: compact row-major
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):  # a "dltensor" capsule (DLPack < 1.0)
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):  # a "dltensor_versioned" capsule (DLPack >= 1.0)
+    _fields_ = [
+        ("version", _DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
+
+
+_CAPSULE_VALID = ctypes.pythonapi.PyCapsule_IsValid
+_CAPSULE_VALID.argtypes, _CAPSULE_VALID.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_int
+_CAPSULE_POINTER = ctypes.pythonapi.PyCapsule_GetPointer
+_CAPSULE_POINTER.argtypes, _CAPSULE_POINTER.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+
+
+class _DLPackExport:
+    """The ``base`` of a NumPy array made over a DLPack export: holds the exporter and its capsule.
+
+    As long as any array or view over the memory lives (a persistent request's plan, a pending
+    nonblocking operation), so do the exporter and the capsule, whatever the caller has dropped.
+    """
+
+    __slots__ = ("__array_interface__", "exporter", "capsule")
+
+    def __init__(self, interface: dict, exporter: Any, capsule: Any):
+        self.__array_interface__ = interface
+        self.exporter = exporter
+        self.capsule = capsule
+
+
+def _export(x: Any) -> Any:
+    """``x.__dlpack__()``: a versioned (>= 1.0) capsule when the exporter speaks it, else a legacy one."""
+    try:
+        return x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a legacy exporter: __dlpack__(self, stream=None), no max_version
+        return x.__dlpack__()
+
+
+def _dl_dtype(dt: _DLDataType, name: str, kind: str) -> np.dtype:
+    code, bits, lanes = int(dt.code), int(dt.bits), int(dt.lanes)
+    letter = _DL_KINDS.get(code)
+    if letter is None or lanes != 1 or bits % 8 or (letter == "b" and bits != 8):
+        what = _DL_CODE_NAMES.get(code, f"type code {code}")
+        raise _Refused(f"{name} ({kind}) has DLPack element type {what} of {bits} bits x {lanes} lanes, which "
+                       f"NumPy cannot hold; convert it to a standard numeric type first")
+    try:
+        return np.dtype(f"{letter}{bits // 8}")
+    except TypeError:
+        raise _Refused(f"{name} ({kind}) has a DLPack element type ({letter}, {bits} bits) NumPy has no dtype "
+                       f"for; convert it to a standard numeric type first") from None
+
+
+def _host_dlpack(x: Any, name: str, kind: str) -> np.ndarray:
+    """A NumPy array over the host memory DLPack exporter *x* shares (no copy), writable unless it says not."""
+    capsule = _export(x)
+    if _CAPSULE_VALID(capsule, b"dltensor_versioned"):
+        managed = _DLManagedTensorVersioned.from_address(_CAPSULE_POINTER(capsule, b"dltensor_versioned"))
+        if managed.version.major != 1:
+            raise BufferError(f"the exporter answered with DLPack {managed.version.major}.{managed.version.minor}, "
+                              f"not the 1.x asked for")
+        # A copy (IS_COPIED) is taken read-only too: what MPI wrote there would never reach the caller's object.
+        readonly = bool(managed.flags & (_DL_READ_ONLY | _DL_IS_COPIED))
+        tensor = managed.dl_tensor
+    elif _CAPSULE_VALID(capsule, b"dltensor"):
+        tensor = _DLManagedTensor.from_address(_CAPSULE_POINTER(capsule, b"dltensor")).dl_tensor
+        readonly = False  # a legacy capsule cannot say read-only: writable, as mpi4py takes it
+    else:
+        raise BufferError("__dlpack__() returned no unused DLPack capsule")
+    if tensor.device.device_type not in (_DL_CPU, _DL_CUDA_HOST):
+        raise BufferError(f"the capsule's memory is on DLPack device type {tensor.device.device_type}, not the host "
+                          f"memory __dlpack_device__() reported")
+    dtype = _dl_dtype(tensor.dtype, name, kind)
+    ndim = int(tensor.ndim)
+    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
+    strides = None if not tensor.strides else tuple(int(tensor.strides[i]) * dtype.itemsize for i in range(ndim))
+    address = (tensor.data or 0) + int(tensor.byte_offset)
+    if not tensor.data and 0 not in shape:
+        raise BufferError("the capsule's data pointer is NULL for a non-empty tensor")
+    interface = {"data": (address, readonly), "shape": shape, "strides": strides, "typestr": dtype.str,
+                 "version": 3}
+    return np.asarray(_DLPackExport(interface, x, capsule))
+
+
+def _kept_alive(xp: ModuleType, array: Any, exporter: Any) -> Any:
+    """Device *array* (from ``cupy.from_dlpack(exporter)``) as an array that also keeps *exporter* alive.
+
+    CuPy's array holds the capsule's export, not the exporter; for an exporter whose export does not own the
+    memory the same lifetime rule as on the host applies. A contiguous array is remade over the same memory
+    (``UnownedMemory`` with the exporter as owner); any other is refused later as not contiguous anyway.
+    """
+    if not array.size or not array.flags.c_contiguous:
+        return array
+    memory = xp.cuda.UnownedMemory(array.data.ptr, array.nbytes, (array, exporter), array.device.id)
+    return xp.ndarray(array.shape, array.dtype, xp.cuda.MemoryPointer(memory, 0))
 
 
 def _device_array(x: Any, name: str, kind: str, what: str) -> ModuleType:

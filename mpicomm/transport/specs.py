@@ -17,6 +17,8 @@ spec                                               meaning
 ``[buf, (counts, displs)]``, ``[buf, counts,       per-rank counts and displacements
 displs, datatype]``, ... (v)                       (in elements; None: packed)
 ``MPI.IN_PLACE`` or ``None``                       in place, where the collective allows it
+``[None, datatype]``, ``[None, 0, datatype]``      an empty buffer (zero elements; mpi4py's
+                                                   meaning of None as a buffer)
 =================================================  =====================================
 
 ``buf`` is a NumPy or CuPy array (any shape, C-contiguous), an object with
@@ -134,7 +136,15 @@ def _retype(flat: Any, dt: np.dtype, name: str) -> Any:
 
 
 def _typed(buf: Any, datatype: Any, name: str) -> tuple[Any, ModuleType]:
-    """*buf* as a flat array of *datatype* elements (its own type when None), and its module."""
+    """*buf* as a flat array of *datatype* elements (its own type when None), and its module.
+
+    A *buf* of None in a spec is mpi4py's empty buffer: zero elements of *datatype* (which it then needs;
+    a bare None is no spec of a buffer - it is in place where a collective allows that, else refused here).
+    """
+    if buf is None and datatype is not None:
+        dt = _datatype_dtype(datatype)
+        _supported(dt)
+        return np.empty(0, dt), np
     flat, xp = _as_array(buf, name)
     dt = flat.dtype if datatype is None else _datatype_dtype(datatype)
     try:
@@ -171,6 +181,18 @@ def _library_can_map(flat: Any, name: str) -> None:
         f"{name} has element type {flat.dtype}, which neither mpicomm nor the MPI library moves without a datatype; "
         f"convert it with .astype() to a numeric type, or give the MPI datatype: [{name}, MPI.Datatype]"
     )
+
+
+def _none_needs_a_datatype(name: str) -> TypeError:
+    return TypeError(f"{name} is None with no datatype; None is an empty buffer only with its MPI datatype, "
+                     f"e.g. [None, MPI.INT] or [None, 0, MPI.INT]")
+
+
+def _none_holds_nothing(buf: Any, count: int, name: str) -> None:
+    """ValueError when *buf* is None (an empty buffer) but *count* elements are asked of it."""
+    if buf is None and count:
+        raise ValueError(f"{name} is None, an empty buffer, but its count is {count}; None holds 0 elements - "
+                         f"pass a buffer of {count} elements, or count 0")
 
 
 def _count(value: Any, name: str) -> int:
@@ -217,11 +239,14 @@ def simple(spec: Any, name: str) -> Buffer:
         else:
             raise TypeError(f"{name} spec must be buf, [buf, count], [buf, datatype] or [buf, count, datatype]; "
                             f"got a sequence of {len(spec)}")
+        if buf is None and datatype is None:
+            raise _none_needs_a_datatype(name)
     else:
         buf = spec
     flat, xp = _typed(buf, datatype, name)
     if count is not None:
         n = _count(count, name)
+        _none_holds_nothing(buf, n, name)
         if n > flat.size:
             raise ValueError(f"{name} count {n} is more than the buffer's {flat.size} elements of {flat.dtype}")
         flat = flat[:n]
@@ -259,6 +284,8 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
             counts, displs = rest
         elif len(rest) > 2:
             raise TypeError(f"{name} spec has {len(spec)} items; use [buf, counts, displs, datatype] at most")
+        if buf is None and datatype is None:
+            raise _none_needs_a_datatype(name)
     else:
         buf = spec
     flat, xp = _typed(buf, datatype, name)
@@ -270,6 +297,7 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
         counts_t = tuple(_count(c, name) for c in counts)
     if len(counts_t) != p:
         raise ValueError(f"{name} has {len(counts_t)} counts for {p} ranks; give one per rank")
+    _none_holds_nothing(buf, sum(counts_t), name)
     if displs is None:
         displs_t = tuple(int(d) for d in np.cumsum((0,) + counts_t[:-1], dtype=np.int64)) if p else ()
     elif isinstance(displs, numbers.Integral) and not isinstance(displs, bool):
@@ -294,18 +322,23 @@ def block(spec: Any, name: str, p: int) -> tuple[Buffer, int]:
     buffer is split equally (ValueError when p does not divide it).
     """
     count = None
-    if isinstance(spec, (list, tuple)) and len(spec) in (2, 3):
+    is_list = isinstance(spec, (list, tuple))
+    buf = spec[0] if is_list and spec else spec
+    if is_list and len(spec) in (2, 3):
         if len(spec) == 3:
             count = spec[1]
-            spec = [spec[0], spec[2]]
+            spec = [buf, spec[2]]
         elif not isinstance(spec[1], (MPI.Datatype, str)):
+            if buf is None:
+                raise _none_needs_a_datatype(name)
             count = spec[1]
-            spec = spec[0]
+            spec = buf
     whole = simple(spec, name)
     if count is None:
         (per_rank, *_) = block_counts(whole.count, p, name) or (0,)
     else:
         per_rank = _count(count, name)
+        _none_holds_nothing(buf, per_rank * p, name)
         if per_rank * p > whole.count:
             raise ValueError(f"{name} holds {whole.count} elements, fewer than {p} ranks × {per_rank}")
     return Buffer(whole.array[: per_rank * p], whole.xp), per_rank
