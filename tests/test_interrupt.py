@@ -110,10 +110,15 @@ def test_sigint_ends_the_whole_job_within_seconds(tmp_path, n, target, wait, run
     assert not left, f"the interrupted job's shared-memory segments remain after cleanup: {left}"
 
 
+#: First lines of a single-rank script: Ctrl-C handled as in a program started from a terminal, whatever the test
+#: inherited (a suite started in the background by a non-interactive shell has SIGINT ignored, and so would the script).
+_INTERACTIVE = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def test_a_single_rank_still_gets_keyboard_interrupt(tmp_path):
     """One rank has no job to abort: Ctrl-C raises KeyboardInterrupt as in any Python program."""
     script = tmp_path / "alone.py"
-    script.write_text("import time, mpicomm\nmpicomm.Comm().Barrier()\n"
+    script.write_text(_INTERACTIVE + "import time, mpicomm\nmpicomm.Comm().Barrier()\n"
                       "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
                       "except KeyboardInterrupt:\n    print('caught', flush=True)\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=mpirun.REPO, env=mpirun.clean_env(),
@@ -133,7 +138,7 @@ def test_a_single_rank_gets_keyboard_interrupt_when_another_thread_takes_the_sig
     """The kernel may hand SIGINT to any thread (mpicomm's watcher, the MPI library's): the main thread, asleep in
     a system call nothing interrupted, must still get KeyboardInterrupt (before: it slept on; seen in a loaded CI run)."""
     script = tmp_path / "elsewhere.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(_INTERACTIVE + textwrap.dedent("""\
         import signal, threading, time, mpicomm
         mpicomm.Comm().Barrier()
         watcher = next(t for t in threading.enumerate() if t.name == "mpicomm-sigint")
