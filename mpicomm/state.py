@@ -88,8 +88,6 @@ class State:
     poisoned: str | None  #: why this communicator refuses every further collective (two threads used it at once)
     collectives: int  #: sequence number of the next collective call (names it in messages and the trace)
     epoch: int  #: how many calls failed on a disagreement (each moves the collectives to fresh tags)
-    tag_data: int  #: the tag of every collective's data messages on library_comm (this epoch)
-    tag_agree: int  #: the tag of the agreement's messages, and of data fused with them (this epoch)
     queue: Queue  #: nonblocking and persistent runs in call order (:mod:`mpicomm.engine.progress`)
     persistent: int  #: persistent collectives created so far (the next one's number, agreed by every rank)
     user_tags: int  #: tags handed out by ``Comm.collective_tag()`` so far
@@ -148,7 +146,6 @@ class State:
         self.poisoned = None
         self.collectives = 0
         self.epoch = 0
-        self.tag_data, self.tag_agree = self.tags(0)
         self.queue = Queue()
         self.persistent = 0
         self.user_tags = 0
@@ -182,8 +179,9 @@ class State:
         return seq
 
     def tags(self, epoch: int) -> tuple[int, int]:
-        """(data, agreement) tags of an epoch: 1, 2; 3, 4; … (a plan reads the epoch once, then its tags from
-        it, so a failure on another thread in between cannot give it one epoch's number and another's tags)."""
+        """(data, agreement) tags of an epoch on library_comm: 1, 2; 3, 4; … (the agreement's tag also carries
+        data fused with it). A plan reads the epoch once, then its tags from it, so a failure on another
+        thread in between cannot give it one epoch's number and another's tags."""
         span = max(2, self.tag_modulus - 1) // 2 * 2
         first = 1 + (2 * epoch) % span
         return first, first + 1
@@ -192,7 +190,6 @@ class State:
         """Move every later collective to fresh tags and forget the compiled plans (a call failed on a
         disagreement: messages of it may still be in flight, and must never match a later call)."""
         self.epoch += 1
-        self.tag_data, self.tag_agree = self.tags(self.epoch)
         self.plans.clear()  # (a plan's requests are freed with it; a queued run may still hold one)
         self.fast.clear()
         return self.epoch

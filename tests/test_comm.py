@@ -213,7 +213,7 @@ def test_collective_tags_agree_advance_and_stay_out_of_the_collectives_way(comm)
     second = comm.collective_tag()
     assert second == first + 1 and first >= comm._state.tag_modulus
     assert comm.allgather(first) == [first] * comm.size
-    assert {first, second}.isdisjoint({comm._state.tag_data, comm._state.tag_agree, comm._state.watch_tag})
+    assert {first, second}.isdisjoint({*comm._state.tags(comm._state.epoch), comm._state.watch_tag})
 
 
 @pytest.mark.mpi

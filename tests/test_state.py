@@ -21,10 +21,10 @@ def test_a_communicator_has_one_state_whatever_wraps_it():
         assert isinstance(comm._state, State)
         seq = comm._state.next_seq()
         assert comm._state.next_seq() == seq + 1
-        data, agree = comm._state.tag_data, comm._state.tag_agree
+        data, agree = comm._state.tags(comm._state.epoch)
         assert data != agree and 0 < data < comm._state.tag_modulus and comm._state.watch_tag not in (data, agree)
         comm._state.new_epoch()  # a call failed on a disagreement: fresh tags for every later call
-        assert (comm._state.tag_data, comm._state.tag_agree) != (data, agree) and not comm._state.plans
+        assert comm._state.tags(comm._state.epoch) != (data, agree) and not comm._state.plans
     finally:
         dup.Free()
 

@@ -9,42 +9,14 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicomm.engine.requests import Request, outstanding, progress
+from mpicomm.engine.requests import Request, progress
 
 from ..conftest import rank_data
+from .test_requests import neighbours
 
 UNDEFINED = MPI.UNDEFINED
 ANY = ["Waitany", "waitany", "Testany", "testany"]
 SOME = ["Waitsome", "waitsome", "Testsome", "testsome"]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_requests():
-    """Every test leaves behind no outstanding request of its own."""
-    before = outstanding()
-    yield
-    leaked = [r for r in outstanding() if r not in before]
-    assert not leaked, f"requests left outstanding: {leaked}"
-
-
-@pytest.fixture
-def private():
-    """A private duplicate of COMM_WORLD for plain mpi4py traffic (collective: every rank makes it)."""
-    d = MPI.COMM_WORLD.Dup()
-    yield d
-    d.Free()
-
-
-@pytest.fixture
-def fresh(comm):
-    """A duplicate of ``comm`` with its own message channel and collective queue."""
-    dup = comm.Dup()
-    yield dup
-    dup.Free()
-
-
-def neighbours(comm) -> tuple[int, int]:
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
 
 
 def allreduced(size: int, n: int) -> np.ndarray:

@@ -16,31 +16,6 @@ from ..conftest import rank_data
 BIG = 1 << 20  # float64 elements: 8 MB, far past any eager limit (rendezvous protocol)
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_requests():
-    """Every test leaves behind no outstanding request of its own."""
-    before = outstanding()
-    yield
-    leaked = [r for r in outstanding() if r not in before]
-    assert not leaked, f"requests left outstanding: {leaked}"
-
-
-@pytest.fixture
-def private():
-    """A private duplicate of COMM_WORLD for plain mpi4py traffic (collective: every rank makes it)."""
-    d = MPI.COMM_WORLD.Dup()
-    yield d
-    d.Free()
-
-
-@pytest.fixture
-def fresh(comm):
-    """A duplicate of ``comm`` with its own message channel, so no stray message of another test can match."""
-    dup = comm.Dup()
-    yield dup
-    dup.Free()
-
-
 def neighbours(comm) -> tuple[int, int]:
     """(right, left) in the ring of ranks (both are this rank at size 1)."""
     return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size

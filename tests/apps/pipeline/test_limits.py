@@ -6,10 +6,7 @@ checkpoint directory it could not write at the first checkpoint.
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import replace
 
 import pytest
@@ -78,20 +75,6 @@ def test_the_advice_fits_and_more_micro_batches_are_offered_where_they_help():
     with pytest.raises(memory.MemoryNeedError) as refused:
         check_memory(comm, replace(cfg, schedule="gpipe", batch=10 ** 9), topo)
     assert "--micro" not in str(refused.value)
-
-
-@pytest.fixture
-def blocked():
-    """A checkpoint directory no rank can create: its parent is a regular file (for root too)."""
-    comm = MPI.COMM_WORLD
-    root = comm.bcast(tempfile.mkdtemp(prefix="pipeline-limits-") if comm.Get_rank() == 0 else None, root=0)
-    if comm.Get_rank() == 0:
-        open(os.path.join(root, "a-file"), "w").close()
-    comm.Barrier()
-    yield os.path.join(root, "a-file", "ckpt")
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.mpi

@@ -12,9 +12,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import replace
 
 import pytest
@@ -93,20 +90,6 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_it_allocates():
     message = _everywhere(replace(BASE, data="teacher", samples=10 ** 13, batch=64, steps=1))
     assert message.startswith("--samples 10000000000000: needs about 72.8 TiB of memory per rank, but "), message
     assert "use --samples <= " in message and message.endswith("or spread the run over more nodes"), message
-
-
-@pytest.fixture
-def blocked():
-    """A checkpoint directory no rank can create: its parent is a regular file (for root too)."""
-    comm = MPI.COMM_WORLD
-    root = comm.bcast(tempfile.mkdtemp(prefix="sgd-preflight-") if comm.Get_rank() == 0 else None, root=0)
-    if comm.Get_rank() == 0:
-        open(os.path.join(root, "a-file"), "w").close()
-    comm.Barrier()
-    yield os.path.join(root, "a-file", "ckpt")
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.mpi

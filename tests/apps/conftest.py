@@ -1,0 +1,25 @@
+"""Fixtures the applications' tests share."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+
+@pytest.fixture
+def blocked():
+    """A checkpoint directory no rank can create: its parent is a regular file (for root too). Every rank gets
+    the same path (rank 0 makes it), so the fixture is collective."""
+    comm = MPI.COMM_WORLD
+    root = comm.bcast(tempfile.mkdtemp(prefix="apps-blocked-") if comm.Get_rank() == 0 else None, root=0)
+    if comm.Get_rank() == 0:
+        open(os.path.join(root, "a-file"), "w").close()
+    comm.Barrier()
+    yield os.path.join(root, "a-file", "ckpt")
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
