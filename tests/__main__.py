@@ -56,6 +56,24 @@ def _cleanup_shm() -> None:
     print(f"shm cleanup: {lines[-1] if lines else f'exit status {result.returncode}'}", flush=True)
 
 
+def _where(logs: str) -> list[str]:
+    """What a failed pass's records say: the tests that failed, else the test each rank was in when it ended."""
+    def read(kind: str) -> dict[int, list[str]]:
+        found = {}
+        for path in glob.glob(os.path.join(logs, f"{kind}-rank*")):
+            with open(path) as f:
+                found[int(path.rsplit("rank", 1)[1])] = [line for line in f.read().splitlines() if line]
+        return found
+
+    failed = list(dict.fromkeys(t for _, tests in sorted(read("failed").items()) for t in tests))
+    if failed:
+        return [f"failed: {t}" for t in failed[:20]] + ([f"... and {len(failed) - 20} more"] if len(failed) > 20 else [])
+    running = {}
+    for rank, tests in sorted(read("running").items()):
+        running.setdefault(tests[-1] if tests else "(none)", []).append(rank)
+    return [f"ended in: {t} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})" for t, r in running.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,3,4,2x2",
@@ -86,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n==== mpicomm tests at {n} rank{'s' if n > 1 else ''}{where} " + "=" * 40, flush=True)
         logs = os.path.join(mpirun.REPO, ".pytest_cache", f"rank-logs-{name}")
         os.makedirs(logs, exist_ok=True)
-        for old in glob.glob(os.path.join(logs, "rank*.log")):
+        for old in glob.glob(os.path.join(logs, "*rank*")):
             os.remove(old)
         env = {"MPICOMM_TEST_LOG_DIR": logs}
         if args.slow:
@@ -122,15 +140,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n---- {os.path.relpath(log, mpirun.REPO)} (last {len(tail)} lines) ----")
                 print("\n".join(tail))
         status = "timed out" if timed_out else ("passed" if code == 0 else f"failed ({code})")
-        results.append((name, status, seconds))
+        results.append((name, status, seconds, [] if code == 0 else _where(logs)))
         if code != 0 and args.exitfirst:
             break
 
     print("\n==== summary " + "=" * 40)
     print(f"{'ranks':>5}  {'result':<12} {'seconds':>8}")
-    for n, status, seconds in results:
+    for n, status, seconds, where in results:
         print(f"{n:>5}  {status:<12} {seconds:>8.1f}")
-    return 0 if all(status == "passed" for _, status, _ in results) and len(results) == len(passes) else 1
+        for line in where:
+            print(f"{'':>7}{line}")
+    return 0 if all(r[1] == "passed" for r in results) and len(results) == len(passes) else 1
 
 
 if __name__ == "__main__":

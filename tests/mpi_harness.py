@@ -15,6 +15,11 @@ Imported by ``tests/conftest.py`` (and by the harness's own self-test).
   ``$MPICOMM_TEST_LOG_DIR/rank<r>.log`` (default: ``<tmp>/mpicomm-test-logs``),
   which ``python -m tests`` prints when a run fails. ``MPICOMM_TEST_ALL_RANKS=1``
   keeps every rank on the terminal.
+* **A record for the summary.** Every rank writes the test it is running to
+  ``$MPICOMM_TEST_LOG_DIR/running-rank<r>`` and appends each failed test's id to
+  ``failed-rank<r>``; ``python -m tests`` names them in its closing summary, so
+  the last lines of a run say which tests failed, or where an aborted or timed-out
+  job stood, however long the output before them.
 * **Launching tests run once.** Tests marked ``launches`` start their own MPI
   job; they are skipped inside a multi-rank run (the serial pass runs them).
   So are tests marked ``serial``: pure computations (no MPI) whose result
@@ -30,7 +35,8 @@ import time
 
 import pytest
 
-__all__ = ["pytest_configure", "pytest_collection_modifyitems", "pytest_runtest_makereport"]
+__all__ = ["pytest_configure", "pytest_collection_modifyitems", "pytest_runtest_logstart",
+           "pytest_runtest_makereport", "log_dir", "record_path"]
 
 _FAILED = pytest.StashKey[list]()
 
@@ -106,6 +112,30 @@ def log_dir() -> str:
     return os.environ.get("MPICOMM_TEST_LOG_DIR") or os.path.join(tempfile.gettempdir(), "mpicomm-test-logs")
 
 
+def _rank() -> int:
+    """This process's rank without starting MPI where pytest-mpi has not (the serial pass): 0 there."""
+    return _world().Get_rank() if "mpi4py.MPI" in sys.modules else 0
+
+
+def record_path(kind: str, rank: int) -> str:
+    """The summary record *kind* (``running`` or ``failed``) of *rank*."""
+    return os.path.join(log_dir(), f"{kind}-rank{rank}")
+
+
+def _record(kind: str, nodeid: str, mode: str) -> None:
+    if not os.environ.get("MPICOMM_TEST_LOG_DIR"):
+        return  # only under python -m tests, which reads and clears them
+    try:
+        with open(record_path(kind, _rank()), mode) as f:
+            f.write(nodeid + "\n")
+    except OSError:
+        pass
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _record("running", nodeid, "w")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "launches: starts its own MPI job; runs only outside multi-rank runs")
@@ -149,19 +179,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
-    if not _fence:
-        return
     report = outcome.get_result()
+    if not _fence:
+        if report.failed:
+            _record("failed", item.nodeid, "a")
+        return
     failures = item.stash.setdefault(_FAILED, [])
     if report.failed:
         failures.append(f"[{report.when}] {report.longreprtext}")
     if call.when != "teardown":
         return
+    if failures:
+        _record("failed", item.nodeid, "a")  # before the fence, which may abort the job
     texts = _fence[0].exchange(item.nodeid, "\n".join(failures) if failures else None)
     rank = _world().Get_rank()
     others = [(r, t) for r, t in enumerate(texts) if t is not None and r != rank]
     if not others:
         return
+    if not failures:
+        _record("failed", item.nodeid, "a")
     names = ", ".join(str(r) for r, _ in others)
     if rank == 0:
         detail = "\n".join(f"--- rank {r} ---\n{t}" for r, t in others)
