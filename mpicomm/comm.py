@@ -122,6 +122,15 @@ class Comm(MPI.Intracomm):
                             f"{_TOPOLOGY_NAMES.get(topology, 'no')} topology (wrap it in mpicomm.Comm)")
         # (MPI.Intracomm's __new__, not super()'s: the topology classes' next base is mpi4py's Cartcomm...,
         # whose __new__ Python refuses for a class whose first base is Comm)
+        if mpi_comm is MPI.COMM_WORLD or mpi_comm is MPI.COMM_SELF:
+            # As mpi4py's constants, one object per process: Comm() is Comm(MPI.COMM_WORLD), and a copy or an
+            # unpickled one is that object. (A constructor given any other object makes a new one, as mpi4py's
+            # MPI.Intracomm(MPI.COMM_WORLD) does.)
+            key = (cls, mpi_comm.handle)
+            made = _PREDEFINED.get(key)
+            if made is None:
+                made = _PREDEFINED[key] = MPI.Intracomm.__new__(cls, mpi_comm)
+            return made
         return MPI.Intracomm.__new__(cls, mpi_comm)
 
     def __init__(self, mpi_comm: MPI.Intracomm | None = None):
@@ -726,9 +735,22 @@ class Comm(MPI.Intracomm):
         every mpicomm use of this ``Comm`` - a collective, a push, ``local_rank``
         - raises :class:`mpicomm.FreedError` naming it.
         """
-        what = f"mpicomm.{self._kind} {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
+        what = self._what()
         MPI.Intracomm.Free(self)
         self._state = Freed(what)
+
+    def free(self) -> None:
+        """mpi4py's safe ``free()``: nothing for ``Comm()`` and ``Comm(MPI.COMM_SELF)`` (as for mpi4py's constants);
+        any other object is emptied (``bool(comm)`` is False afterwards), its communicator freed unless it is a
+        predefined one, and every later mpicomm use of it raises :class:`mpicomm.FreedError`."""
+        if any(self is made for made in _PREDEFINED.values()) or not self:
+            return
+        what = self._what()
+        MPI.Intracomm.free(self)
+        self._state = Freed(what)
+
+    def _what(self) -> str:
+        return f"mpicomm.{self._kind} {self.Get_name() or '(unnamed)'} (rank {self.Get_rank()} of {self.Get_size()})"
 
     def __repr__(self) -> str:
         s = self._state
@@ -783,6 +805,10 @@ def _plain(comm: Comm) -> MPI.Intracomm:
     """*comm*'s handle in a plain mpi4py object: what mpi4py's constructors are called on (they make an object
     of their receiver's class, without our ``__init__``)."""
     return MPI.Intracomm(comm)
+
+
+#: The one object per class over MPI.COMM_WORLD and MPI.COMM_SELF (see Comm.__new__).
+_PREDEFINED: dict[tuple[type, int], Comm] = {}
 
 
 def _made(cls: type[_C], new: MPI.Comm) -> _C:

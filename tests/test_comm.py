@@ -176,9 +176,22 @@ def test_copies_and_pickles_of_a_predefined_communicator_are_it(comm):
     import pickle
 
     self_comm = mpicomm.Comm(MPI.COMM_SELF)
-    for original, size in ((comm, comm.size), (self_comm, 1)):
+    # as mpi4py's MPI.COMM_WORLD: one object per process, whatever makes it
+    assert mpicomm.Comm() is mpicomm.Comm(MPI.COMM_WORLD)
+    clone = mpicomm.Comm(MPI.Intracomm(MPI.COMM_WORLD))  # another object over the same handle: a new one, as mpi4py
+    assert clone is not mpicomm.Comm() and clone == mpicomm.Comm() and clone._state is mpicomm.Comm()._state
+    for _ in range(2):  # mpi4py's safe free(): the predefined objects stay, others are emptied (their state too)
+        mpicomm.Comm().free()
+        self_comm.free()
+        clone.free()
+        assert mpicomm.Comm() and self_comm and not clone
+    with pytest.raises(mpicomm.FreedError):
+        assert clone.local_rank is None  # (raises before comparing)
+    _sums_rank_data(mpicomm.Comm(), comm.size)
+    assert self_comm is mpicomm.Comm(MPI.COMM_SELF) and self_comm is not mpicomm.Comm()
+    for original, size in ((mpicomm.Comm(), comm.size), (self_comm, 1)):
         for twin in (copy.copy(original), copy.deepcopy(original), pickle.loads(pickle.dumps(original))):
-            assert type(twin) is mpicomm.Comm and twin is not original
+            assert twin is original
             assert twin == original and twin.Compare(original) == MPI.IDENT  # the same handle, as in mpi4py
             assert twin._state is original._state  # and the same state: nothing collective to make it
             assert (twin.local_rank, twin.node, twin.nodes) == (original.local_rank, original.node, original.nodes)

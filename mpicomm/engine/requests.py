@@ -310,8 +310,9 @@ class Request:
         """Wait for all *requests* (mpicomm or plain MPI); fill *statuses* if given."""
         reqs = cls._wrap(requests)
         _wait_for(reqs)
+        _grow(statuses, len(reqs))
         for i, r in enumerate(reqs):
-            r._deliver(statuses[i] if statuses is not None and i < len(statuses) else None)
+            r._deliver(statuses[i] if statuses is not None else None)
         return True
 
     @classmethod
@@ -337,8 +338,9 @@ class Request:
         if plain and not MPI.Request.Testall([r for _, r in plain], sub):
             return False
         plain_status = {i: st for (i, _), st in zip(plain, sub)}
+        _grow(statuses, len(requests))
         for i, r in enumerate(requests):
-            target = statuses[i] if statuses is not None and i < len(statuses) else None
+            target = statuses[i] if statuses is not None else None
             if isinstance(r, Request):
                 r._deliver(target)
             elif target is not None:
@@ -435,6 +437,12 @@ class Request:
     def __repr__(self) -> str:
         state = "done" if self._done else f"waiting on {sum(1 for r in self._reqs if r)} MPI request(s)"
         return f"<mpicomm.Request {self.label}: {state}>"
+
+
+def _grow(statuses: list[MPI.Status] | None, n: int) -> None:
+    """As mpi4py: a statuses list shorter than the requests grows to one status per request."""
+    if statuses is not None and len(statuses) < n:
+        statuses.extend(MPI.Status() for _ in range(n - len(statuses)))
 
 
 def _check_types(requests: Iterable[Any]) -> list[Any]:

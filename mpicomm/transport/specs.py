@@ -83,6 +83,8 @@ def is_in_place(spec: Any) -> bool:
 def _datatype_dtype(datatype: Any) -> np.dtype:
     if isinstance(datatype, str):
         try:
+            if "\0" in datatype:  # NumPy reads "\0" as bool
+                raise TypeError
             return np.dtype(datatype)
         except TypeError:
             raise TypeError(f"datatype {datatype!r} is not a NumPy type code; use e.g. 'd' or MPI.DOUBLE") from None
@@ -196,6 +198,7 @@ def _none_holds_nothing(buf: Any, count: int, name: str) -> None:
 
 
 def _count(value: Any, name: str) -> int:
+    value = _scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} count must be an integer, got {value!r}")
     if value < 0:
@@ -261,7 +264,13 @@ def block_counts(total: int, p: int, name: str) -> tuple[int, ...]:
 
 
 def _is_sequence(x: Any) -> bool:
-    return isinstance(x, (Sequence, np.ndarray)) and not isinstance(x, (str, bytes))
+    return isinstance(x, (Sequence, np.ndarray)) and not isinstance(x, (str, bytes)) \
+        and not (isinstance(x, np.ndarray) and x.ndim == 0)
+
+
+def _scalar(x: Any) -> Any:
+    """A 0-d NumPy array as its element (a count or displacement given as ``np.array(3)``, as mpi4py takes it)."""
+    return x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x
 
 
 def vector(spec: Any, name: str, p: int) -> VBuffer:
@@ -272,10 +281,14 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
     if isinstance(spec, (list, tuple)):
         items = list(spec)
         buf, rest = items[0], items[1:]
-        if rest and isinstance(rest[-1], (MPI.Datatype, str)):
-            datatype = rest.pop()
-        elif rest and _is_sequence(rest[-1]) and any(isinstance(d, MPI.Datatype) for d in rest[-1]):
+        if rest and _is_sequence(rest[-1]) and any(isinstance(d, MPI.Datatype) for d in rest[-1]):
             raise Unsupported(f"{name} has one datatype per rank (an Alltoallw spec)")
+        # mpi4py's forms: [buf, datatype], [buf, counts], [buf, counts, datatype], [buf, counts, displs, datatype]
+        # (counts may be a (counts, displs) pair; a datatype None is inferred from buf); and ours,
+        # [buf, counts, displs] where displs is not a datatype
+        last_is_type = bool(rest) and isinstance(rest[-1], (MPI.Datatype, str))
+        if len(rest) == 3 or last_is_type or (len(rest) == 2 and rest[-1] is None):
+            datatype = rest.pop()
         if len(rest) == 1:
             counts = rest[0]
             if isinstance(counts, tuple) and len(counts) == 2:  # mpi4py: a pair is always (counts, displs)
@@ -289,9 +302,10 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
     else:
         buf = spec
     flat, xp = _typed(buf, datatype, name)
+    counts, displs = _scalar(counts), _scalar(displs)
     if counts is None:
         counts_t = block_counts(flat.size, p, name)
-    elif isinstance(counts, numbers.Integral) and not isinstance(counts, bool):
+    elif not _is_sequence(counts):
         counts_t = (_count(counts, name),) * p
     else:
         counts_t = tuple(_count(c, name) for c in counts)
@@ -300,7 +314,7 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
     _none_holds_nothing(buf, sum(counts_t), name)
     if displs is None:
         displs_t = tuple(int(d) for d in np.cumsum((0,) + counts_t[:-1], dtype=np.int64)) if p else ()
-    elif isinstance(displs, numbers.Integral) and not isinstance(displs, bool):
+    elif not _is_sequence(displs):
         step = _count(displs, name + " displacement")
         displs_t = tuple(r * step for r in range(p))  # mpi4py: rank i's block starts at i·displ
     else:

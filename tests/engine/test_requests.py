@@ -251,6 +251,25 @@ def test_every_way_of_waiting_fills_the_status(how):
     assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.DOUBLE)) == (1, 5, 4)
 
 
+@pytest.mark.parametrize("how", ["Waitall", "waitall", "Testall"])
+@pytest.mark.parametrize("given", [0, 1])
+def test_a_short_statuses_list_grows_as_in_mpi4py(how, given):
+    """mpi4py extends a statuses list shorter than the requests; so does mpicomm, for its own and plain requests."""
+    comm = MPI.COMM_SELF
+    sent, got = np.arange(3.0), np.empty(3)
+    requests = [Request(returns_envelope("a", 0, 7, 1, MPI.DOUBLE)), comm.Isend(sent, 0, 9), comm.Irecv(got, 0, 9),
+                Request(returns_envelope("b", 0, 8, 2, MPI.DOUBLE))]
+    statuses = [MPI.Status() for _ in range(given)]
+    if how == "Testall":
+        until(lambda: Request.Testall(requests, statuses), what="Testall")
+    else:
+        getattr(Request, how)(requests, statuses)
+    assert len(statuses) == 4
+    assert [(s.Get_source(), s.Get_tag()) for s in statuses[2:]] == [(0, 9), (0, 8)]
+    assert statuses[0].Get_tag() == 7 and statuses[3].Get_count(MPI.DOUBLE) == 2
+    assert np.array_equal(got, sent)
+
+
 def test_envelope_without_datatype_leaves_the_count():
     r = Request(returns_envelope(None, 0, 3))
     status = MPI.Status()

@@ -217,12 +217,32 @@ def test_vector_bare_buffer_splits_equally():
     ([np.arange(6.0), [2, 1, 3], MPI.DOUBLE], (2, 1, 3), (0, 2, 3)),
     ([np.arange(6.0), ([2, 1, 3], [4, 0, 1]), "d"], (2, 1, 3), (4, 0, 1)),
     ([np.arange(6.0), MPI.DOUBLE], (2, 2, 2), (0, 2, 4)),
+    # mpi4py's reading: a last None in [buf, counts, None] and [buf, counts, displs, None] is the datatype, inferred
+    ([np.arange(6.0), ([2, 1, 3], None), None], (2, 1, 3), (0, 2, 3)),
+    ([np.arange(6.0), ([2, 1, 3], [4, 0, 1]), None], (2, 1, 3), (4, 0, 1)),
+    ([np.arange(6.0), [2, 1, 3], [4, 0, 1], None], (2, 1, 3), (4, 0, 1)),
+    ([np.arange(6.0), 1, None, None], (1, 1, 1), (0, 1, 2)),
+    # counts and displacements as 0-d NumPy arrays, as mpi4py takes them
+    ([np.arange(6.0), np.array(2)], (2, 2, 2), (0, 2, 4)),
+    ([np.arange(6.0), (np.array(1), [np.array(5), np.array(3), np.array(0)])], (1, 1, 1), (5, 3, 0)),
+    ([np.arange(6.0), (1, np.array(2))], (1, 1, 1), (0, 2, 4)),
 ], ids=lambda v: None)
 def test_vector_spec_forms(spec, counts, displs):
     v = vector(spec, "recvbuf", 3)
     assert (v.counts, v.displs) == (counts, displs)
     assert v.dtype == np.float64 and shares(v.array, spec[0])
     assert all(isinstance(c, int) for c in v.counts + v.displs)
+
+
+@pytest.mark.parametrize("bad", [np.array(2.0), [np.array(1.5), 1, 1]])
+def test_vector_counts_must_be_integers_also_as_0d_arrays(bad):
+    with pytest.raises(TypeError, match="must be an integer"):
+        vector([np.arange(6.0), bad], "recvbuf", 3)
+
+
+def test_a_type_string_numpy_misreads_is_refused():
+    with pytest.raises(TypeError, match="is not a NumPy type code"):
+        vector([bytearray(8), 0, [0], "\0"], "sendbuf", 1)  # NumPy reads "\0" as bool
 
 
 def test_vector_datatype_reinterprets():

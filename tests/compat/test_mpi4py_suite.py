@@ -1,0 +1,57 @@
+"""mpi4py's own test suite through mpicomm.Comm, at 1, 2 and 3 ranks (see tests/compat/mpi4py_suite.py).
+
+The suite comes from the installed mpi4py's source release, which
+``python -m tests.compat.fetch`` puts in ``.cache/`` (``.ci/run`` does, before the
+tests); without it these tests are skipped with that command as the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests import mpirun
+from tests.compat import mpi4py_suite
+
+pytestmark = pytest.mark.launches
+
+
+def _source() -> str:
+    where = mpi4py_suite.source_dir()
+    if not os.path.isdir(where):
+        pytest.skip("mpi4py's test suite is not fetched: python -m tests.compat.fetch")
+    return where
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_mpi4py_suite_passes_through_mpicomm(ranks):
+    _source()
+    env = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"} if ranks > (os.cpu_count() or 1) else {}
+    result = mpirun.run(ranks, [sys.executable, "-m", "tests.compat.mpi4py_suite"], timeout=900, env=env)
+    assert not result.timed_out, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and "mpi4py suite: ok" in result.stdout, result.stdout[-6000:] + result.stderr[-3000:]
+    for module in mpi4py_suite.MODULES:  # every module ran, with its tests
+        assert f"  {module} " in result.stdout
+
+
+def test_the_run_fails_on_an_unlisted_failure_and_on_a_listed_test_that_passes(tmp_path):
+    """A failure not in the list fails the run, and so does a listed test that passes: the list stays true."""
+    where = _source()
+    (tmp_path / "test").mkdir()
+    for name in ("arrayimpl.py", "mpiunittest.py", "mpitestutil.py", "dlpackimpl.py"):
+        (tmp_path / "test" / name).write_text(open(os.path.join(where, name)).read())
+    (tmp_path / "test" / "test_comm_topo.py").write_text(
+        "import mpiunittest as unittest\nfrom mpi4py import MPI\n\n"
+        "class TestTopoWorld(unittest.TestCase):\n    COMM = MPI.COMM_WORLD\n\n"
+        "    def testCartcomm(self):\n        self.assertEqual(self.COMM.Get_size(), MPI.COMM_WORLD.Get_size())\n\n"
+        "    def testOther(self):\n        self.assertEqual(type(self.COMM).__name__, 'Comm')  # rewired to mpicomm's\n\n"
+        "    def testBroken(self):\n        self.assertEqual(1, 2)\n"
+    )
+    result = mpirun.run(1, [sys.executable, "-m", "tests.compat.mpi4py_suite", "--source", str(tmp_path / "test"),
+                            "test_comm_topo"], timeout=120)
+    assert result.returncode != 0
+    assert "PASSES (listed in DIFFERENCES, remove it): test_comm_topo.*.test*comm*" in result.stdout, result.stdout
+    assert "FAILED (not in DIFFERENCES): test_comm_topo.TestTopoWorld.testBroken" in result.stdout
+    assert "testOther" not in result.stdout  # it passed: COMM is an mpicomm.Comm
