@@ -693,19 +693,17 @@ def prepare_directory(comm: Any, directory: str, option: str = "--checkpoint-dir
     way: :class:`CheckpointError` on every rank, naming *option*, the
     directory, the ranks that failed and why, and the fix.
     """
-    problems = comm.allgather(unwritable(directory))
-    failed: dict[str, list[int]] = {}
-    for rank, problem in enumerate(problems):
-        if problem:
-            failed.setdefault(problem, []).append(rank)
+    from apps.agree import gather, ranks_text
+
+    failed = gather(comm, unwritable(directory))
     if not failed:
         return
-    if len(problems) == 1:
-        causes = problems[0]
+    size = comm.Get_size()
+    if size == 1:
+        causes = next(iter(failed))
     else:
-        causes = "; ".join((f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}")
-                           + f" {problem}" for problem, ranks in failed.items())
-    every = "" if len(problems) == 1 else " on every rank"
+        causes = "; ".join(f"{ranks_text(ranks)} {problem}" for problem, ranks in failed.items())
+    every = "" if size == 1 else " on every rank"
     raise CheckpointError(f"{option} {directory}: checkpoints cannot be written there: {causes}; choose a "
                           f"directory that can be created and written{every} (pass {option} DIR), or fix its "
                           f"permissions")

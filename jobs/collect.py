@@ -2,6 +2,7 @@
 
     python jobs/collect.py runs/scaling-1234                   # writes scaling.md and scaling.png there
     python jobs/collect.py runs/scaling-1234 --rows native,auto,best,ring --out scaling.md --no-plot
+    python jobs/collect.py runs/scaling-1234 --force           # again: replace the report (or --append to it)
 
 The scaling job array (jobs/scaling.sbatch) leaves one JSON file per rank count
 (``pN.json``, written by ``python -m mpicomm.bench BENCHMARK --json``), each a
@@ -15,6 +16,10 @@ algorithm it chose, the fastest mpicomm algorithm, or any named algorithm),
 sizes down, rank counts across — and draws latency against ranks for a few
 sizes. It reads only the JSON files (no MPI), so it runs anywhere, including as
 a dependent job (``sbatch --dependency=afterok:JOBID --wrap "python jobs/collect.py DIR"``).
+
+The report follows every command's ``--out`` rule (:func:`mpicomm.cli.check_out`):
+an existing ``scaling.md`` (or ``--out`` file) is kept unless ``--append`` or
+``--force``; usage errors read ``python jobs/collect.py: error: …`` (status 2).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from mpicomm.bench import markdown_table
+from mpicomm import cli
 from mpicomm.cli import SCHEMA, SCHEMA_VERSION
 
-__all__ = ["Run", "bench_fields", "load", "cell", "tables", "plot", "main"]
+__all__ = ["Run", "bench_fields", "load", "cell", "tables", "plot", "parser", "main"]
+
+PROG = "python jobs/collect.py"
 
 #: Row kinds that are not algorithm names (see :func:`cell`).
 KINDS = ("native", "auto", "best")
@@ -112,7 +119,7 @@ def load(inputs: list[str]) -> list[Run]:
             raise ValueError(f"{path}: cannot read it as JSON ({exc}); remove it or pass the other files") from None
         fields = bench_fields(doc, path)
         if fields is None:
-            print(f"collect.py: skipped {path}: not a result of python -m mpicomm.bench --json", file=sys.stderr)
+            print(f"{PROG}: skipped {path}: not a result of python -m mpicomm.bench --json", file=sys.stderr)
             continue
         rows: dict[int, dict[str, dict]] = {}
         for row in fields["rows"]:
@@ -180,7 +187,7 @@ def tables(runs: list[Run], kinds: list[str]) -> str:
                 found = cell(r.rows.get(size), kind)
                 row.append("-" if found is None else f"{found[0]:.2f}" + (f" ({found[1]})" if found[1] else ""))
             cells.append(row)
-        lines += [f"## {_title(kind)}", "", markdown_table(header, cells), ""]
+        lines += [f"## {_title(kind)}", "", cli.markdown_table(header, cells), ""]
     return "\n".join(lines)
 
 
@@ -215,10 +222,10 @@ def plot(runs: list[Run], path: str, kinds: list[str]) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see the module docstring); returns the exit status."""
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
     parser = argparse.ArgumentParser(
-        prog="python jobs/collect.py",
+        prog=PROG,
         description="Gather the JSON results of a scaling study (jobs/scaling.sbatch) into one Markdown table "
                     "per row kind and a plot of latency against ranks.",
     )
@@ -226,41 +233,46 @@ def main(argv: list[str] | None = None) -> int:
                         help="the scaling run's directory (runs/scaling-<jobid>) or its pN.json files")
     parser.add_argument("--rows", default="native,auto,best", metavar="KIND,...",
                         help="tables to make: native, auto, best, or algorithm names (default: native,auto,best)")
-    parser.add_argument("--out", metavar="FILE.md", help="the Markdown file (default: scaling.md next to the inputs)")
+    cli.add_out(parser, "the tables (default: scaling.md next to the inputs)")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="the plot (default: scaling.png next to the inputs, when matplotlib is installed)")
     parser.add_argument("--no-plot", action="store_true", help="make no plot")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status."""
+    p = parser()
+    args = p.parse_args(argv)
     kinds = [k.strip() for k in args.rows.split(",") if k.strip()]
     if not kinds:
-        parser.error(f"--rows {args.rows!r}: name at least one of native, auto, best or an algorithm")
+        p.error(f"--rows must name at least one of native, auto, best or an algorithm; got {args.rows!r}")
     if args.plot and args.no_plot:
-        parser.error("--plot and --no-plot contradict each other; give one")
-    try:
-        runs = load(args.inputs)
-    except ValueError as exc:
-        print(f"collect.py: {exc}", file=sys.stderr)
-        return 2
-    known = {name for r in runs for rows in r.rows.values() for name in rows} | set(KINDS)
-    unknown = [k for k in kinds if k not in known]
-    if unknown:
-        parser.error(f"--rows: {', '.join(unknown)} not in these results; they have: {', '.join(sorted(known))}")
+        p.error("--plot and --no-plot contradict each other; give one")
     first = args.inputs[0]
     where = first if os.path.isdir(first) else os.path.dirname(first) or "."
     out = args.out or os.path.join(where, "scaling.md")
-    text = tables(runs, kinds)
+    cli.check_out(p, args, default=out)
     picture = None
     if not args.no_plot:
         if importlib.util.find_spec("matplotlib") is not None:
             picture = args.plot or os.path.join(where, "scaling.png")
         elif args.plot:
-            parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib")
-        else:
-            print("collect.py: no plot (matplotlib is not installed: pip install matplotlib)", file=sys.stderr)
+            p.error("--plot needs matplotlib, which is not installed: pip install matplotlib")
+    try:
+        runs = load(args.inputs)
+    except ValueError as exc:
+        p.error(str(exc))
+    known = {name for r in runs for rows in r.rows.values() for name in rows} | set(KINDS)
+    unknown = [k for k in kinds if k not in known]
+    if unknown:
+        p.error(f"--rows: {', '.join(unknown)} not in these results; they have: {', '.join(sorted(known))}")
+    if not args.no_plot and picture is None:
+        print(f"{PROG}: no plot (matplotlib is not installed: pip install matplotlib)", file=sys.stderr)
+    text = tables(runs, kinds)
     if picture:
         text += f"\n![latency against ranks]({os.path.relpath(picture, os.path.dirname(os.path.abspath(out)))})\n"
-    with open(out, "w") as f:
-        f.write(text)
+    cli.write_out(out, text, args.append)
     if picture:
         plot(runs, picture, [k for k in kinds if k != "best"] or kinds)
     print(text)

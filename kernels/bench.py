@@ -9,7 +9,7 @@ streams two arrays, so memory bandwidth bounds it. This benchmark measures,
 for each path and dimension, the sweep's update rate next to the STREAM triad's
 bandwidth **in the same process, interleaved** (each repeat runs the triad and
 then the sweep, so both see the same machine state), and reports the fraction
-of the bound it reaches. The best of ``--repeat`` repeats counts for each.
+of the bound it reaches. Each rate is the median of ``--repeat`` repeats.
 
 Memory-traffic accounting (float64; scale by itemsize/8 for float32):
 
@@ -41,6 +41,7 @@ document with the command, machine, versions and date, ``[i/N]`` progress lines.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ from mpicomm import cli
 from .paths import PATHS, Kernels, available, select
 from .stream import BYTES_PER_ELEMENT
 
-__all__ = ["DEFAULT_SIZES", "HEAT_BYTES_PER_CELL", "Row", "measure", "warm_up", "markdown_table", "main"]
+__all__ = ["DEFAULT_SIZES", "HEAT_BYTES_PER_CELL", "Row", "measure", "warm_up", "parser", "main"]
 
 #: Points per side when --size is not given.
 DEFAULT_SIZES = {2: 4096, 3: 256}
@@ -64,7 +65,7 @@ HEAT_BYTES_PER_CELL = 3
 
 @dataclass
 class Row:
-    """One (path, dims) measurement; rates are the best of the repeats."""
+    """One (path, dims) measurement; rates are the medians of the repeats."""
 
     path: str
     dims: int
@@ -114,7 +115,7 @@ _FLOAT64 = np.dtype(np.float64)
 
 def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.dtype = _FLOAT64,
             residual: bool = False, quiet: bool = True, progress: cli.Progress | None = None) -> Row:
-    """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the best of *repeat*.
+    """Heat sweeps of a ``size**dims`` interior on *path*, interleaved with STREAM triads; the median of *repeat*.
 
     Each kernel runs once, untimed, before the first repeat. *progress* gets
     one step per repeat (default: a progress of its own, silent when *quiet*).
@@ -140,38 +141,27 @@ def measure(path: str, dims: int, size: int, iters: int, repeat: int, dtype: np.
 
     dst = xp.empty_like(b) if path == "cupy" else None
     warm_up(k, tk, sweep, lambda: tk.triad(a, b, c, 3.0), (lambda: xp.copyto(dst, b)) if dst is not None else None)
-    best_heat = best_triad = float("inf")
+    heats, triads = [], []
     for rep in range(repeat):
-        best_triad = min(best_triad, _timed(tk, lambda: tk.triad(a, b, c, 3.0), iters))
+        triads.append(_timed(tk, lambda: tk.triad(a, b, c, 3.0), iters))
         seconds = _timed(k, sweep, iters)
-        best_heat = min(best_heat, seconds)
+        heats.append(seconds)
         progress.step(f"{path} {dims}-D {size}^{dims}: repeat {rep + 1}/{repeat}: "
                       f"{cli.format_time(seconds / iters)} per sweep")
     itemsize = np.dtype(dtype).itemsize
-    mlups = size ** dims * iters / best_heat / 1e6
+    heat_s, triad_s = statistics.median(heats), statistics.median(triads)
+    mlups = size ** dims * iters / heat_s / 1e6
     copy_gbs = copy_fraction = None
     if dst is not None:
         # The GPU reference: a device-to-device copy moves 2 x itemsize per element (read, write; no
         # write-allocate on a GPU), as does a sweep per cell (read u, write v; neighbours from cache).
-        best_copy = min(_timed(k, lambda: xp.copyto(dst, b), iters) for _ in range(repeat))
-        copy_gbs = elements * 2 * itemsize * iters / best_copy / 1e9
+        copy_s = statistics.median(_timed(k, lambda: xp.copyto(dst, b), iters) for _ in range(repeat))
+        copy_gbs = elements * 2 * itemsize * iters / copy_s / 1e9
         copy_fraction = mlups * 2 * itemsize / 1e3 / copy_gbs
-    triad_gbs = elements * BYTES_PER_ELEMENT * itemsize * iters / best_triad / 1e9
+    triad_gbs = elements * BYTES_PER_ELEMENT * itemsize * iters / triad_s / 1e9
     bound = triad_gbs * 1e3 / (HEAT_BYTES_PER_CELL * itemsize)
     return Row(path, dims, size, np.dtype(dtype).name, mlups, mlups * HEAT_BYTES_PER_CELL * itemsize / 1e3,
-               _triad_path(path), triad_gbs, bound, mlups / bound, best_heat / iters, copy_gbs, copy_fraction)
-
-
-def markdown_table(header: list[str], cells: list[list[str]]) -> str:
-    """A Markdown table, columns padded; the first column left-aligned, the rest right-aligned."""
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
-
-    def line(values: list[str]) -> str:
-        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
-
-    rule = "|" + "|".join(":" + "-" * (w + 1) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule, *(line(row) for row in cells)])
+               _triad_path(path), triad_gbs, bound, mlups / bound, heat_s / iters, copy_gbs, copy_fraction)
 
 
 HEADER = ["path", "dims", "grid", "MLUP/s", "GB/s (24 B/pt)", "triad GB/s", "bound MLUP/s", "of bound", "of D2D copy"]
@@ -187,7 +177,7 @@ def table(rows: list[Row]) -> str:
               f"{r.bound_mlups:.0f}", f"{r.fraction * 100:.0f} %",
               "—" if r.copy_fraction is None else f"{r.copy_fraction * 100:.0f} % of {r.copy_gbs:.0f} GB/s"]
              for r in rows]
-    return markdown_table(header, cells)
+    return cli.markdown_table(header, cells)
 
 
 def _method(rows: list[Row], residual: bool) -> str:
@@ -219,7 +209,8 @@ def _machine(paths: list[str]) -> str:
     return text
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
     parser = argparse.ArgumentParser(
         prog="python -m kernels.bench",
         description="Heat/Jacobi sweep rate of each kernel path next to a STREAM triad measured in the same run, "
@@ -234,8 +225,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="interior points per side: N in 2-D, M in 3-D, each as 4096, 4K or 1e3; without M, 3-D "
                              "takes the side with as many points as N² (N^(2/3): 4096 -> 256, 2048 -> 161). Default: "
                              "4096 (2-D) and 256 (3-D). Arrays add 2 ghost layers")
-    parser.add_argument("--iters", type=int, default=10, help="sweeps (and triads) per timed repeat (default: 10)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed repeats; the best counts (default: 3)")
+    parser.add_argument("--iters", type=int, default=10, metavar="N",
+                        help="timed sweeps (and triads) per size, in each repeat (default: 10)")
+    cli.add_repeat(parser, 3, "the timed sweeps and triads of each path and size")
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64", help="(default: float64)")
     parser.add_argument("--residual", action="store_true", help="sweep with the fused residual (max |v - u|)")
     cli.add_out(parser, "the table")
@@ -254,8 +246,8 @@ def _sizes(text: str) -> dict[int, int]:
     except ValueError:
         values = []
     if len(values) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected N or N,M with positive integers (such as 2048, 2K or "
-                                         f"1e3), e.g. 2048 or 2048,128")
+        raise argparse.ArgumentTypeError(f"must be N or N,M, sides >= 1 such as 2048, 2K or 1e3 (e.g. 2048 or "
+                                         f"2048,128); got {text!r}")
     n = values[0]
     return {2: n, 3: values[1] if len(values) == 2 else max(1, round(n ** (2 / 3)))}
 
@@ -266,7 +258,7 @@ def _requested_paths(parser: argparse.ArgumentParser, text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     for name in names:
         if name not in PATHS:
-            parser.error(f"--paths: unknown path {name!r}; valid: all or a comma-separated list of {', '.join(PATHS)}")
+            parser.error(f"--paths must be all or a comma-separated list of {', '.join(PATHS)}; got {name!r}")
         ok, reason = available(name)
         if not ok:
             parser.error(f"--paths: {name} cannot run here: {reason}")
@@ -276,18 +268,17 @@ def _requested_paths(parser: argparse.ArgumentParser, text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, measure, print the table; write --out / --json."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    paths = _requested_paths(parser, args.paths)
+    p = parser()
+    args = p.parse_args(argv)
+    paths = _requested_paths(p, args.paths)
     try:
         dims = [int(d) for d in args.dims.split(",") if d.strip()]
     except ValueError:
         dims = []
     if not dims or any(d not in (2, 3) for d in dims):
-        parser.error(f"--dims {args.dims!r}: expected 2, 3 or 2,3")
-    if args.iters < 1 or args.repeat < 1:
-        parser.error(f"--iters {args.iters} / --repeat {args.repeat}: both must be >= 1")
-    cli.check_out(parser, args)
+        p.error(f"--dims must be 2, 3 or 2,3; got {args.dims!r}")
+    cli.at_least(p, args, 1, "--iters", "--repeat")
+    cli.check_out(p, args)
 
     rows = []
     progress = cli.Progress(len(paths) * len(dims) * args.repeat, "kernels.bench", show=not args.quiet)
@@ -308,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         lines = ["## Kernel sweeps against the STREAM bound", "", f"Command: `{command}`", "", f"Machine: {machine}", "",
                  method, "", text, ""]
-        with open(args.out, "a" if args.append else "w") as f:
-            f.write("\n".join(lines) + ("\n" if args.append else ""))
+        cli.write_out(args.out, "\n".join(lines), args.append)
     if args.json:
         results = {"machine": machine, "method": method, "residual": args.residual, "rows": [asdict(r) for r in rows]}
         cli.write_json(args.json, command, results)

@@ -18,9 +18,21 @@ and write alike:
   carrying ``schema`` (:data:`SCHEMA`, ``mpicomm-results``), ``schema_version``
   (:data:`SCHEMA_VERSION`), the command line, the machine, the versions
   (Python, NumPy, mpi4py, the MPI library, mpicomm) and the UTC date;
-- ``--out FILE``: reports only; :func:`add_out` adds ``--out``, ``--append``
-  and ``--force`` and :func:`check_out` refuses to replace an existing report
-  without ``--force``.
+- ``--out FILE.md``: Markdown reports only; :func:`add_out` adds ``--out``,
+  ``--append`` and ``--force``, :func:`check_out` refuses to replace an
+  existing report without ``--append`` or ``--force``, :func:`write_out`
+  writes it and :func:`markdown_table` lays out its tables;
+- ``--output FILE``: data files (:func:`add_output`), never replacing an
+  existing file without ``--force`` either; pictures are ``--plot FILE.png``;
+- options: ``--repeat N`` repeats the whole measurement and reports the median
+  (:func:`add_repeat`), ``--iters N`` counts timed iterations per size and
+  ``--warmup N`` untimed ones before them; an option that was renamed is a usage
+  error naming the new one (:func:`renamed`), never a hidden alias;
+- errors: usage errors go through ``parser.error`` (``<prog>: error: <message>``,
+  exit status 2) and state the rule and the value (:func:`at_least`:
+  ``--repeat must be >= 1, got 0``); errors found once the work has started
+  read the same (:func:`error_line`), naming the rank only when there are
+  several.
 
 Nothing here starts MPI: the MPI library's version is read only when a JSON
 document is written, after the command has started MPI itself.
@@ -44,8 +56,9 @@ from typing import Any, TextIO
 from .config import describe_cpu
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "US", "parse_size", "size_arg", "parse_sizes", "sizes_arg",
-           "format_size", "format_time", "Progress", "add_json", "add_out", "check_out", "command_line",
-           "versions", "document", "write_json", "pyplot"]
+           "format_size", "format_time", "Progress", "add_json", "add_out", "add_output", "check_out", "write_out",
+           "markdown_table", "add_repeat", "renamed", "at_least", "subparser", "error_line", "command_line", "versions",
+           "document", "write_json", "pyplot"]
 
 #: The ``schema`` field of every ``--json`` document, and its version (raised when a field changes meaning).
 SCHEMA = "mpicomm-results"
@@ -58,41 +71,50 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+]?\d+))?\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 
 
+_FORMS = ("a whole number with an optional unit K, M, G or T (powers of 1024; KiB, MiB... also "
+          "accepted) or in exponent form, e.g. 4096, 64K, 64KiB, 1M, 1.5G, 1e6")
+
+
+def _lead(what: str) -> str:
+    return f"{what} " if what else ""
+
+
 def parse_size(text: str | int, what: str = "size", minimum: int = 1) -> int:
     """Bytes (or elements) from ``4096``, ``64K``, ``64KiB``, ``64kb``, ``1M``, ``1.5G``, ``1e6``.
 
     K, M, G, T (with or without ``iB``/``B``) are powers of 1024; ``1e6`` is
     10⁶. The result must be a whole number ≥ *minimum*; anything else raises
-    ValueError naming *what*, the value and the accepted forms.
+    ValueError stating the rule, naming *what* and the value
+    (``--size must be >= 1, got '0'``).
     """
+    lead = _lead(what)
     if isinstance(text, bool) or not isinstance(text, (int, str)):
-        raise ValueError(f"{what} {text!r}: expected a size such as 4096, 64K, 64KiB, 1M or 1e6")
+        raise ValueError(f"{lead}must be {_FORMS}, got {text!r}")
     if isinstance(text, int):
         value = text
     else:
         m = _SIZE.match(text)
         if not m or (m.group(2) and m.group(3)):
-            raise ValueError(f"{what} {text!r}: not a size; write a number with an optional unit K, M, G or T "
-                             f"(powers of 1024, KiB etc. also accepted) or in exponent form, e.g. 4096, 64K, "
-                             f"64KiB, 1M, 1.5G, 1e6")
+            raise ValueError(f"{lead}must be {_FORMS}, got {text!r}")
         try:
             exact = float(m.group(1)) * 10.0 ** int(m.group(2) or 0) * _UNITS[m.group(3).upper()]
             if not math.isfinite(exact):
                 raise OverflowError
             value = int(exact)
         except OverflowError:
-            raise ValueError(f"{what} {text!r}: too large to be a size") from None
+            raise ValueError(f"{lead}must be a size below 2**1023 bytes, got {text!r}") from None
         if value != exact:
-            raise ValueError(f"{what} {text!r} is {exact:g}, not a whole number")
+            raise ValueError(f"{lead}must be a whole number, got {text!r}, which is {exact:g}")
     if value < minimum:
-        raise ValueError(f"{what} {text!r}: must be >= {minimum}")
+        raise ValueError(f"{lead}must be >= {minimum}, got {text!r}")
     return value
 
 
 def size_arg(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=`` (its message becomes the usage error)."""
+    """:func:`parse_size` as an argparse ``type=`` (its message becomes the usage error: ``argument --size: must
+    be >= 1, got '0'``)."""
     try:
-        return parse_size(text)
+        return parse_size(text, what="")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -102,7 +124,7 @@ def parse_sizes(text: str, what: str = "sizes", minimum: int = 1) -> list[int]:
     if ":" in text:
         low, high = (parse_size(t, what, minimum) for t in text.split(":", 1))
         if low > high:
-            raise ValueError(f"{what} {text!r}: the first size is larger than the last")
+            raise ValueError(f"{_lead(what)}must go from the smaller size to the larger (LOW:HIGH), got {text!r}")
         out, size = [], low
         while size <= high:
             out.append(size)
@@ -114,7 +136,7 @@ def parse_sizes(text: str, what: str = "sizes", minimum: int = 1) -> list[int]:
 def sizes_arg(text: str) -> list[int]:
     """:func:`parse_sizes` as an argparse ``type=``."""
     try:
-        return parse_sizes(text)
+        return parse_sizes(text, what="")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -187,24 +209,144 @@ def add_json(parser: argparse.ArgumentParser, what: str = "the results") -> None
                              f"version (rank 0)")
 
 
+def _add_force(parser: argparse.ArgumentParser, option: str) -> None:
+    """One ``--force`` for ``--out`` and ``--output`` alike; its help names the ones the parser has."""
+    action = parser._option_string_actions.get("--force")
+    if action is None:
+        parser.add_argument("--force", action="store_true", help=f"with {option}: replace the file if it exists")
+    else:
+        action.help = "with --out or --output: replace the file if it exists"
+
+
 def add_out(parser: argparse.ArgumentParser, what: str = "the report") -> None:
-    """``--out FILE``, ``--append``, ``--force``: *what* as Markdown; an existing file needs --append or --force."""
+    """``--out FILE.md``, ``--append``, ``--force``: *what* as Markdown; an existing file needs --append or --force."""
     parser.add_argument("--out", metavar="FILE.md", default=None,
                         help=f"also write {what}, the command and the machine to this Markdown file "
                              f"(an existing file is kept unless --append or --force)")
     parser.add_argument("--append", action="store_true", help="with --out: add to the end of the file")
-    parser.add_argument("--force", action="store_true", help="with --out: replace the file if it exists")
+    _add_force(parser, "--out")
 
 
-def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The usage error for ``--append``/``--force`` without ``--out``, or an ``--out`` that would be replaced."""
-    out = getattr(args, "out", None)
-    if getattr(args, "append", False) and getattr(args, "force", False):
+def add_output(parser: argparse.ArgumentParser, what: str, metavar: str = "FILE", note: str = "") -> None:
+    """``--output FILE`` (and ``--force``): *what*, a data file; an existing file is replaced only with --force."""
+    parser.add_argument("--output", metavar=metavar, default=None,
+                        help=f"write {what} to this file (an existing file is kept unless --force)"
+                             + (f"; {note}" if note else ""))
+    _add_force(parser, "--output")
+
+
+def check_out(parser: argparse.ArgumentParser, args: argparse.Namespace, default: str | None = None) -> None:
+    """The usage errors of ``--out``/``--append``/``--force`` (and ``--output`` where the parser has it).
+
+    ``--append`` and ``--force`` together, either without a file to act on, an
+    existing ``--out`` report without one of them, an existing ``--output``
+    file without ``--force``. *default*: the report written when ``--out`` is
+    not given (it follows the same rule).
+    """
+    out = getattr(args, "out", None) or default
+    output = getattr(args, "output", None)
+    append, force = getattr(args, "append", False), getattr(args, "force", False)
+    if append and force:
         parser.error("--append and --force: choose one (add to the report, or replace it)")
-    if (getattr(args, "append", False) or getattr(args, "force", False)) and not out:
-        parser.error("--append and --force need --out FILE.md")
-    if out and os.path.exists(out) and not (args.append or args.force):
+    if append and not out:
+        parser.error("--append needs --out FILE.md (the report to add to)")
+    if force and not (out or output):
+        files = [name for name, has in (("--out FILE.md", hasattr(args, "out") or default),
+                                        ("--output FILE", hasattr(args, "output"))) if has]
+        parser.error(f"--force needs {' or '.join(files)} (the file to replace)")
+    if out and os.path.exists(out) and not (append or force):
         parser.error(f"--out {out} exists; add --append to add this report to it, or --force to replace it")
+    if output and os.path.exists(output) and not force:
+        parser.error(f"--output {output} exists; add --force to replace it, or choose another file")
+
+
+def write_out(path: str, text: str, append: bool = False) -> None:
+    """Write the report *text* to *path* (after :func:`check_out`): at the end of the file with *append*, after a
+    blank line when the file is not empty; else as the whole file."""
+    body = text if text.endswith("\n") else text + "\n"
+    with open(path, "a" if append else "w") as f:
+        if append and f.tell():
+            f.write("\n")
+        f.write(body)
+
+
+def markdown_table(header: list[str], cells: list[list[str]]) -> str:
+    """A Markdown table, columns padded to line up; the first column left-aligned, the rest right-aligned."""
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
+
+    def line(values: list[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
+
+    rule = "|" + "|".join(":" + "-" * (w + 1) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(row) for row in cells)])
+
+
+def add_repeat(parser: argparse.ArgumentParser, default: int, what: str = "the whole measurement",
+               when: str = "") -> None:
+    """``--repeat N``: run *what* N times and report the median (one meaning in every command); *when* names the
+    mode it applies to (``with --collectives``)."""
+    parser.add_argument("--repeat", type=int, default=default, metavar="N",
+                        help=(f"{when}: " if when else "") + f"run {what} N times and report the median "
+                             f"(default: {default})")
+
+
+class _Renamed(argparse.Action):
+    """An option's earlier name: using it is a usage error that names the option to use instead."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", why: str = "", **kwargs: Any):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.new, self.why = new, why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: renamed {self.new}" + (f" ({self.why})" if self.why else ""))
+
+
+def renamed(parser: Any, old: str, new: str, why: str = "") -> None:
+    """``old`` becomes a usage error naming ``new`` (``--checkpoint: renamed --checkpoint-dir``), hidden from --help.
+
+    For options whose old name a script may still pass: a clear error instead
+    of a hidden alias (or of argparse taking ``--out`` as an abbreviation of
+    ``--output``). *parser* may be an argument group.
+    """
+    parser.add_argument(old, action=_Renamed, new=new, why=why)
+
+
+def at_least(parser: argparse.ArgumentParser, args: argparse.Namespace, minimum: float, *options: str) -> None:
+    """The usage error ``--NAME must be >= minimum, got VALUE`` for the first of *options* below *minimum*.
+
+    *options* are option strings (``"--iters"``); an option whose value is None
+    (not given, no default) is not checked.
+    """
+    for option in options:
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        if value is not None and value < minimum:
+            parser.error(f"{option} must be >= {_number(minimum)}, got {_number(value)}")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of sub-command *name* (its usage errors name it: ``python -m apps.sgd train: error: …``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen: argparse.ArgumentParser = action.choices[name]
+            return chosen
+    raise KeyError(f"{parser.prog} has no sub-commands")
+
+
+def error_line(prog: str, message: str, rank: int = 0, size: int = 1) -> str:
+    """``<prog>: error: <message>`` - the usage error's prefix, for an error found once a command runs.
+
+    With several ranks the line names this one (``<prog>: error: rank 1 of 4:
+    …``), since every rank prints it; a command on one process (or without
+    MPI) never says "rank 0 of 1".
+    """
+    return f"{prog}: error: " + (f"rank {rank} of {size}: " if size > 1 else "") + message
 
 
 def command_line(prog: str, argv: Sequence[str] | None = None) -> str:

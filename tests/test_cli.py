@@ -51,38 +51,43 @@ def test_parse_size_accepts_every_documented_form(text, expected):
     assert value == expected and type(value) is int
 
 
+W_ = "must be a whole number with an optional unit"
+
+
 @pytest.mark.parametrize("bad,message", [
-    ("1.5", "not a whole number"),  # 1.5 bytes
-    ("0.1K", "not a whole number"),  # 102.4
-    ("0", "must be >= 1"),
-    ("-1", "not a size"),
-    ("x", "not a size"),
-    ("", "not a size"),
-    ("64Q", "not a size"),
-    ("1e6K", "not a size"),  # exponent and unit together: ambiguous (decimal or binary?)
-    ("1e-3", "not a size"),
-    ("8,16", "not a size"),
-    ("8:16", "not a size"),
-    (True, "expected a size"),
-    (False, "expected a size"),
-    (1.5, "expected a size"),
-    (None, "expected a size"),
-    (0, "must be >= 1"),
-    (-4, "must be >= 1"),
+    ("1.5", "must be a whole number, got '1.5', which is 1.5"),  # 1.5 bytes
+    ("0.1K", "must be a whole number, got '0.1K', which is 102.4"),
+    ("0", "must be >= 1, got '0'"),
+    ("-1", W_),
+    ("x", W_),
+    ("", W_),
+    ("64Q", W_),
+    ("1e6K", W_),  # exponent and unit together: ambiguous (decimal or binary?)
+    ("1e-3", W_),
+    ("8,16", W_),
+    ("8:16", W_),
+    (True, W_),
+    (False, W_),
+    (1.5, W_),
+    (None, W_),
+    (0, "must be >= 1, got 0"),
+    (-4, "must be >= 1, got -4"),
 ])
-def test_parse_size_refuses_with_the_value_and_the_forms(bad, message):
+def test_parse_size_refuses_stating_the_rule_and_the_value(bad, message):
     with pytest.raises(ValueError) as info:
         cli.parse_size(bad)
     text = str(info.value)
+    assert text.startswith("size ")  # names what it parsed
     assert message in text
-    assert repr(bad) in text, "the message names the offending value"
+    assert text.endswith(f"got {bad!r}") or f"got {bad!r}," in text, "the message ends with the offending value"
+    assert "not a size" not in text  # the rule, not a verdict
 
 
 def test_parse_size_names_what_and_honours_the_minimum():
-    with pytest.raises(ValueError, match=r"^--block 'x': not a size"):
+    with pytest.raises(ValueError, match=r"^--block must be a whole number with an optional unit .*, got 'x'$"):
         cli.parse_size("x", what="--block")
     assert cli.parse_size("0", minimum=0) == 0
-    with pytest.raises(ValueError, match="must be >= 8"):
+    with pytest.raises(ValueError, match="^size must be >= 8, got '4'$"):
         cli.parse_size("4", minimum=8)
     # the accepted forms are listed, so the message says how to fix it
     with pytest.raises(ValueError, match="4096, 64K, 64KiB, 1M, 1.5G, 1e6"):
@@ -101,14 +106,14 @@ def test_size_arg_is_an_argparse_type_whose_message_is_the_usage_error(capsys):
     parser.add_argument("--sizes", type=cli.sizes_arg)
     args = parser.parse_args(["--size", "64KiB", "--sizes", "8:32"])
     assert args.size == 65536 and args.sizes == [8, 16, 32]
-    with pytest.raises(argparse.ArgumentTypeError, match="not a whole number"):
+    with pytest.raises(argparse.ArgumentTypeError, match="^must be a whole number, got '1.5'"):
         cli.size_arg("1.5")
-    with pytest.raises(argparse.ArgumentTypeError, match="larger than the last"):
+    with pytest.raises(argparse.ArgumentTypeError, match="from the smaller size to the larger"):
         cli.sizes_arg("64:8")
     with pytest.raises(SystemExit):
         parser.parse_args(["--size", "1e6K"])
     err = capsys.readouterr().err
-    assert "argument --size" in err and "'1e6K': not a size" in err
+    assert "prog: error: argument --size: must be a whole number with an optional unit" in err and err.rstrip().endswith("'1e6K'")
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -127,12 +132,12 @@ def test_parse_sizes_ranges_and_lists(text, expected):
 
 
 @pytest.mark.parametrize("bad,message", [
-    ("64:8", "larger than the last"),
-    ("8:x", "not a size"),
-    ("8,,16", "not a size"),
-    ("8:16:32", "not a size"),
-    ("0:8", "must be >= 1"),
-    ("1.5,8", "not a whole number"),
+    ("64:8", "sizes must go from the smaller size to the larger (LOW:HIGH), got '64:8'"),
+    ("8:x", "sizes must be a whole number with an optional unit"),
+    ("8,,16", "sizes must be a whole number with an optional unit"),
+    ("8:16:32", "sizes must be a whole number with an optional unit"),
+    ("0:8", "sizes must be >= 1, got '0'"),
+    ("1.5,8", "sizes must be a whole number, got '1.5'"),
 ])
 def test_parse_sizes_refuses(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -406,8 +411,8 @@ def test_check_out_accepts_a_new_file_and_an_existing_one_with_append_or_force(t
 
 @pytest.mark.parametrize("argv,message", [
     (["--out", "{old}"], "exists; add --append to add this report to it, or --force to replace it"),
-    (["--append"], "--append and --force need --out FILE.md"),
-    (["--force"], "--append and --force need --out FILE.md"),
+    (["--append"], "prog: error: --append needs --out FILE.md"),
+    (["--force"], "prog: error: --force needs --out FILE.md (the file to replace)"),
     (["--out", "{old}", "--append", "--force"], "choose one"),
     (["--out", "{new}", "--append", "--force"], "choose one"),
 ])
@@ -426,6 +431,120 @@ def test_check_out_refuses(tmp_path, capsys, argv, message):
 def test_add_out_help_names_the_rule():
     text = out_parser().format_help()
     assert "--out" in text and "--append" in text and "--force" in text and "the table" in text
+
+
+def test_check_out_with_a_default_report_follows_the_same_rule(tmp_path, capsys):
+    parser = out_parser()
+    default = tmp_path / "scaling.md"
+    cli.check_out(parser, parser.parse_args(["--force"]), default=str(default))  # --force acts on the default
+    default.write_text("# before\n")
+    with pytest.raises(SystemExit):
+        cli.check_out(parser, parser.parse_args([]), default=str(default))
+    assert f"--out {default} exists; add --append" in capsys.readouterr().err
+    cli.check_out(parser, parser.parse_args(["--append"]), default=str(default))
+
+
+def output_parser(out: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prog")
+    cli.add_output(parser, "the counts")
+    if out:
+        cli.add_out(parser)
+    return parser
+
+
+def test_output_is_a_data_file_that_is_replaced_only_with_force(tmp_path, capsys):
+    parser = output_parser()
+    assert [a.dest for a in parser._actions].count("force") == 1
+    new, old = tmp_path / "new.tsv", tmp_path / "old.tsv"
+    old.write_text("a\t1\n")
+    cli.check_out(parser, parser.parse_args(["--output", str(new)]))
+    cli.check_out(parser, parser.parse_args(["--output", str(old), "--force"]))
+    for argv, message in ((["--output", str(old)], f"--output {old} exists; add --force to replace it"),
+                          (["--force"], "--force needs --output FILE (the file to replace)")):
+        with pytest.raises(SystemExit) as info:
+            cli.check_out(parser, parser.parse_args(argv))
+        assert info.value.code == 2 and f"prog: error: {message}" in capsys.readouterr().err
+    assert old.read_text() == "a\t1\n"
+    both = output_parser(out=True)  # one --force for both files
+    assert [a.dest for a in both._actions].count("force") == 1
+    with pytest.raises(SystemExit):
+        cli.check_out(both, both.parse_args(["--force"]))
+    assert "--force needs --out FILE.md or --output FILE" in capsys.readouterr().err
+
+
+def test_write_out_writes_or_appends_after_a_blank_line(tmp_path):
+    path = tmp_path / "r.md"
+    cli.write_out(str(path), "# one")
+    assert path.read_text() == "# one\n"
+    cli.write_out(str(path), "# two\n", append=True)
+    assert path.read_text() == "# one\n\n# two\n"
+    cli.write_out(str(path), "# three")
+    assert path.read_text() == "# three\n"
+    fresh = tmp_path / "fresh.md"
+    cli.write_out(str(fresh), "# first", append=True)  # appending to nothing: no leading blank line
+    assert fresh.read_text() == "# first\n"
+
+
+def test_markdown_table_pads_columns_first_left_rest_right():
+    text = cli.markdown_table(["Size", "Avg (µs)"], [["8", "1.50"], ["65536", "120.25"]])
+    assert text.splitlines() == ["| Size  | Avg (µs) |", "|:------|---------:|", "| 8     |     1.50 |",
+                                 "| 65536 |   120.25 |"]
+    assert cli.markdown_table(["a", "bb"], []).splitlines() == ["| a | bb |", "|:--|---:|"]
+
+
+def test_a_renamed_option_is_a_usage_error_naming_the_new_one(capsys):
+    parser = argparse.ArgumentParser(prog="prog")
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--restart", action="store_true")
+    parser.add_argument("--output")
+    cli.renamed(parser, "--checkpoint", "--checkpoint-dir")
+    cli.renamed(parser, "--resume", "--restart")
+    cli.renamed(parser, "--out", "--output", "--out is for Markdown reports")
+    assert parser.parse_args(["--output", "x"]).output == "x"
+    assert "--resume" not in parser.format_help()  # hidden from --help
+    for argv, message in ((["--checkpoint", "ck"], "--checkpoint: renamed --checkpoint-dir"),
+                          (["--resume"], "--resume: renamed --restart"),
+                          (["--restart", "--resume", "--output", "x"], "--resume: renamed --restart"),
+                          (["--out", "x.tsv"], "--out: renamed --output (--out is for Markdown reports)"),
+                          (["--out=x.tsv"], "--out: renamed --output")):
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args(argv)
+        assert info.value.code == 2
+        assert f"prog: error: {message}" in capsys.readouterr().err
+
+
+def test_at_least_states_the_rule_and_the_value(capsys):
+    parser = argparse.ArgumentParser(prog="prog")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tol", type=float, default=0.5)
+    parser.add_argument("--log-every", type=int, default=None)
+    cli.at_least(parser, parser.parse_args([]), 1, "--repeat", "--log-every")  # None: not given, not checked
+    for argv, option, message in ((["--repeat", "0"], "--repeat", "--repeat must be >= 1, got 0"),
+                                  (["--log-every", "-2"], "--log-every", "--log-every must be >= 1, got -2"),
+                                  (["--tol", "-0.25"], "--tol", "--tol must be >= 0, got -0.25")):
+        with pytest.raises(SystemExit):
+            cli.at_least(parser, parser.parse_args(argv), 0 if option == "--tol" else 1, option)
+        assert capsys.readouterr().err.rstrip().endswith(f"prog: error: {message}")
+
+
+def test_add_repeat_says_the_median_is_reported():
+    parser = argparse.ArgumentParser(prog="prog")
+    cli.add_repeat(parser, 5, "each size's measurement", when="with --collectives")
+    action = next(a for a in parser._actions if a.dest == "repeat")
+    assert action.default == 5 and action.metavar == "N"
+    assert action.help == "with --collectives: run each size's measurement N times and report the median (default: 5)"
+
+
+def test_subparser_finds_a_sub_command_and_error_line_names_ranks_only_when_several():
+    parser = argparse.ArgumentParser(prog="prog")
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train")
+    assert cli.subparser(parser, "train") is train and train.prog == "prog train"
+    with pytest.raises(KeyError):
+        cli.subparser(train, "x")
+    assert cli.error_line("prog train", "--batch 3: too small") == "prog train: error: --batch 3: too small"
+    assert cli.error_line("prog", "x", 0, 1) == "prog: error: x"  # one process: no "rank 0 of 1"
+    assert cli.error_line("prog", "x", 2, 4) == "prog: error: rank 2 of 4: x"
 
 
 # ---------------------------------------------------------------- a document jobs/collect.py reads

@@ -1,22 +1,27 @@
 """Command line: ``python -m apps.mapreduce {wordcount,invindex,corpus,bench} ...``.
 
-    mpiexec -n 4 python -m apps.mapreduce wordcount FILES... [--top 20] [--output counts.tsv] [--lowercase]
+    mpiexec -n 4 python -m apps.mapreduce wordcount FILES... [--top 20] [--output counts.tsv [--force]] [--lowercase]
                                                   [--memory-limit 512M] [--spill-dir DIR] [--errors strict|replace]
-                                                  [--checkpoint-dir D] [--restart] [--json FILE] [--quiet]
+                                                  [--checkpoint-every 1] [--checkpoint-dir DIR] [--restart]
+                                                  [--json FILE] [--quiet]
     mpiexec -n 4 python -m apps.mapreduce invindex FILES... [--output index.tsv] [same options]
     python -m apps.mapreduce corpus DIR --size 200M [--files 8] [--vocabulary 100000] [--zipf 1.0] [--seed 1]
     mpiexec -n 2 python -m apps.mapreduce bench --size 200M [--out jobs/results/mapreduce-wordcount.md] [--json F]
 
-The conventions of :mod:`mpicomm.cli`: sizes as 4096, 64K, 64KiB, 1M or 1e6;
-``--json FILE`` (every sub-command) writes the results in one document with the
-command, machine, versions and date; ``--out`` is the benchmark's Markdown
-report only (an existing one is kept unless ``--append`` or ``--force``); the
-jobs write their data with ``--output`` (``--out`` is still accepted there).
-Arguments are checked before MPI starts, on every rank; inputs are checked
-collectively before any work. Either way every rank prints what is wrong,
-naming itself, and the job exits with status 2 instead of hanging. Progress goes
-to stderr from rank 0 (``[i/N]`` lines with elapsed time and ETA); results and
-per-phase timings to stdout.
+The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: sizes as 4096,
+64K, 64KiB, 1M or 1e6; ``--json FILE`` (every sub-command) writes the results in
+one document with the command, machine, versions and date; ``--out`` is the
+benchmark's Markdown report only (an existing one is kept unless ``--append`` or
+``--force``); the jobs write their data with ``--output`` (an existing file is
+kept unless ``--force``); the checkpoint options are every application's
+(``--checkpoint-dir``, default ``checkpoints/mapreduce``), except that a job
+has one point to resume from, after the map phase, so ``--checkpoint-every`` is
+1 (checkpoint it) or 0 (never) and there is no ``--keep``. Arguments are
+checked before MPI starts: a usage error, ``<prog>: error: …`` and status 2.
+Inputs are checked collectively before any work: every rank prints what is
+wrong (``<prog>: error: rank r of N: …``) and the job exits with status 2
+instead of hanging. Progress goes to stderr from rank 0 (``[i/N]`` lines with
+elapsed time and ETA); results and per-phase timings to stdout.
 """
 
 from __future__ import annotations
@@ -24,37 +29,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from mpicomm import cli
 
 from .inputs import ERRORS, InputError, format_size
 
-__all__ = ["main", "parse", "run_job", "run_corpus", "PROG"]
+__all__ = ["main", "parser", "parse", "run_job", "run_corpus", "PROG"]
 
 PROG = "python -m apps.mapreduce"
 
 
-def _who() -> str:
-    from mpicomm.launcher import from_environment
+def _job_options(p: argparse.ArgumentParser, output: str) -> None:
+    from apps import options
 
-    info = from_environment()
-    return f"rank {info.rank or 0} of {info.size or 1}"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that names the rank in its error (every rank of a job prints one)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: {_who()}: error: {message}\n")
-
-
-def _job_options(p: argparse.ArgumentParser, output_help: str) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="input text files (UTF-8)")
     p.add_argument("--top", type=int, default=20, help="how many entries to print (default: 20)")
-    p.add_argument("--output", metavar="FILE", help=output_help + " (replaced if it exists)")
-    p.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the option's earlier name
+    cli.add_output(p, output)
+    cli.renamed(p, "--out", "--output", "--out is for Markdown reports")
     p.add_argument("--lowercase", action="store_true", help="lowercase every word (str.lower, after tokenizing)")
     p.add_argument("--errors", choices=ERRORS, default="strict",
                    help="invalid UTF-8: strict stops with file and byte offset (default); replace reads U+FFFD")
@@ -62,22 +54,28 @@ def _job_options(p: argparse.ArgumentParser, output_help: str) -> None:
                    help="per-rank memory for the engine's buffers, e.g. 512M, 2G or 1e9 (default: 512M); "
                         "spills beyond")
     p.add_argument("--spill-dir", metavar="DIR", help="where spill files go (default: the system's temp directory)")
-    p.add_argument("--checkpoint-dir", metavar="D", help="save the map output here (after map+combine)")
-    p.add_argument("--restart", action="store_true", help="reuse a valid checkpoint of the same job in --checkpoint-dir")
+    options.add_checkpoint_options(
+        p, "mapreduce", keep=False,
+        every="1: checkpoint the map output when the map phase ends, the one point a job resumes from; 0: never "
+              "(default: 0)",
+        restart="reuse a valid checkpoint of the same job in --checkpoint-dir and skip the map (map and "
+                "checkpoint when there is none)")
     cli.add_json(p, "the results, per-phase timings and memory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog=PROG, description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser, with its four sub-commands (:func:`parse` checks the values)."""
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
+    sub = parser.add_subparsers(dest="command", required=True)
     wc = sub.add_parser("wordcount", help="count words; print the most frequent",
                         description="Count words (Unicode-aware; see apps/mapreduce/wordcount.py for the policy).")
-    _job_options(wc, "write every 'word<TAB>count' line here, sorted by count then word (rank 0)")
+    _job_options(wc, "every 'word<TAB>count' line, sorted by count then word (rank 0)")
     ii = sub.add_parser("invindex", help="inverted index: for each word, the files it occurs in",
                         description="For every word, the input files it occurs in.")
-    _job_options(ii, "write every 'word<TAB>files<TAB>file…' line here, sorted by word (rank 0)")
-    co = sub.add_parser("corpus", help="generate a reproducible Zipf corpus (run without mpiexec)")
+    _job_options(ii, "every 'word<TAB>files<TAB>file…' line, sorted by word (rank 0)")
+    co = sub.add_parser("corpus", help="generate a reproducible Zipf corpus (one process, no MPI)")
     co.add_argument("directory", help="where to write corpus-NNN.txt")
     co.add_argument("--size", type=cli.size_arg, default="64M", metavar="SIZE",
                     help="total bytes, e.g. 200M, 64KiB or 1e6 (default: 64M)")
@@ -93,16 +91,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     from .bench import add_arguments
 
     add_arguments(be)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The checked command line; a usage error exits with status 2 (argparse's) before MPI starts."""
+    top = parser()
+    args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
-    own = {"wordcount": wc, "invindex": ii, "corpus": co, "bench": be}[args.command]  # names the sub-command
+    own = cli.subparser(top, args.command)  # its errors name the sub-command
+    from apps import options
     if args.command in ("wordcount", "invindex"):
-        if args.top < 0:
-            parser.error(f"--top {args.top}: must be >= 0")
-        if args.restart and not args.checkpoint_dir:
-            parser.error("--restart needs --checkpoint-dir (where the earlier run saved its checkpoint)")
+        cli.at_least(own, args, 0, "--top")
+        if args.checkpoint_every not in (0, 1):
+            own.error(f"--checkpoint-every must be 0 or 1 (a job checkpoints once, after the map phase), got "
+                      f"{args.checkpoint_every}")
+        options.check_checkpoint_options(own, args)
         if args.spill_dir and not os.path.isdir(args.spill_dir):
-            parser.error(f"--spill-dir {args.spill_dir!r}: not an existing directory")
+            own.error(f"--spill-dir {args.spill_dir!r}: not an existing directory")
+        cli.check_out(own, args)
     for name in ("output", "json"):
         path = getattr(args, name, None)
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
@@ -111,13 +118,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         from .engine import MIN_MEMORY
 
         if args.memory_limit < MIN_MEMORY:
-            own.error(f"--memory-limit {format_size(args.memory_limit)} is below the minimum of "
-                         f"{format_size(MIN_MEMORY)}")
+            own.error(f"--memory-limit must be >= {format_size(MIN_MEMORY)}, got {format_size(args.memory_limit)}")
     if args.command == "bench":
+        cli.at_least(own, args, 1, "--repeat", "--top", "--files", "--vocabulary")
         cli.check_out(own, args)
-    if args.command == "corpus" and (args.files < 1 or args.vocabulary < 1 or args.zipf <= 0
-                                     or not 0 <= args.unicode <= 1):
-        parser.error("corpus: need --files >= 1, --vocabulary >= 1, --zipf > 0, 0 <= --unicode <= 1")
+    if args.command == "corpus":
+        cli.at_least(own, args, 1, "--files", "--vocabulary")
+        if not args.zipf > 0:
+            own.error(f"--zipf must be > 0, got {args.zipf:g}")
+        if not 0 <= args.unicode <= 1:
+            own.error(f"--unicode must be in [0, 1], got {args.unicode:g}")
     return args
 
 
@@ -147,12 +157,13 @@ def run_job(args: argparse.Namespace) -> int:
     from .engine import memory_usage
 
     comm = mpicomm.Comm()
-    where = f"{PROG} {args.command}: rank {comm.rank} of {comm.size}"
     before = memory_usage(reset=True)
     progress = None if args.quiet else sys.stderr
+    checkpointing = bool(args.checkpoint_every or args.restart)
     options = dict(lowercase=args.lowercase, errors=args.errors, top=args.top, out=args.output,
-                   memory_limit=args.memory_limit, spill_dir=args.spill_dir, checkpoint_dir=args.checkpoint_dir,
-                   restart=args.restart, progress=progress)
+                   memory_limit=args.memory_limit, spill_dir=args.spill_dir,
+                   checkpoint_dir=args.checkpoint_dir if checkpointing else None, restart=args.restart,
+                   progress=progress)
     try:
         if args.command == "wordcount":
             from .wordcount import wordcount as job
@@ -161,7 +172,7 @@ def run_job(args: argparse.Namespace) -> int:
         best, mr = job(comm, args.files, **options)
     except InputError as exc:
         sys.stdout.flush()
-        sys.stderr.write(f"{where}: error: {exc}\n")
+        sys.stderr.write(cli.error_line(f"{PROG} {args.command}", str(exc), comm.rank, comm.size) + "\n")
         sys.stderr.flush()
         return 2
     try:
@@ -205,8 +216,9 @@ def run_job(args: argparse.Namespace) -> int:
         results = {"command": args.command, "ranks": comm.size, "words": words, "keys": keys,
                    "top": [[k, v] for k, v in best], "summary": summary, "memory": memory,
                    "memory_limit": args.memory_limit, "restored_from": mr.restored_from}
-        cli.write_json(args.json, f"mpiexec -n {comm.size} {cli.command_line(PROG, args.argv)}", results,
-                       ranks=comm.size)
+        from apps import report as json_report
+
+        json_report.write_json(args.json, PROG, args.argv, comm.size, results)
     return 0
 
 
@@ -221,15 +233,19 @@ def run_corpus(args: argparse.Namespace) -> int:
 
     from .corpus import generate
 
-    info_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
-    if info_size and int(info_size) > 1:
-        sys.stderr.write(f"{PROG} corpus: {_who()}: error: run corpus without mpiexec (one process writes the files)\n")
+    # Only a launcher's own variables say this process is one rank of several (inside a Slurm job's batch
+    # script, SLURM_NTASKS describes the allocation, not this process).
+    size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    if size and int(size) > 1:
+        rank = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
+        sys.stderr.write(cli.error_line(f"{PROG} corpus", "run corpus without mpiexec (one process writes the files)",
+                                        rank, int(size)) + "\n")
         return 2
     try:
         memory.check(None, lambda v: v["--vocabulary"] * VOCABULARY_BYTES + (64 << 20),
                      [memory.Knob("--vocabulary", args.vocabulary)])
     except memory.MemoryNeedError as exc:
-        sys.stderr.write(f"{PROG} corpus: error: {exc}\n")
+        sys.stderr.write(cli.error_line(f"{PROG} corpus", str(exc)) + "\n")
         return 2
     paths = generate(args.directory, args.size, files=args.files, vocabulary_size=args.vocabulary, zipf=args.zipf,
                      seed=args.seed, unicode=args.unicode)

@@ -1,6 +1,6 @@
 """Benchmark: word count on the MPI engine against one process's ``collections.Counter``, same files, same run.
 
-    mpiexec -n 2 python -m apps.mapreduce bench --size 200M --out jobs/results/mapreduce-wordcount.md
+    mpiexec -n 2 python -m apps.mapreduce bench --size 200M --out jobs/results/mapreduce-wordcount.md --force
 
 Rank 0 generates the corpus (reused when one with the same arguments is there)
 in a directory private to the user (:func:`corpus_directory`: never a fixed
@@ -36,6 +36,7 @@ import tempfile
 import time
 from typing import Any
 
+from apps import report as json_report
 from mpicomm import cli
 
 from .inputs import format_size
@@ -47,12 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench sub-command's options."""
     p.add_argument("--size", type=cli.size_arg, default="200M", metavar="SIZE",
                    help="corpus size, e.g. 200M, 64KiB or 1e6 (default: 200M)")
-    p.add_argument("--dir", default=None,
+    p.add_argument("--dir", default=None, metavar="DIR",
                    help="corpus directory (default: <temp>/mpicomm-<uid>/mapreduce-corpus-<size>, in a private "
                         "directory of this user, reused by later runs)")
     p.add_argument("--files", type=int, default=8, help="corpus files (default: 8)")
     p.add_argument("--vocabulary", type=int, default=100_000, help="distinct words in the corpus (default: 100000)")
-    p.add_argument("--repeat", type=int, default=3, help="repetitions of each contender (default: 3)")
+    cli.add_repeat(p, 3, "each contender (interleaved)")
     p.add_argument("--top", type=int, default=20, help="top list compared between both (default: 20)")
     p.add_argument("--memory-limit", type=cli.size_arg, default="512M", metavar="SIZE",
                    help="the engine's per-rank memory limit (default: 512M)")
@@ -150,8 +151,6 @@ def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | 
     from .wordcount import count_files, order, word_pattern, wordcount
 
     p, rank = comm.size, comm.rank
-    if args.repeat < 1 or args.top < 1:
-        raise SystemExit(f"bench: --repeat {args.repeat} and --top {args.top} must be >= 1")
     paths = None
     if rank == 0:
         start = time.perf_counter()
@@ -195,8 +194,10 @@ def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | 
         if rank == 0:
             engine = (top, words, keys)
             if engine != reference:
-                print(f"bench: the engine's answer differs from Counter's: {engine[1:]} against {reference[1:]}; "
-                      f"top {engine[0][:3]} against {reference[0][:3]}", file=sys.stderr)
+                print(cli.error_line("python -m apps.mapreduce bench",
+                                     f"the engine's answer differs from Counter's: {engine[1:]} against "
+                                     f"{reference[1:]}; top {engine[0][:3]} against {reference[0][:3]}"),
+                      file=sys.stderr)
                 return 1
             progress.step(f"Counter {cli.format_time(base_times[-1])}, "
                           f"engine on {p} rank(s) {cli.format_time(engine_times[-1])}")
@@ -206,8 +207,7 @@ def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | 
     print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "a" if args.append else "w") as f:
-            f.write(text + ("\n" if args.append else ""))
+        cli.write_out(args.out, text, args.append)
         print(f"bench: table written to {args.out}")
     if args.json:
         results = {"ranks": p, "files": len(paths), "bytes": total, "vocabulary": args.vocabulary,
@@ -218,12 +218,12 @@ def _run(args: argparse.Namespace, argv: list[str], comm: Any, directory: str | 
                    "engine": {"seconds": engine_times, "cpu_seconds": engine_cpu,
                               "median_s": statistics.median(engine_times), "phases": phases},
                    "speedup": statistics.median(base_times) / statistics.median(engine_times)}
-        cli.write_json(args.json, _command(p, argv), results, ranks=p)
+        json_report.write_json(args.json, "python -m apps.mapreduce", argv, p, results)
     return 0
 
 
 def _command(p: int, argv: list[str]) -> str:
-    return f"mpiexec -n {p} {cli.command_line('python -m apps.mapreduce', argv)}"
+    return json_report.command("python -m apps.mapreduce", argv, p)
 
 
 def _table(args: argparse.Namespace, argv: list[str], p: int, paths: list[str], total: int,

@@ -56,6 +56,7 @@ import numpy as np
 from mpi4py import MPI
 
 from apps import checkpoint
+from apps.agree import agree, describe, gather
 from mpicomm import cli
 
 from .combine import Combiner, resolve
@@ -270,10 +271,7 @@ class MapReduce:
 
     def _agree(self, error: str | None) -> None:
         """Raise the same :class:`InputError` on every rank if any rank has an *error*."""
-        errors = self.comm.allgather(error)
-        bad = [(r, e) for r, e in enumerate(errors) if e]
-        if bad:
-            raise InputError("; ".join(f"rank {r}: {e}" for r, e in bad))
+        agree(self.comm, error, InputError)
 
     # ------------------------------------------------------------------------------------------ map
 
@@ -500,9 +498,9 @@ class MapReduce:
                 checkpoint.verify(manifest, body, files=[r["record"]["file"] for r in mine])
             except checkpoint.CheckpointError as exc:
                 problem = str(exc)
-            problems = [p for p in self.comm.allgather(problem) if p]
+            problems = gather(self.comm, problem)
             if problems:
-                body, why = None, problems[0]
+                body, why = None, describe(problems, self.size)
         if body is None:
             self._say(f"restart: {why}; mapping from the start")
             return False

@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from apps.agree import agree
+
 __all__ = [
     "InputError",
     "Split",
@@ -141,16 +143,7 @@ def check_inputs(comm: Any, paths: Sequence[str]) -> list[int]:
         sizes.append(size)
         if problem:
             problems.append(problem)
-    everyone = comm.allgather(problems)
-    seen: dict[str, list[int]] = {}
-    for rank, found in enumerate(everyone):
-        for problem in found:
-            seen.setdefault(problem, []).append(rank)
-    if seen:
-        p = comm.Get_size()
-        lines = [problem + ("" if len(ranks) == p else f" (seen on rank(s) {', '.join(map(str, ranks))})")
-                 for problem, ranks in seen.items()]
-        raise InputError("bad input: " + "; ".join(lines))
+    agree(comm, problems, InputError, prefix="bad input: ")
     return comm.bcast(sizes, root=0)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from mpi4py import MPI
 
 import mpicomm
+from apps import report as json_report
 from mpicomm import cli
 
 from .config import Config
@@ -117,11 +118,10 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
     for line in lines:
         say(line)
     if args.out:
-        _write(args, lines)
+        cli.write_out(args.out, "\n".join(lines), args.append)
         say(f"wrote {args.out}")
     if args.json:
-        cli.write_json(args.json, f"mpiexec -n {world} {cli.command_line('python -m apps.pipeline', args.argv)}",
-                       rows, ranks=world)
+        json_report.write_json(args.json, "python -m apps.pipeline", args.argv, world, rows)
         say(f"wrote {args.json}")
     if args.plot and chart is not None:
         from .plots import run_chart
@@ -129,12 +129,6 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
         run_chart(args.plot, *chart)
         say(f"wrote {args.plot}")
     return 0
-
-
-def _write(args: argparse.Namespace, lines: list[str]) -> None:
-    mode = "a" if getattr(args, "append", False) and os.path.exists(args.out) else "w"
-    with open(args.out, mode) as f:
-        f.write("\n".join(lines) + "\n")
 
 
 def _table(args: argparse.Namespace, world: int, rows: list[dict[str, Any]], skipped: list) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from apps import checkpoint as ck
+from apps.agree import agree, verdict
 
 __all__ = ["PREFIX", "signature", "save", "load", "saved_bounds"]
 
@@ -36,13 +37,6 @@ def signature(cfg: Any, bounds: list[tuple[int, int]]) -> dict[str, Any]:
 
 def _part(stage: int, t: int) -> str:
     return f"stage{stage}-t{t}"
-
-
-def _agree(comm: Any, problem: str | None) -> None:
-    """Raise the first rank's problem as CheckpointError on every rank (collective)."""
-    problems = [p for p in comm.allgather(problem) if p]
-    if problems:
-        raise ck.CheckpointError(problems[0])
 
 
 def save(comm: Any, run: Any, step: int) -> None:
@@ -71,7 +65,7 @@ def save(comm: Any, run: Any, step: int) -> None:
                 ck.prune(cfg.checkpoint_dir, PREFIX, cfg.keep)
             except (OSError, ValueError, ck.CheckpointError) as exc:
                 problem = f"rank 0: writing checkpoint {step}'s manifest: {exc}"
-    _agree(comm, comm.bcast(problem, root=0))
+    verdict(comm, problem, ck.CheckpointError)
 
 
 def _newest(cfg: Any) -> dict[str, Any]:
@@ -146,5 +140,5 @@ def load(comm: Any, run: Any) -> int:
                 run.state[st][k][...] = saved.reshape(np.shape(run.state[st][k]))
     except (ck.CheckpointError, OSError) as exc:
         problem = str(exc)
-    _agree(comm, problem)
+    agree(comm, problem, ck.CheckpointError)
     return int(step)

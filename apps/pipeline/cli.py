@@ -1,10 +1,13 @@
 """The command line of the pipeline application: ``schedule``, ``train`` and ``bench``.
 
-The conventions of :mod:`mpicomm.cli`: ``--json FILE`` writes one document
-(schema, command, machine, versions, date, results); ``--out`` is a benchmark's
-Markdown report (an existing one is kept unless ``--append`` or ``--force``);
-``--plot PNG`` draws. Options that cannot run together exit with status 2 and a
-message naming them, on every rank.
+The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: ``--json FILE``
+writes one document (schema, command, machine, versions, date, results);
+``--out`` is a benchmark's Markdown report (an existing one is kept unless
+``--append`` or ``--force``); ``--plot FILE.png`` draws; the checkpoint options
+are every application's (``--checkpoint-dir``, default ``checkpoints/pipeline``).
+Options that cannot run together are usage errors (status 2, before MPI
+starts); what depends on the rank count exits with status 2 and a message
+naming the options, on every rank.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ EXAMPLES = """examples:
   mpiexec -n 4 python -m apps.pipeline train --stages 4 --micro 16 --schedule zb-h1 --plot run.png
   mpiexec -n 4 python -m apps.pipeline train --stages 2 --tensor 2 --activations recompute   # T x S = 2 x 2
   mpiexec -n 4 python -m apps.pipeline train --stages 2 --checkpoint-every 5 --checkpoint-dir ckpt [--restart]
-  mpiexec -n 2 python -m apps.pipeline bench --out jobs/results/pipeline-bench.md --json pipeline-bench.json
+  mpiexec -n 2 python -m apps.pipeline bench --out jobs/results/pipeline-bench.md --force --json pipeline-bench.json
 """
 
 
@@ -39,6 +42,7 @@ def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
     """The model, data and optimizer options (shared by ``train`` and ``bench``; *defaults* override)."""
     from dataclasses import replace
 
+    from apps import options
     from apps.pipeline.config import Config
     from apps.pipeline.model import ModelSpec
 
@@ -48,8 +52,9 @@ def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
     g.add_argument("--blocks", type=int, default=m.blocks,
                    help=f"MLP blocks (Linear, act, Linear, act) that stages split (default: {m.blocks})")
     g.add_argument("--width", type=int, default=m.width, help=f"width between blocks (default: {m.width})")
-    g.add_argument("--hidden", type=int, default=m.hidden,
-                   help=f"width inside a block; a multiple of --tensor (default: {m.hidden})")
+    g.add_argument("--hidden", type=options.hidden_width, default=m.hidden, metavar="W",
+                   help=f"the width of each block's hidden layer (a block is Linear --width -> W, activation, Linear "
+                        f"W -> --width, activation); a multiple of --tensor (default: {m.hidden})")
     g.add_argument("--features", type=int, default=m.features, help=f"input features (default: {m.features})")
     g.add_argument("--classes", type=int, default=m.classes, help=f"output classes (default: {m.classes})")
     g.add_argument("--activation", choices=("relu", "gelu"), default=m.activation, help="(default: relu)")
@@ -91,7 +96,10 @@ def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False
                    help="split blocks by parameter count, or by each block's measured time (default: params)")
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser, with its ``schedule``, ``train`` and ``bench`` sub-commands."""
+    from apps import options
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
@@ -107,7 +115,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_split_options(s, schedule_only=True)
     s.add_argument("--comms", action="store_true", help="print the sends and receives too")
-    s.add_argument("--plot", metavar="PNG", default=None, help="the planned timetable as a Gantt chart")
+    s.add_argument("--plot", metavar="FILE.png", default=None, help="the planned timetable as a Gantt chart")
     cli.add_json(s, "the schedule, its timetable and bubbles")
 
     t = sub.add_parser("train", help="train the MLP split over the ranks (under mpiexec)", epilog=EXAMPLES,
@@ -119,12 +127,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                    help="also train the unsplit model in one process on the same micro-batches and compare losses "
                         "and parameters (exit status 1 if they differ by more than 1e-12 relative in float64, "
                         "1e-4 in float32: sums in another order round differently)")
-    g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (default: never)")
-    g.add_argument("--checkpoint-dir", default="checkpoints", metavar="D", help="(default: ./checkpoints)")
-    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (default: 2)")
-    g.add_argument("--restart", action="store_true", help="resume from the newest valid checkpoint in --checkpoint-dir")
+    options.add_checkpoint_options(g, "pipeline", "steps")
     g.add_argument("--log", metavar="CSV", default=None, help="loss, accuracy and seconds per step (rank 0)")
-    g.add_argument("--plot", metavar="PNG", default=None, help="the measured Gantt chart of the last step beside the planned one")
+    g.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="the measured Gantt chart of the last step beside the planned one")
     cli.add_json(g, "the settings, losses and the per-stage measurements")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -134,35 +140,54 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                                    "memory and time, and S stages against one rank on the same model and batch.")
     add_model_options(b, **BENCH_MODEL)
     b.add_argument("--micro", type=int, default=8, help="micro-batches (default: 8)")
-    b.add_argument("--repeat", type=int, default=1, help="runs per row; the one with the median step time is reported "
-                   "(default: 1)")
+    cli.add_repeat(b, 1, "each row (the run with the median step time is reported)")
     cli.add_out(b)
     cli.add_json(b, "the table's rows")
-    b.add_argument("--plot", metavar="PNG", default=None, help="planned and measured charts of the 1F1B row")
+    b.add_argument("--plot", metavar="FILE.png", default=None, help="planned and measured charts of the 1F1B row")
     b.add_argument("--quiet", action="store_true", help="no progress lines")
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        cli.check_out(b, args)
+    return parser
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parsed and checked command line: usage errors exit with status 2 before MPI starts."""
+    from apps.pipeline.config import ConfigError
+    from apps.pipeline.schedules import ScheduleError, check_shape
+
+    top = parser()
+    args = top.parse_args(argv)
     args.argv = list(argv) if argv is not None else None
-    return parser, args
+    own = cli.subparser(top, args.command)
+    if args.command == "schedule":
+        cli.at_least(own, args, 1, "--stages", "--micro", "--chunks")
+        try:
+            check_shape(args.schedule, args.stages, args.micro, args.chunks)
+        except ScheduleError as exc:
+            own.error(str(exc))
+    elif args.command == "train":
+        from apps import options
+
+        options.check_checkpoint_options(own, args)
+        try:
+            config_from(args).check_values()
+        except ConfigError as exc:
+            own.error(str(exc))
+    else:
+        cli.at_least(own, args, 1, "--micro", "--repeat", "--steps", "--batch")
+        cli.check_out(own, args)
+    return top, args
 
 
 def run(argv: list[str] | None = None) -> int:
-    from mpicomm.runtime import exit_together
+    from apps import options
 
-    try:
-        parser, args = parse(argv)
-    except SystemExit as exc:
-        if exc.code:
-            exit_together(exc.code)
-        raise
+    parser, args = options.parse_or_exit(parse, argv)
     if args.command == "schedule":
         from apps.pipeline.schedules import ScheduleError
 
         try:
             return _schedule(args)
         except (ScheduleError, ValueError) as exc:
-            parser.exit(2, f"{PROG} schedule: error: {exc}\n")
+            parser.exit(2, cli.error_line(f"{PROG} schedule", f"{exc}\n"))
 
     import mpicomm
     from apps.checkpoint import CheckpointError
@@ -181,7 +206,7 @@ def run(argv: list[str] | None = None) -> int:
             return bench(comm, args, say)
         return _train(comm, args, say)
     except (ValueError, CheckpointError, OSError) as exc:
-        exit_together(2, f"{PROG} {args.command}: rank {rank} of {comm.Get_size()}: error: {exc}")
+        options.exit_error(f"{PROG} {args.command}", str(exc), rank, comm.Get_size())
     return 0
 
 
@@ -190,8 +215,9 @@ def _schedule(args: argparse.Namespace) -> int:
     from apps.pipeline.timeline import FORMULAS, formula, plan
 
     p, m, v, name = args.stages, args.micro, args.chunks, args.schedule
-    tt = plan(name, p, m, v)
+    tt = plan(name, p, m, v)  # validated here, before anything is printed
     rows = table(name, p, m, v, comms=args.comms)
+    f = formula(name, p, m, v)
     print(f"{name}: p={p} stages(ranks), m={m} micro-batches" + (f", v={v} chunks" if v > 1 else "")
           + " - validated: every micro-batch once per stage, F before B"
           + (", I before W" if splits_backward(name) else "") + ", sends match receives, no deadlock")
@@ -201,7 +227,6 @@ def _schedule(args: argparse.Namespace) -> int:
     print(f"{'rank':>4}  {'busy':>6}  {'bubble':>7}  {'peak in flight':>14}")
     for r in range(p):
         print(f"{r:>4}  {tt.busy(r):>6.1f}  {tt.bubble(r):>7.1%}  {tt.peak_in_flight(r):>14}")
-    f = formula(name, p, m, v)
     print(f"\nplanned bubble {tt.bubble():.1%} of {p} x {tt.makespan:g} units (F=1, B=2, I=W=1"
           + (f", chunk costs /{v}" if v > 1 else "") + f"); formula {FORMULAS[name]} = {f:.1%}")
     if args.plot:
@@ -289,8 +314,9 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
 
         results = {"config": asdict(cfg), "losses": result.losses, "accuracy": result.accuracy, "summary": summ,
                    "ranks": result.ranks}
-        p = comm.Get_size()
-        cli.write_json(args.json, f"mpiexec -n {p} {cli.command_line(PROG, args.argv)}", results, ranks=p)
+        from apps import report as json_report
+
+        json_report.write_json(args.json, PROG, args.argv, comm.Get_size(), results)
         say(f"wrote {args.json}")
     if args.plot and comm.Get_rank() == 0:
         from apps.pipeline.plots import run_chart

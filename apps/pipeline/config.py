@@ -49,13 +49,14 @@ class Config:
     seed: int = 0
     log: str | None = None
     checkpoint_every: int = 0
-    checkpoint_dir: str = "checkpoints"
+    checkpoint_dir: str = "checkpoints/pipeline"
     keep: int = 2
     restart: bool = False
     progress: bool = True
 
-    def check(self, world: int) -> Topology:
-        """The rank layout; ConfigError naming the option and the fix when the options cannot run on *world* ranks."""
+    def check_values(self) -> None:
+        """ConfigError naming the option and the fix when the options cannot run at any rank count (the command
+        line's usage errors, before MPI starts)."""
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"--schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.activations not in STRATEGIES:
@@ -65,10 +66,13 @@ class Config:
         for name in ("stages", "micro", "chunks", "tensor", "batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"--{name} {value!r}: must be an integer >= 1")
-        if self.steps < 0 or self.checkpoint_every < 0 or self.keep < 1:
-            raise ConfigError(f"--steps {self.steps}, --checkpoint-every {self.checkpoint_every}, --keep {self.keep}: "
-                              f"steps and checkpoint-every must be >= 0, keep >= 1")
+                raise ConfigError(f"--{name} must be an integer >= 1, got {value!r}")
+        for name, value, low in (("steps", self.steps, 0), ("checkpoint-every", self.checkpoint_every, 0),
+                                 ("keep", self.keep, 1)):
+            if value < low:
+                raise ConfigError(f"--{name} must be >= {low}, got {value}")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr:g}")
         if np.dtype(self.dtype).kind != "f":
             raise ConfigError(f"--dtype {self.dtype}: use float32 or float64")
         try:
@@ -87,6 +91,13 @@ class Config:
         if self.spec.hidden % self.tensor:
             raise ConfigError(f"--hidden {self.spec.hidden} is not divisible by --tensor {self.tensor}; "
                               f"use a multiple of {self.tensor}")
+        if self.batch < self.micro:
+            raise ConfigError(f"--batch {self.batch} is smaller than --micro {self.micro}: every micro-batch needs "
+                              f"at least one sample; raise --batch or lower --micro")
+
+    def check(self, world: int) -> Topology:
+        """The rank layout; ConfigError naming the option and the fix when the options cannot run on *world* ranks."""
+        self.check_values()
         ts = self.tensor * self.stages
         if world % ts:
             raise ConfigError(f"{world} ranks cannot be split into --tensor {self.tensor} x --stages {self.stages} x D "

@@ -3,7 +3,7 @@
 A step's global batch is a pure function of (seed, step): Gaussian inputs
 labelled by a fixed random teacher, so no data moves between ranks and every
 split sees the same samples. Replica d takes its contiguous share
-(:func:`apps.sgd.data.divide`) and cuts it into M micro-batches.
+(:func:`apps.blocks.block`) and cuts it into M micro-batches.
 
 :func:`reference` trains the unsplit model in one process on exactly those
 micro-batches, with the same randomness keys and the global batch as the loss
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from apps.blocks import block
 from apps.nn import Sequential, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
-from apps.sgd.data import divide
 
 from .model import ModelSpec, layers
 
@@ -41,10 +41,10 @@ def micro_slices(size: int, replicas: int, replica: int, micro: int) -> list[tup
     if micro < 1 or size // max(replicas, 1) < micro:
         raise ValueError(f"{size} samples over {replicas} replica(s) cannot fill {micro} micro-batches; "
                          f"each micro-batch needs at least one sample")
-    lo, hi = divide(size, replicas, replica)
+    lo, hi = block(size, replicas, replica)
     out = []
     for k in range(micro):
-        a, b = divide(hi - lo, micro, k)
+        a, b = block(hi - lo, micro, k)
         out.append((lo + a, lo + b))
     return out
 

@@ -32,6 +32,7 @@ import numpy as np
 
 import mpicomm
 from apps import checkpoint as ck
+from apps.agree import verdict
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.sgd.ddp import Reducer
@@ -230,9 +231,7 @@ def _open_log(comm: Any, cfg: Config, append: bool) -> Any:
                 f.write("step,loss,accuracy,seconds\n")
         except OSError as exc:
             problem = f"--log {cfg.log}: {exc.strerror or exc}"
-    problem = comm.bcast(problem, root=0)
-    if problem:
-        raise ConfigError(problem)
+    verdict(comm, problem, ConfigError)
     return f
 
 

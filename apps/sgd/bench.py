@@ -39,20 +39,25 @@ from typing import Any
 from mpi4py import MPI
 
 import mpicomm
+from apps import report as json_report
 from apps.sgd.train import Config, Report, train
 from mpicomm import cli
 
-__all__ = ["add_options", "bench", "PARTS"]
+__all__ = ["add_options", "check_options", "bench", "PARTS"]
 
 PARTS = ("scaling", "modes", "ps", "async")
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
+    """The ``bench`` options."""
+    from apps import options
+
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts: {', '.join(PARTS)} (default: all)")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per measurement (default: 3)")
+    cli.add_repeat(p, 3, "each measurement (interleaved with the others)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per run (default: 20)")
     p.add_argument("--features", type=int, default=256, help="teacher input features (default: 256)")
-    p.add_argument("--hidden", default="1024,1024", help="hidden widths of the benchmark model (default: 1024,1024)")
+    p.add_argument("--hidden", type=options.hidden_widths, default=(1024, 1024), metavar="W[,W…]",
+                   help="the width of each hidden layer of the benchmark model (default: 1024,1024)")
     p.add_argument("--batch", type=int, default=2048,
                    help="global batch (default: 2048: compute-bound, the replicated update and the all-reduce are small next to it)")
     p.add_argument("--algorithm", default="ring",
@@ -60,13 +65,22 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-epochs", type=int, default=6, help="digits epochs for the async part (default: 6)")
     cli.add_out(p, "the tables")
     cli.add_json(p, "every part's figures")
-    p.add_argument("--plot", metavar="PNG", default=None, help="accuracy against wall time for the async part")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="accuracy against wall time for the async part")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The usage errors of ``bench`` (no MPI needed)."""
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    bad = [x for x in parts if x not in PARTS]
+    if bad or not parts:
+        parser.error(f"--parts must be a comma-separated list of {', '.join(PARTS)}; got {args.parts!r}")
+    cli.at_least(parser, args, 1, "--repeat", "--steps", "--features", "--batch", "--async-epochs")
+    cli.check_out(parser, args)
+
+
 def _model_cfg(args: argparse.Namespace, **kw: Any) -> Config:
-    hidden = tuple(int(w) for w in str(args.hidden).split(","))
-    base = Config(data="teacher", features=args.features, hidden=hidden, batch=args.batch, steps=args.steps,
+    base = Config(data="teacher", features=args.features, hidden=tuple(args.hidden), batch=args.batch, steps=args.steps,
                   samples=max(args.batch * (args.steps + 4), 4096), optimizer="adam", lr=1e-3,
                   algorithm=args.algorithm, progress=False, eval_every=10 ** 9)
     return replace(base, **kw)
@@ -120,7 +134,7 @@ def scaling(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> 
     return [
         f"### Scaling: the compute-bound configuration, 1 rank vs {p} ranks (ddp, overlapped, medians of {args.repeat})",
         "",
-        f"Model: MLP {args.features}→{args.hidden.replace(',', '→')}→10 on the teacher data, fp32 Adam, global batch "
+        f"Model: MLP {args.features}→{'→'.join(map(str, args.hidden))}→10 on the teacher data, fp32 Adam, global batch "
         f"{args.batch}, {args.steps} steps after a warm-up, algorithm {args.algorithm}.",
         "",
         "| ranks | samples/s (median) | runs | speed-up |",
@@ -171,7 +185,7 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
     lines = [
         f"### Modes on one model ({p} ranks, medians of {args.repeat})",
         "",
-        f"Model: MLP {args.features}→{args.hidden.replace(',', '→')}→10, Ψ = {psi:,} fp32 parameters "
+        f"Model: MLP {args.features}→{'→'.join(map(str, args.hidden))}→10, Ψ = {psi:,} fp32 parameters "
         f"({_fmt_bytes(grad_bytes)} of gradients), Adam, global batch {args.batch}, {args.steps} steps, "
         f"algorithm {args.algorithm}. Step = compute (forward + backward) + exposed communication (waiting "
         f"after backward, and ZeRO's reduce-scatter/all-gather) + the update; hidden = bucket collective time "
@@ -292,19 +306,14 @@ def async_part(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) 
 
 
 def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> int:
-    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    bad = [x for x in parts if x not in PARTS]
-    if bad:
-        raise ValueError(f"--parts {','.join(bad)}: choose from {', '.join(PARTS)}")
-    if args.repeat < 1 or args.steps < 1:
-        raise ValueError(f"--repeat {args.repeat} / --steps {args.steps}: both must be >= 1")
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]  # checked by check_options
     if os.environ.get("OMP_NUM_THREADS") != "1":
         say("note: OMP_NUM_THREADS is not 1, so NumPy's BLAS may use several cores per rank and the 1-rank and "
             "N-rank figures are not like for like")
     p = comm.Get_size()
     say(f"apps.sgd bench on {p} ranks: {', '.join(parts)}")
     argv = getattr(args, "argv", sys.argv[1:])
-    command = f"mpiexec -n {p} {cli.command_line('python -m apps.sgd', argv)}"
+    command = json_report.command("python -m apps.sgd", argv, p)
     lines = [f"## apps.sgd bench, {p} ranks ({time.strftime('%Y-%m-%d')})", "", f"Command: `{command}`", ""]
     histories: dict = {}
     figures: dict[str, Any] = {}
@@ -323,12 +332,11 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
         text = "\n".join(lines) + "\n"
         print(text)
         if args.out:
-            with open(args.out, "a" if args.append else "w") as f:
-                f.write(text)
+            cli.write_out(args.out, text, args.append)
             print(f"wrote {args.out}")
         if args.json:
             results = {"parts": parts, "repeat": args.repeat, "steps": args.steps, "features": args.features,
-                       "hidden": args.hidden, "batch": args.batch, "algorithm": args.algorithm, **figures}
+                       "hidden": list(args.hidden), "batch": args.batch, "algorithm": args.algorithm, **figures}
             cli.write_json(args.json, command, results, ranks=p)
             print(f"wrote {args.json}")
         if args.plot and histories:

@@ -1,9 +1,13 @@
 """The command line of the SGD application: ``train``, ``bench`` and ``plot``.
 
-The conventions of :mod:`mpicomm.cli`: sizes as 4096, 64K, 64KiB, 1M or 1e6
-(``--bucket``); ``--json FILE`` writes one document (schema, command, machine,
-versions, date, results); ``--out`` is the benchmark's Markdown report only (an
-existing one is kept unless ``--append`` or ``--force``); ``--plot PNG`` draws.
+The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: sizes as 4096,
+64K, 64KiB, 1M or 1e6 (``--bucket``); ``--json FILE`` writes one document
+(schema, command, machine, versions, date, results); ``--out`` is the
+benchmark's Markdown report only (an existing one is kept unless ``--append`` or
+``--force``); ``--plot FILE.png`` draws; the checkpoint options are every
+application's (``--checkpoint-dir``, default ``checkpoints/sgd``). Settings are
+checked before MPI starts; what depends on the ranks (the batch against the
+workers, the data, memory) once it has, with the same verdict on every rank.
 """
 
 from __future__ import annotations
@@ -23,19 +27,9 @@ EXAMPLES = """examples:
   mpiexec -n 2 python -m apps.sgd train --no-overlap --bucket 1M --log metrics.csv --plot curves.png --json run.json
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt   # and after a crash:
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt --restart
-  mpiexec -n 2 python -m apps.sgd bench --out jobs/results/sgd-modes.md --json sgd-modes.json
+  mpiexec -n 2 python -m apps.sgd bench --out jobs/results/sgd-bench.md --force --json sgd-bench.json
   python -m apps.sgd plot a.csv b.csv --plot curves.png
 """
-
-
-def _hidden(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer widths such as 128,128") from None
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give at least one width, each >= 1")
-    return widths
 
 
 def _staleness(text: str) -> int | None:
@@ -49,6 +43,7 @@ def _staleness(text: str) -> int | None:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``train`` and ``bench``: model, data, optimizer, communication."""
+    from apps import options
     from apps.sgd.train import Config
 
     d = Config()
@@ -61,13 +56,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="--data file: a NumPy .npz with x_train, y_train, x_test, y_test")
     g.add_argument("--samples", type=int, default=d.samples, help=f"teacher: training samples (default: {d.samples})")
     g.add_argument("--features", type=int, default=d.features, help=f"teacher: input features (default: {d.features})")
-    g.add_argument("--hidden", type=_hidden, default=d.hidden, metavar="W[,W…]",
-                   help=f"hidden layer widths (default: {','.join(map(str, d.hidden))})")
+    g.add_argument("--hidden", type=options.hidden_widths, default=d.hidden, metavar="W[,W…]",
+                   help=f"the width of each hidden layer (default: {','.join(map(str, d.hidden))})")
     g.add_argument("--activation", choices=("relu", "gelu"), default=d.activation, help="(default: relu)")
     g.add_argument("--layernorm", action="store_true", help="LayerNorm after each hidden Linear")
     g.add_argument("--dropout", type=float, default=d.dropout, help="dropout after each activation (default: 0)")
     g.add_argument("--dtype", choices=("float32", "float64"), default=d.dtype, help=f"(default: {d.dtype})")
-    g.add_argument("--backend", choices=("numpy", "cupy"), default=d.backend, help="array module (default: numpy)")
+    g.add_argument("--backend", choices=options.BACKENDS, default=d.backend, help="array module (default: numpy)")
     g.add_argument("--seed", type=int, default=d.seed, help="model initialisation and data order (default: 0)")
     g = p.add_argument_group("optimization")
     g.add_argument("--batch", type=int, default=d.batch, help=f"GLOBAL batch, split over the workers (default: {d.batch})")
@@ -100,7 +95,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "(0 = synchronous; default for ps-async: none = unbounded)")
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser, with its ``train``, ``bench`` and ``plot`` sub-commands."""
+    from apps import options
     from apps.sgd.train import MODES
 
     parser = argparse.ArgumentParser(
@@ -120,16 +117,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
     g.add_argument("--uneven", action="store_true",
                    help="test of uneven inputs: worker r runs r fewer steps and joins the others' all-reduces "
                         "with zeros (PyTorch's Join)")
-    g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (default: never)")
-    g.add_argument("--checkpoint-dir", default="checkpoints", metavar="D", help="(default: ./checkpoints)")
-    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (default: 2)")
-    g.add_argument("--restart", action="store_true", help="resume from the newest valid checkpoint in --checkpoint-dir")
+    options.add_checkpoint_options(g, "sgd", "steps")
     g.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="evaluate, print progress and log every K steps (default: once per epoch)")
     g.add_argument("--log", metavar="CSV", default=None, help="metrics per evaluation (rank 0)")
     cli.add_json(g, "the settings and the run's report")
-    g.add_argument("--plot", metavar="PNG", default=None, help="loss and accuracy against step and wall time")
-    g.add_argument("--plot-timeline", metavar="PNG", default=None,
+    g.add_argument("--plot", metavar="FILE.png", default=None, help="loss and accuracy against step and wall time")
+    g.add_argument("--plot-timeline", metavar="FILE.png", default=None,
                    help="one step per rank: layers' backward, bucket collectives, waits")
     g.add_argument("--timeline-step", type=int, default=None, metavar="S",
                    help="the step --plot-timeline draws (default: the middle one)")
@@ -142,18 +136,40 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
 
     add_options(b)
 
-    pl = sub.add_parser("plot", help="draw metrics CSVs (from train --log) as loss/accuracy curves",
+    pl = sub.add_parser("plot", help="draw metrics CSVs (from train --log) as loss/accuracy curves (no MPI)",
                         description="Draw metrics CSVs (from train --log) as loss/accuracy curves in one picture.")
     pl.add_argument("csv", nargs="+", help="metrics files; each is labelled by its file name")
-    pl.add_argument("--plot", metavar="PNG", dest="png", help="the picture to write (required)")
-    pl.add_argument("--out", metavar="PNG", dest="png", help=argparse.SUPPRESS)  # the option's earlier name
-    args = parser.parse_args(argv)
+    pl.add_argument("--plot", metavar="FILE.png", dest="png", required=True, help="the picture to write")
+    cli.renamed(pl, "--out", "--plot", "--out is for Markdown reports")
+    return parser
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parsed and checked command line; usage errors exit with status 2 before MPI starts."""
+    top = parser()
+    args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
-    if args.command == "plot" and not args.png:
-        pl.error("--plot PNG is required: the picture to write")
+    own = cli.subparser(top, args.command)
     if args.command == "bench":
-        cli.check_out(b, args)
-    return parser, args
+        from apps.sgd.bench import check_options
+
+        check_options(own, args)
+    elif args.command == "train":
+        from apps import options
+        from apps.sgd.train import check_settings
+
+        options.check_checkpoint_options(own, args)
+        if args.timeline_step is not None and args.timeline_step < 0:
+            own.error(f"--timeline-step must be >= 0, got {args.timeline_step}")
+        if args.timeline_step is not None and not args.plot_timeline:
+            own.error("--timeline-step chooses the step --plot-timeline draws: add --plot-timeline FILE.png")
+        if args.plot_timeline and args.mode.startswith("ps"):
+            own.error("--plot-timeline draws bucket collectives: use it with --mode ddp, zero1 or zero2")
+        try:
+            check_settings(config_from(args))
+        except ValueError as exc:
+            own.error(str(exc))
+    return top, args
 
 
 def config_from(args: argparse.Namespace) -> Any:
@@ -173,21 +189,16 @@ def config_from(args: argparse.Namespace) -> Any:
         bucket_mb=args.bucket / 2**20 if getattr(args, "bucket", None) else args.bucket_mb,
         compress=None if args.compress == "none" else args.compress, accumulate=args.accumulate,
         uneven=getattr(args, "uneven", False), servers=args.servers, staleness=staleness,
-        checkpoint_every=getattr(args, "checkpoint_every", 0), checkpoint_dir=getattr(args, "checkpoint_dir", "checkpoints"),
+        checkpoint_every=getattr(args, "checkpoint_every", 0), checkpoint_dir=getattr(args, "checkpoint_dir", "checkpoints/sgd"),
         keep=getattr(args, "keep", 2), restart=getattr(args, "restart", False), log=getattr(args, "log", None),
         eval_every=getattr(args, "eval_every", 0), progress=not getattr(args, "quiet", False),
     )
 
 
 def run(argv: list[str] | None = None) -> int:
-    from mpicomm.runtime import exit_together
+    from apps import options
 
-    try:
-        parser, args = parse(argv)
-    except SystemExit as exc:  # argparse said what is wrong; every rank does, then all exit
-        if exc.code:
-            exit_together(exc.code)
-        raise
+    parser, args = options.parse_or_exit(parse, argv)
     if args.command == "plot":
         from apps.sgd.plots import curves
 
@@ -215,7 +226,7 @@ def run(argv: list[str] | None = None) -> int:
     except (ValueError, CheckpointError, OSError) as exc:
         # The same settings give the same error on every rank (checkpoint directory, data and memory
         # verdicts are agreed on by every rank first): each rank says it, all exit with status 2.
-        exit_together(2, f"{prog}: rank {rank} of {comm.Get_size()}: error: {exc}")
+        options.exit_error(prog, str(exc), rank, comm.Get_size())
     return 0
 
 
@@ -224,8 +235,6 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
 
     cfg = config_from(args)
     if args.plot_timeline:
-        if cfg.mode.startswith("ps"):
-            raise ValueError("--plot-timeline draws bucket collectives: use it with ddp, zero1 or zero2")
         cfg.timeline_step = args.timeline_step
     # Settings, checkpoint directory, data, batch and memory: checked before anything is allocated,
     # with the same verdict on every rank.
@@ -259,8 +268,9 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
         body = {k: v for k, v in vars(report).items() if k not in ("model", "timeline")}
         results = {"config": asdict(cfg), "report": body, "hidden_fraction": hidden,
                    "digest": _digest(report.model.params)}
-        p = comm.Get_size()
-        cli.write_json(args.json, f"mpiexec -n {p} {cli.command_line(PROG, args.argv)}", results, ranks=p)
+        from apps import report as json_report
+
+        json_report.write_json(args.json, PROG, args.argv, comm.Get_size(), results)
     if args.plot:
         from apps.sgd.plots import curves
 

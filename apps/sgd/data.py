@@ -13,8 +13,8 @@ Two data sets:
 
 And :class:`Sampler`, which decides which global sample indices each rank trains
 on at every step, such that N ranks together see exactly the batches one rank
-would (see its docstring), plus :func:`divide`, the split of ``n`` items over
-``parts`` used by the sampler and by the ZeRO shards.
+would (see its docstring); the split of a batch over the ranks is
+:func:`apps.blocks.block`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from apps.blocks import block
 
 __all__ = [
     "DataError",
@@ -34,7 +36,6 @@ __all__ = [
     "Teacher",
     "TEACHER_BLOCK",
     "teacher_dataset",
-    "divide",
     "Sampler",
 ]
 
@@ -232,23 +233,6 @@ def teacher_dataset(
 # ----------------------------------------------------------------------------- sampler
 
 
-def divide(n: int, parts: int, index: int) -> tuple[int, int]:
-    """``(start, stop)`` of part ``index`` when ``n`` items are cut into ``parts`` contiguous parts.
-
-    ``q, r = divmod(n, parts)``: the first ``r`` parts hold ``q + 1`` items, the others
-    ``q`` (possibly 0). The parts are in order and cover ``0 .. n`` exactly.
-    """
-    if n < 0:
-        raise ValueError(f"cannot divide {n} items; the count must be >= 0")
-    if parts < 1:
-        raise ValueError(f"cannot divide into {parts} parts; use at least 1")
-    if not 0 <= index < parts:
-        raise ValueError(f"part {index} is out of range for {parts} parts; use 0 <= index < {parts}")
-    q, r = divmod(int(n), int(parts))
-    start = int(index) * q + min(int(index), r)
-    return start, start + q + (1 if index < r else 0)
-
-
 class Sampler:
     """Which global samples each rank uses at each step - ``torch``'s DistributedSampler, made exact.
 
@@ -256,7 +240,7 @@ class Sampler:
     ``np.random.default_rng([seed, e]).permutation(n)`` (``arange(n)`` without
     ``shuffle``), computed identically on every rank - no communication needed.
     Step ``s`` of the epoch takes the global batch ``order(e)[s*B:(s+1)*B]`` and
-    splits it over the ranks in contiguous chunks with :func:`divide`: rank ``r``
+    splits it over the ranks in contiguous chunks with :func:`apps.blocks.block`: rank ``r``
     gets chunk ``r``, and the first ``b % world_size`` ranks one more sample. So the
     concatenation of the ranks' chunks, in rank order, *is* the batch a single rank
     would use - N ranks train on exactly the same batches as one rank.
@@ -355,7 +339,7 @@ class Sampler:
         self._check_step(step)
         step = int(step)
         count = self.global_count(step)
-        start, stop = divide(count, self.world_size, self.rank)
+        start, stop = block(count, self.world_size, self.rank)
         base = step * self.global_batch
         return self._order(epoch)[base + start : base + stop].copy(), count
 

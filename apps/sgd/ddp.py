@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 import mpicomm
+from apps.blocks import block
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.xp import array_module
 from apps.sgd.buckets import DEFAULT_CAP_MB, Bucket, Parameter, plan, ready_at
-from apps.sgd.data import divide
 from mpicomm import trace
 
 __all__ = ["Reducer", "DDP", "COMPRESSION", "parameters_of", "StepResult"]
@@ -293,7 +293,7 @@ class DDP:
         model.zero_grad()
         t0 = time.perf_counter()
         for k in range(self.accumulate):
-            a, b = divide(len(y), self.accumulate, k)
+            a, b = block(len(y), self.accumulate, k)
             last = k == self.accumulate - 1
             if last:
                 reducer.begin(self.world if divisor is None else divisor)

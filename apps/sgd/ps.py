@@ -6,7 +6,7 @@ The contract (what :mod:`tests.apps.sgd.test_ps` checks):
 dedicated servers and the first W = N - K are workers (so rank 0 is always a
 worker); ``1 <= K < N``, else ``ValueError``. The model's flat parameter vector
 (``model.params``, one buffer) is cut into K contiguous shards with
-:func:`apps.sgd.data.divide`; server k owns shard k: its parameters and the
+:func:`apps.blocks.block`; server k owns shard k: its parameters and the
 optimizer state of that shard only (``optimizer.init_state(shard_size, ...)``).
 Servers never run forward or backward and keep no model gradients, only the
 workers' pushed slices until they are applied. A server's initial shard is
@@ -74,9 +74,9 @@ from typing import Any
 from mpi4py import MPI
 
 import mpicomm
+from apps.blocks import block
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.xp import array_module
-from apps.sgd.data import divide
 from apps.sgd.ddp import StepResult, _state_bytes
 
 __all__ = ["ParameterServer"]
@@ -131,7 +131,7 @@ class ParameterServer:
         self.xp = array_module(model.params)
         self.dtype = model.params.dtype
         n = model.num_params
-        self.bounds = [divide(n, servers, k) for k in range(servers)]  # shard k: [lo, hi) of the flat vector
+        self.bounds = [block(n, servers, k) for k in range(servers)]  # shard k: [lo, hi) of the flat vector
 
         # Private communicator for the pushes (collective): nothing else on *comm* can match them.
         self._comm = mpicomm.Comm(MPI.Intracomm.Dup(MPI.Intracomm(comm)))

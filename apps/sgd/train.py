@@ -32,17 +32,19 @@ import numpy as np
 
 from apps import checkpoint as ck
 from apps import memory
+from apps.agree import agree, verdict
+from apps.blocks import block
 from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.nn.xp import to_host
 from apps.sgd.buckets import DEFAULT_CAP_MB
-from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, divide, load_digits
+from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digits
 from apps.sgd.ddp import DDP, compression_dtype
 from apps.sgd.ps import ParameterServer
 from apps.sgd.zero import Zero
 from mpicomm import cli
 
-__all__ = ["Config", "Report", "MODES", "train", "preflight", "samples_processed", "memory_need", "PREFIX"]
+__all__ = ["Config", "Report", "MODES", "train", "check_settings", "validate", "preflight", "samples_processed", "memory_need", "PREFIX"]
 
 MODES = ("ddp", "zero1", "zero2", "ps-sync", "ps-async")
 PREFIX = "sgd"  # checkpoint series name
@@ -82,7 +84,7 @@ class Config:
     servers: int = 1
     staleness: int | None = 0
     checkpoint_every: int = 0
-    checkpoint_dir: str = "checkpoints"
+    checkpoint_dir: str = "checkpoints/sgd"
     keep: int = 2
     restart: bool = False
     log: str | None = None
@@ -234,7 +236,7 @@ def samples_processed(n: int, batch: int, workers: int, start: int, stop: int, u
     Step ``s`` is step ``s % P`` of its epoch (``P = ceil(n / batch)`` steps);
     every step's global batch holds *batch* samples except an epoch's last,
     which holds ``n - (P-1)·batch``, and worker ``w`` takes its share of it
-    (:func:`apps.sgd.data.divide`). With *uneven*, worker ``w`` stops ``w``
+    (:func:`apps.blocks.block`). With *uneven*, worker ``w`` stops ``w``
     steps early (``--uneven``) and its shares of the steps it skips are not
     processed.
     """
@@ -248,53 +250,70 @@ def samples_processed(n: int, batch: int, workers: int, start: int, stop: int, u
         if end <= start:
             continue
         lasts = end // per_epoch - start // per_epoch  # steps s in [start, end) with s % P == P - 1
-        full_share = divide(batch, workers, w)
-        last_share = divide(last, workers, w)
+        full_share = block(batch, workers, w)
+        last_share = block(last, workers, w)
         total += (end - start - lasts) * (full_share[1] - full_share[0]) + lasts * (last_share[1] - last_share[0])
     return total
 
 
-def validate(cfg: Config, size: int) -> None:
-    """Refuse bad settings with a message naming the value and the fix (the same on every rank)."""
+def check_settings(cfg: Config) -> None:
+    """Refuse settings that are wrong at any rank count, with a message stating the rule and the value.
+
+    The command line calls it before MPI starts (a usage error);
+    :func:`validate` adds what depends on the number of ranks.
+    """
     if cfg.mode not in MODES:
         raise ValueError(f"--mode {cfg.mode!r}: choose one of {', '.join(MODES)}")
     if cfg.bucket_mb <= 0:
-        raise ValueError(f"--bucket-mb {cfg.bucket_mb:g}: must be > 0 (DDP's default is {DEFAULT_CAP_MB:g})")
+        raise ValueError(f"--bucket-mb must be > 0, got {cfg.bucket_mb:g} (DDP's default is {DEFAULT_CAP_MB:g})")
     if cfg.accumulate < 1:
-        raise ValueError(f"--accumulate {cfg.accumulate}: must be >= 1 (1 synchronizes every step)")
+        raise ValueError(f"--accumulate must be >= 1, got {cfg.accumulate} (1 synchronizes every step)")
     if cfg.staleness is not None and cfg.staleness < 0:
-        raise ValueError(f"--staleness {cfg.staleness}: must be >= 0 (0 is synchronous)")
-    workers = size
+        raise ValueError(f"--staleness must be >= 0, got {cfg.staleness} (0 is synchronous)")
+    if cfg.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {cfg.batch}")
     if cfg.mode.startswith("ps"):
-        if not 1 <= cfg.servers < size:
-            raise ValueError(f"--servers {cfg.servers}: need 1 <= K < N ranks (N = {size}); the rest are workers")
-        workers = size - cfg.servers
+        if cfg.servers < 1:
+            raise ValueError(f"--servers must be >= 1, got {cfg.servers}")
         if cfg.checkpoint_every or cfg.restart:
             raise ValueError(f"--mode {cfg.mode}: the parameter-server modes do not checkpoint; "
                              f"use ddp, zero1 or zero2 with --checkpoint-every")
         if cfg.uneven:
             raise ValueError("--uneven applies to ddp, zero1 and zero2 (Join semantics)")
+    if cfg.epochs < 1 and cfg.steps is None:
+        raise ValueError(f"--epochs must be >= 1, got {cfg.epochs}")
+    if cfg.steps is not None and cfg.steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {cfg.steps}")
+    if cfg.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every} (0: never)")
+    if cfg.keep < 1:
+        raise ValueError(f"--keep must be >= 1, got {cfg.keep}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1), got {cfg.dropout:g}")
+    if cfg.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {cfg.lr:g}")
+    if any(h < 1 for h in cfg.hidden):
+        raise ValueError(f"--hidden: each width must be >= 1, got {','.join(map(str, cfg.hidden))}")
+    compression_dtype(cfg.compress)
+    if cfg.compress and cfg.mode != "ddp":
+        raise ValueError(f"--compress {cfg.compress}: applies to --mode ddp's all-reduce only")
+
+
+def validate(cfg: Config, size: int) -> None:
+    """Refuse bad settings for a run on *size* ranks with a message naming the value and the fix (the same on every
+    rank): :func:`check_settings`, then the servers and the batch against the ranks."""
+    check_settings(cfg)
+    workers = size
+    if cfg.mode.startswith("ps"):
+        if not 1 <= cfg.servers < size:
+            raise ValueError(f"--servers {cfg.servers}: need 1 <= K < N ranks (N = {size}); the rest are workers")
+        workers = size - cfg.servers
     if cfg.batch < workers:
         raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {workers} workers; "
                          f"every worker needs at least one sample: use --batch >= {workers}")
     if cfg.batch < workers * cfg.accumulate:
         raise ValueError(f"--batch {cfg.batch} with --accumulate {cfg.accumulate}: each of the {workers} workers "
                          f"needs at least one sample per micro-batch; use --batch >= {workers * cfg.accumulate}")
-    if cfg.epochs < 1 and cfg.steps is None:
-        raise ValueError(f"--epochs {cfg.epochs}: must be >= 1")
-    if cfg.steps is not None and cfg.steps < 0:
-        raise ValueError(f"--steps {cfg.steps}: must be >= 0")
-    if cfg.checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every {cfg.checkpoint_every}: must be >= 0 (0: never)")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise ValueError(f"--dropout {cfg.dropout}: must be in [0, 1)")
-    if cfg.lr <= 0:
-        raise ValueError(f"--lr {cfg.lr}: must be > 0")
-    if any(h < 1 for h in cfg.hidden):
-        raise ValueError(f"--hidden {','.join(map(str, cfg.hidden))}: layer widths must be >= 1")
-    compression_dtype(cfg.compress)
-    if cfg.compress and cfg.mode != "ddp":
-        raise ValueError(f"--compress {cfg.compress}: applies to --mode ddp's all-reduce only")
 
 
 def _array_module(backend: str) -> Any:
@@ -372,9 +391,7 @@ def _source(comm: Any, cfg: Config) -> Source:
         source = Source(cfg, np.dtype(cfg.dtype))
     except (DataError, OSError) as exc:
         problem = str(exc)
-    problems = [p for p in comm.allgather(problem) if p]
-    if problems:
-        raise ValueError(problems[0])
+    agree(comm, problem)
     return source
 
 
@@ -548,9 +565,7 @@ def _fresh_directory(comm: Any, cfg: Config) -> None:
                            f"resume from them, or choose an empty directory")
         except OSError as exc:
             problem = f"--checkpoint-dir {cfg.checkpoint_dir}: {exc}"
-    problem = comm.bcast(problem, root=0)
-    if problem:
-        raise ck.CheckpointError(problem)
+    verdict(comm, problem, ck.CheckpointError)
 
 
 # ---------------------------------------------------------------- the loop

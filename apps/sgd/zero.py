@@ -1,7 +1,7 @@
 """ZeRO stages 1 and 2 (Rajbhandari et al., 2019): optimizer state, then gradients, sharded over the ranks.
 
 The flat parameter buffer is cut into p contiguous shards (near-equal, by
-:func:`apps.sgd.data.divide`); rank r owns shard r. Each step:
+:func:`apps.blocks.blocks`); rank r owns shard r. Each step:
 
 * ``zero1`` - backward as usual into the full gradient buffer; then one
   **reduce-scatter** (instead of an all-reduce) leaves on rank r the averaged
@@ -30,18 +30,12 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 import mpicomm
+from apps.blocks import blocks
 from apps.nn.xp import array_module
 from apps.sgd.buckets import Bucket
-from apps.sgd.data import divide
 from apps.sgd.ddp import DDP, Reducer, _as, _state_bytes
 
-__all__ = ["Zero", "ShardReducer", "shards"]
-
-
-def shards(n: int, p: int) -> tuple[list[int], list[int]]:
-    """(counts, displacements) of p near-equal contiguous shards of n elements."""
-    bounds = [divide(n, p, r) for r in range(p)]
-    return [b - a for a, b in bounds], [a for a, _ in bounds]
+__all__ = ["Zero", "ShardReducer"]
 
 
 class ShardReducer(Reducer):
@@ -52,7 +46,7 @@ class ShardReducer(Reducer):
             raise ValueError("--compress applies to ddp's all-reduce; zero1/zero2 reduce in the model's dtype")
         super().__init__(comm, model, **options)
         p, rank = comm.Get_size(), comm.Get_rank()
-        counts, displs = shards(model.num_params, p)
+        counts, displs = blocks(model.num_params, p)
         self._lo = displs[rank]
         self.grad_shard = grad_shard
         # Per bucket: how many of its elements each rank owns, and where this rank's land in its shard.
@@ -79,7 +73,7 @@ class Zero(DDP):
         self.stage = stage
         self.name = f"zero{stage}"
         p, rank = comm.Get_size(), comm.Get_rank()
-        self.counts, self.displs = shards(model.num_params, p)
+        self.counts, self.displs = blocks(model.num_params, p)
         self.lo, self.hi = self.displs[rank], self.displs[rank] + self.counts[rank]
         self.grad_shard = array_module(model.params).zeros(self.hi - self.lo, model.params.dtype)
         self._datatype = None

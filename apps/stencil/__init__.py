@@ -9,9 +9,9 @@ Modules: ``grid`` (decomposition), ``halo`` (the exchange plan), ``problem``
 ``fieldio`` (MPI-IO checkpoints, digest, plot); kernels live in ``kernels/``.
 """
 
-from .grid import Grid, Layout, block
+from .grid import Grid, Layout
 from .halo import MODES, HaloExchange
 from .problem import PROBLEMS, make
 from .solver import Config, Result, solve
 
-__all__ = ["Config", "Result", "solve", "Grid", "Layout", "block", "HaloExchange", "MODES", "PROBLEMS", "make"]
+__all__ = ["Config", "Result", "solve", "Grid", "Layout", "HaloExchange", "MODES", "PROBLEMS", "make"]

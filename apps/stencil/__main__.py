@@ -29,7 +29,9 @@ def _rank_dims(text: str) -> list[int]:
     return dims
 
 
-def parse(argv: list[str] | None):
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (no checks beyond argparse's: :func:`parse` makes them)."""
+    from apps import options
     from kernels import PATHS
 
     from .halo import MODES
@@ -50,7 +52,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")
     parser.add_argument("--size", type=cli.size_arg, default=None, metavar="N",
                         help="cells per side, e.g. 4096, 4K or 1e4 (default: 4096 in 2-D, 256 in 3-D)")
-    parser.add_argument("--iters", type=int, default=1000, help="iterations (default: 1000)")
+    parser.add_argument("--iters", type=int, default=1000, metavar="N",
+                        help="iterations of the solver (default: 1000)")
     parser.add_argument("--tol", type=float, default=0.0,
                         help="stop when the residual max|u_new - u| falls to this (default: 0, run all --iters)")
     parser.add_argument("--check-every", type=int, default=10, metavar="K",
@@ -66,32 +69,36 @@ def parse(argv: list[str] | None):
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="(default: float64)")
     parser.add_argument("--rank-dims", type=_rank_dims, default=None, metavar="AxB[xC]",
                         help="rank grid, e.g. 4x1 (0 = let MPI choose; default: MPI_Dims_create)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="write a checkpoint every K iterations and at the end (default: 0, never)")
-    parser.add_argument("--checkpoint-dir", default="checkpoints", metavar="D", help="(default: ./checkpoints)")
-    parser.add_argument("--keep", type=int, default=2, help="checkpoints kept in --checkpoint-dir (default: 2)")
-    parser.add_argument("--restart", action="store_true",
-                        help="resume from the newest valid checkpoint in --checkpoint-dir (start fresh if there is none)")
-    parser.add_argument("--plot", metavar="PNG", default=None, help="save a picture of the final field")
+    options.add_checkpoint_options(parser, "stencil", "iterations")
+    parser.add_argument("--plot", metavar="FILE.png", default=None, help="save a picture of the final field")
     cli.add_json(parser, "the settings and the results")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="skip the STREAM triad measurement (no fraction of the memory bound)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str] | None):
+    """The parser and the checked options; usage errors exit with status 2 (argparse's) before MPI starts."""
+    from apps import options
+    from kernels import available
+
+    p = parser()
+    args = p.parse_args(argv)
     if args.size is None:
         args.size = 4096 if args.dims == 2 else 256
-    for name in ("size", "iters", "check_every", "keep"):
-        value = getattr(args, name)
-        low = 1 if name in ("size", "check_every", "keep") else 0
-        if value < low:
-            parser.error(f"--{name.replace('_', '-')} {value}: must be >= {low}")
-    if args.checkpoint_every < 0:
-        parser.error(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: never)")
+    cli.at_least(p, args, 1, "--size", "--check-every")
+    cli.at_least(p, args, 0, "--iters")
+    options.check_checkpoint_options(p, args)
     if args.tol < 0:
-        parser.error(f"--tol {args.tol}: must be >= 0")
+        p.error(f"--tol must be >= 0, got {args.tol:g}")
     if args.rank_dims is not None and len(args.rank_dims) != args.dims:
-        parser.error(f"--rank-dims {'x'.join(map(str, args.rank_dims))}: give {args.dims} numbers for --dims {args.dims}")
-    return parser, args
+        p.error(f"--rank-dims {'x'.join(map(str, args.rank_dims))}: give {args.dims} numbers for --dims {args.dims}")
+    if args.kernel != "auto":
+        ok, why = available(args.kernel)
+        if not ok:
+            p.error(f"--kernel {args.kernel} cannot run here: {why}")
+    return p, args
 
 
 def report(res, say) -> None:
@@ -117,16 +124,12 @@ def report(res, say) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
-    from mpicomm.runtime import exit_together
+    from apps import options
 
-    try:
-        parser, args = parse(argv)
-    except SystemExit as exc:  # argparse said what is wrong; every rank does, then all exit
-        if exc.code:
-            exit_together(exc.code)
-        raise
+    parser, args = options.parse_or_exit(parse, argv)
     from mpi4py import MPI
 
+    from apps import report as json_report
     from apps.checkpoint import CheckpointError
 
     from .solver import Config, solve
@@ -153,14 +156,13 @@ def run(argv: list[str] | None = None) -> int:
         res = solve(comm, cfg, say)
     except (ValueError, CheckpointError) as exc:
         # The same settings, hence the same error, on every rank: each says it, all exit.
-        exit_together(2, f"{parser.prog}: error (rank {rank}): {exc}")
+        options.exit_error(parser.prog, str(exc), rank, comm.Get_size())
     report(res, say)
     if args.plot:
         say(f"plot            {args.plot}")
     if args.json and rank == 0:
         results = {"config": vars(args) | {"rank_dims": res.rank_dims}, "result": res.as_dict()}
-        command = f"mpiexec -n {comm.Get_size()} {cli.command_line(PROG, argv)}"
-        cli.write_json(args.json, command, results, ranks=comm.Get_size())
+        json_report.write_json(args.json, PROG, argv, comm.Get_size(), results)
     return 0 if res.verdict.passed else 1
 
 

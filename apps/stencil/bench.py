@@ -3,8 +3,9 @@
     python -m apps.stencil.bench --ranks 1,2 --size 4096 --iters 300 --halo blocking,overlap --out BENCH.md
 
 Runs ``mpiexec -n N python -m apps.stencil`` for every rank count and halo mode
-(interleaved round by round, best of ``--repeat``, so slow drifts of a shared
-machine hit every configuration alike) at two sizes:
+(interleaved round by round, ``--repeat`` rounds, so slow drifts of a shared
+machine hit every configuration alike; each configuration's run with the
+median rate is reported) at two sizes:
 
 * **strong** — the same grid (``--size`` per side) at every rank count:
   efficiency = rate(N) / (N · rate(1));
@@ -38,85 +39,122 @@ __all__ = ["main"]
 PROG = "python -m apps.stencil.bench"
 
 
-def _mpiexec() -> str:
+def _mpiexec() -> str | None:
     import shutil
 
     here = os.path.dirname(sys.executable)
-    found = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
-    if not found:
-        raise SystemExit("python -m apps.stencil.bench: no mpiexec next to this Python or on PATH "
-                         "(pip install -e '.[mpich]')")
-    return found
+    return shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
 
 
-def _run(n: int, args: list[str], timeout: float) -> dict:
+def _run(mpiexec: str, n: int, args: list[str], timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="stencil-bench-") as d:
         out = os.path.join(d, "r.json")
-        cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "apps.stencil", "--quiet", "--json", out, *args]
+        cmd = [mpiexec, "-n", str(n), sys.executable, "-m", "apps.stencil", "--quiet", "--json", out, *args]
         env = dict(os.environ, MPIEXEC_TIMEOUT=str(int(timeout)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, env=env)
         if proc.returncode != 0:
-            raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise SystemExit(cli.error_line(PROG, f"a run failed with status {proc.returncode}: {' '.join(cmd)}\n"
+                                                  f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"))
         with open(out) as f:
             return json.load(f)["results"]["result"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _median(runs: list[dict]) -> dict:
+    """The run with the median rate (the upper one of the middle two for an even count)."""
+    return sorted(runs, key=lambda r: r["mlups"])[len(runs) // 2]
+
+
+def _scalings(text: str) -> list[str]:
+    """``--scaling``: weak, strong, both (= weak,strong) or a comma-separated list of weak and strong."""
+    names = ["weak", "strong"] if text.strip() == "both" else [s.strip() for s in text.split(",") if s.strip()]
+    if not names or any(s not in ("weak", "strong") for s in names):
+        raise argparse.ArgumentTypeError(f"must be weak, strong or both; got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError(f"must be rank counts >= 1, comma-separated, such as 1,2; got {text!r}")
+    return ranks
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in ("blocking", "overlap", "neighbor") for m in modes):
+        raise argparse.ArgumentTypeError(f"must be blocking, overlap or neighbor, comma-separated; got {text!r}")
+    return modes
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
+    from kernels import PATHS
+
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
                                             "--out STENCIL.md --json stencil.json")
-    parser.add_argument("--ranks", default="1,2", help="rank counts, comma-separated; the first is the baseline (default: 1,2)")
+    parser.add_argument("--ranks", type=_ranks, default=[1, 2], metavar="N[,N…]",
+                        help="rank counts, comma-separated; the first is the baseline (default: 1,2)")
     parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")
     parser.add_argument("--size", type=cli.size_arg, default=None, metavar="N",
                         help="cells per side at the baseline, e.g. 4096, 4K or 1e4 (default: 4096 in 2-D, 256 in 3-D)")
-    parser.add_argument("--iters", type=int, default=300, help="iterations per run (default: 300)")
-    parser.add_argument("--halo", default="blocking,overlap,neighbor", help="halo modes (default: all three)")
-    parser.add_argument("--kernel", default="auto", help="compute path of every run (default: auto)")
-    parser.add_argument("--scaling", default="weak,strong", help="weak, strong or both (default: both)")
-    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration, best kept (default: 2)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per run (default: 600)")
+    parser.add_argument("--iters", type=int, default=300, metavar="N",
+                        help="timed iterations of the solver per run (per configuration) (default: 300)")
+    parser.add_argument("--halo", type=_modes, default=["blocking", "overlap", "neighbor"], metavar="MODE[,MODE…]",
+                        help="halo modes: blocking, overlap, neighbor (default: all three)")
+    parser.add_argument("--kernel", choices=("auto", *PATHS), default="auto",
+                        help="compute path of every run (default: auto)")
+    parser.add_argument("--scaling", type=_scalings, default=["weak", "strong"], metavar="weak|strong|both",
+                        help="weak, strong or both (default: both)")
+    cli.add_repeat(parser, 2, "every configuration (round by round, interleaved)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds per run (default: 600)")
     cli.add_out(parser, "the table")
-    cli.add_json(parser, "the table's rows and every configuration's best run")
+    cli.add_json(parser, "the table's rows and every configuration's median run")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
-    cli.check_out(parser, args)
-    try:
-        ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--ranks {args.ranks!r}: expected comma-separated integers such as 1,2")
-    if not ranks or min(ranks) < 1:
-        parser.error(f"--ranks {args.ranks!r}: rank counts must be >= 1")
-    if args.repeat < 1 or args.iters < 1:
-        parser.error(f"--repeat {args.repeat} --iters {args.iters}: both must be >= 1")
-    modes = [m for m in args.halo.split(",") if m]
-    bad = [m for m in modes if m not in ("blocking", "overlap", "neighbor")]
-    if bad:
-        parser.error(f"--halo {bad[0]!r}: expected blocking, overlap or neighbor")
-    scalings = [s for s in args.scaling.split(",") if s]
-    if any(s not in ("weak", "strong") for s in scalings):
-        parser.error(f"--scaling {args.scaling!r}: expected weak, strong or weak,strong")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels import available
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    args = p.parse_args(argv)
+    cli.check_out(p, args)
+    cli.at_least(p, args, 1, "--repeat", "--iters")
+    if not args.timeout > 0:
+        p.error(f"--timeout must be > 0, got {args.timeout:g}")
+    if args.kernel != "auto":
+        ok, why = available(args.kernel)
+        if not ok:
+            p.error(f"--kernel {args.kernel} cannot run here: {why}")
+    mpiexec = _mpiexec()
+    if not mpiexec:
+        p.error("no mpiexec next to this Python or on PATH (pip install -e '.[mpich]')")
+    ranks, modes, scalings = args.ranks, args.halo, args.scaling
     size = args.size or (4096 if args.dims == 2 else 256)
 
     def side(n: int, scaling: str) -> int:
         return size if scaling == "strong" else round(size * (n / ranks[0]) ** (1 / args.dims))
 
     configs = [(s, n, m) for s in scalings for n in ranks for m in modes if not (s == "weak" and n == ranks[0] and "strong" in scalings)]
-    best: dict[tuple, dict] = {}
+    runs: dict[tuple, list[dict]] = {}
     progress = cli.Progress(len(configs) * args.repeat, "stencil.bench", show=not args.quiet)
     for _ in range(args.repeat):
         for scaling, n, mode in configs:
-            res = _run(n, ["--dims", str(args.dims), "--size", str(side(n, scaling)), "--iters", str(args.iters),
-                           "--halo", mode, "--kernel", args.kernel], args.timeout)
-            key = (scaling, n, mode)
-            if key not in best or res["mlups"] > best[key]["mlups"]:
-                best[key] = res
+            res = _run(mpiexec, n, ["--dims", str(args.dims), "--size", str(side(n, scaling)), "--iters",
+                                    str(args.iters), "--halo", mode, "--kernel", args.kernel], args.timeout)
+            runs.setdefault((scaling, n, mode), []).append(res)
             progress.step(f"{scaling} n={n} {mode}: {res['mlups']:.0f} MLUP/s")
+    chosen = {key: _median(found) for key, found in runs.items()}
 
     def get(scaling: str, n: int, mode: str) -> dict:
         if scaling == "weak" and n == ranks[0] and "strong" in scalings:
             scaling = "strong"  # the baseline is the same run
-        return best[(scaling, n, mode)]
+        return chosen[(scaling, n, mode)]
 
     lines = ["| scaling | halo | ranks | grid | MLUP/s | per rank | efficiency | of STREAM bound | overlap gain |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|"]
@@ -142,16 +180,15 @@ def main(argv: list[str] | None = None) -> int:
                              "dims": args.dims, "mlups": r["mlups"], "mlups_per_rank": r["mlups"] / n,
                              "efficiency": eff, "bound_fraction": r.get("bound_fraction"), "overlap_gain": gain,
                              "run": r})
-    kernel = next(iter(best.values()))["kernel"]
-    head = (f"Stencil scaling: {args.dims}-D heat, kernel {kernel}, {args.iters} iterations, best of {args.repeat}, "
+    kernel = next(iter(chosen.values()))["kernel"]
+    head = (f"Stencil scaling: {args.dims}-D heat, kernel {kernel}, {args.iters} iterations, median of {args.repeat}, "
             f"{platform.node()} ({os.cpu_count()} cores)")
     table = "\n".join(lines)
     print(head)
     print(table)
     command = cli.command_line(PROG, argv)
     if args.out:
-        with open(args.out, "a" if args.append else "w") as f:
-            f.write(f"### {head}\n\n```\n{command}\n```\n\n{table}\n\n")
+        cli.write_out(args.out, f"### {head}\n\n```\n{command}\n```\n\n{table}\n", args.append)
     if args.json:
         cli.write_json(args.json, command, {"kernel": kernel, "dims": args.dims, "iterations": args.iters,
                                             "repeat": args.repeat, "rows": rows})

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from apps import checkpoint
+from apps.agree import agree, from_root
 from mpicomm.transport import buffers
 
 from .grid import Grid
@@ -48,16 +49,7 @@ def _file_type(grid: Grid, dtype: np.dtype) -> tuple[MPI.Datatype, MPI.Datatype,
 
 def _on_rank0(comm: MPI.Intracomm, work, what: str):
     """Run *work()* on rank 0; its result on every rank, or its error as CheckpointError on every rank."""
-    result = error = None
-    if comm.Get_rank() == 0:
-        try:
-            result = work()
-        except (OSError, ValueError, KeyError, TypeError, checkpoint.CheckpointError) as exc:
-            error = f"{what}: {exc}"
-    result, error = comm.bcast((result, error), root=0)
-    if error:
-        raise checkpoint.CheckpointError(error)
-    return result
+    return from_root(comm, work, checkpoint.CheckpointError, (OSError, ValueError, KeyError, TypeError), what)
 
 
 def _unlink(path: str) -> None:
@@ -81,8 +73,8 @@ def prepare(comm: MPI.Intracomm, directory: str, fresh: bool) -> None:
         found = checkpoint.steps(directory, PREFIX)
         if fresh and found:
             raise checkpoint.CheckpointError(
-                f"{directory} already holds checkpoints (newest: iteration {found[0]}); pass --restart to resume "
-                f"from them, or use another --checkpoint-dir"
+                f"--checkpoint-dir {directory} already holds checkpoints (newest: iteration {found[0]}); pass "
+                f"--restart to resume from them, or use another --checkpoint-dir"
             )
 
     _on_rank0(comm, work, f"--checkpoint-dir {directory}")
@@ -128,10 +120,12 @@ def save(grid: Grid, fields: dict[str, Any], step: int, directory: str, keep: in
             fh.Close()
     except MPI.Exception as exc:
         failure = f"writing {tmp} with MPI-IO: {exc.Get_error_string()}"
-    if comm.allreduce(failure is not None, op=MPI.LOR):
+    try:
+        agree(comm, failure, checkpoint.CheckpointError)
+    except checkpoint.CheckpointError:
         if comm.Get_rank() == 0:
             _unlink(tmp)
-        raise checkpoint.CheckpointError(failure or f"writing {tmp} with MPI-IO failed on another rank")
+        raise
     mpath = checkpoint.manifest_path(directory, PREFIX, step)
 
     def commit() -> None:

@@ -4,8 +4,8 @@ Vocabulary (used by every module of the stencil application):
 
 * the **global array** has ``extent`` cells per dimension; the cells of the
   ``owned`` range ``[a, b)`` (the same in every dimension) are split among the
-  ranks in near-equal blocks (:func:`block`: the first ``n mod p`` blocks get one
-  cell more), so any rank count and any grid size that leaves every rank at least
+  ranks in near-equal blocks (:func:`apps.blocks.block`: the first ``n mod p``
+  blocks get one cell more), so any rank count and any grid size that leaves every rank at least
   ``width`` cells works, square or not;
 * each rank's **local array** is its block plus ``width`` ghost cells on every
   side (the stencil's radius): ghosts facing a neighbour are filled by the halo
@@ -27,17 +27,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from apps.blocks import block
 from kernels.checks import slices
 
-__all__ = ["Box", "block", "Layout", "Grid", "shrink", "strips", "slabs", "cells"]
+__all__ = ["Box", "Layout", "Grid", "shrink", "strips", "slabs", "cells"]
 
 Box = tuple[tuple[int, int], ...]
-
-
-def block(n: int, parts: int, index: int) -> tuple[int, int]:
-    """``(start, size)`` of block *index* when *n* cells are split into *parts* near-equal blocks."""
-    q, r = divmod(n, parts)
-    return index * q + min(index, r), q + (1 if index < r else 0)
 
 
 def cells(box: Box) -> int:
@@ -74,13 +69,14 @@ def strips(outer: Box, inner: Box) -> list[Box]:
 
 
 def slabs(box: Box, parts: int) -> list[Box]:
-    """*box* cut along dimension 0 into at most *parts* near-equal slabs (:func:`block`), empty ones left out."""
+    """*box* cut along dimension 0 into at most *parts* near-equal slabs (:func:`apps.blocks.block`), empty ones
+    left out."""
     (lo, hi), rest = box[0], tuple(box[1:])
     n = max(0, hi - lo)
     out = []
     for i in range(min(parts, n) if n else 1):
-        start, size = block(n, min(parts, n) if n else 1, i)
-        out.append(((lo + start, lo + start + size),) + rest)
+        start, stop = block(n, min(parts, n) if n else 1, i)
+        out.append(((lo + start, lo + stop),) + rest)
     return [b for b in out if cells(b)] or [box]
 
 
@@ -128,7 +124,8 @@ class Grid:
         self.cart: MPI.Cartcomm = mpi_comm.Create_cart(dims, periods=[False] * d, reorder=False)
         self.rank = self.cart.Get_rank()
         self.coords = tuple(self.cart.Get_coords(self.rank))
-        starts, sizes = zip(*(block(n_owned, dims[k], self.coords[k]) for k in range(d)))
+        starts, stops = zip(*(block(n_owned, dims[k], self.coords[k]) for k in range(d)))
+        sizes = [b - a for a, b in zip(starts, stops)]
         #: first owned global index and owned cells per dimension
         self.lo = tuple(layout.owned[0] + s for s in starts)
         self.size = tuple(sizes)

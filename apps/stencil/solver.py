@@ -63,7 +63,7 @@ class Config:
     dtype: str = "float64"
     rank_dims: list[int] | None = None
     checkpoint_every: int = 0
-    checkpoint_dir: str = "checkpoints"
+    checkpoint_dir: str = "checkpoints/stencil"
     keep: int = 2
     restart: bool = False
     plot: str | None = None

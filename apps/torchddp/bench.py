@@ -4,7 +4,7 @@ The default process group is mpicomm's; ``dist.new_group(backend="gloo")``
 makes a gloo group over the same ranks. For each configuration two identical
 models (same seed) are wrapped in DistributedDataParallel, one per group, with
 the same bucket cap, optimizer and batch. After ``--warmup`` untimed steps of
-each (DDP rebuilds its buckets after the first), ``--rounds`` rounds each time
+each (DDP rebuilds its buckets after the first), ``--repeat`` rounds each time
 ``--steps`` steps of both, alternating which goes first, so the machine's noise
 hits both alike:
 
@@ -48,9 +48,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from apps.blocks import block
 from mpicomm import cli
 
-from .data import Teacher, block
+from .data import Teacher
 from .models import ModelSpec, build, count_parameters
 from .train import DTYPES, Config, make_optimizer, train_step
 
@@ -100,8 +101,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", type=_configs, default=list(PRESETS), metavar="NAME[,NAME…]",
                    help=f"configurations to measure: {', '.join(PRESETS)} (default: all)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per backend and round (default: 10)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend first (default: 3)")
+    cli.add_repeat(p, 5, "the measurement (--steps timed steps of each backend, alternating which goes first)")
+    cli.renamed(p, "--rounds", "--repeat")
+    p.add_argument("--warmup", type=int, default=3, metavar="N",
+                   help="untimed steps of each backend before the timed ones (default: 3)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                    help="sgd (plain, the cheapest update: the step is mostly forward, backward and all-reduce) or "
                         "adamw (default: sgd)")
@@ -118,16 +121,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors of ``bench`` that need no MPI."""
-    for name in ("steps", "rounds"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} {getattr(args, name)}: must be >= 1")
+    cli.at_least(parser, args, 1, "--steps", "--repeat")
     if args.warmup < 1:
-        parser.error(f"--warmup {args.warmup}: must be >= 1 (DDP rebuilds its buckets after the first step; "
+        parser.error(f"--warmup must be >= 1, got {args.warmup} (DDP rebuilds its buckets after the first step; "
                      f"that step must not be timed)")
     if not args.lr > 0:
-        parser.error(f"--lr {args.lr:g}: must be > 0")
+        parser.error(f"--lr must be > 0, got {args.lr:g}")
     if not args.bucket_mb > 0:
-        parser.error(f"--bucket-mb {args.bucket_mb:g}: must be > 0")
+        parser.error(f"--bucket-mb must be > 0, got {args.bucket_mb:g}")
     cli.check_out(parser, args)
 
 
@@ -164,7 +165,7 @@ def measure(name: str, preset: Preset, groups: dict[str, Any], args: argparse.Na
                                                          bucket_cap_mb=args.bucket_mb) for b in BACKENDS}
     opts = {b: make_optimizer(ddps[b].parameters(), cfg) for b in BACKENDS}
     x, y = Teacher(preset.spec, 0).batch(0, batch, dtype)  # one batch for every step: no data making in the timing
-    mine = block(batch, p, rank)
+    mine = slice(*block(batch, p, rank))
     xm, ym, scale = x[mine], y[mine], p / batch
 
     def run(backend: str, steps: int) -> None:
@@ -192,7 +193,7 @@ def measure(name: str, preset: Preset, groups: dict[str, Any], args: argparse.Na
         run(b, args.warmup)
     check_and_align()
     seconds: dict[str, list[float]] = {b: [] for b in BACKENDS}
-    for r in range(args.rounds):
+    for r in range(args.repeat):
         for b in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
             dist.barrier()
             start = time.perf_counter()
@@ -209,7 +210,7 @@ def measure(name: str, preset: Preset, groups: dict[str, Any], args: argparse.Na
         rates = [args.steps / s for s in seconds[b]]
         rows.append({
             "config": name, "backend": b, "model": preset.spec.describe(), "parameters": count_parameters(models[b]),
-            "global_batch": batch, "steps": args.steps, "rounds": args.rounds,
+            "global_batch": batch, "steps": args.steps, "repeat": args.repeat,
             "steps_per_s": statistics.median(rates), "steps_per_s_rounds": rates,
             "samples_per_s": statistics.median(rates) * batch,
             "vs_gloo": statistics.median(ratios) if b == "mpicomm" else 1.0,
@@ -221,8 +222,6 @@ def measure(name: str, preset: Preset, groups: dict[str, Any], args: argparse.Na
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    from mpicomm.bench import markdown_table
-
     header = ["config", "Ψ", "global batch", "mpicomm steps/s", "gloo steps/s", "mpicomm / gloo", "mpicomm samples/s",
               "parameters"]
     cells = []
@@ -235,7 +234,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 else f"equal, {delta}" if m["same_parameters"] else f"DIFFER, {delta}")
         cells.append([name, f"{m['parameters'] / 1e6:.2f} M", str(m["global_batch"]), _rate(m), _rate(g),
                       f"{m['vs_gloo']:.2f}×", f"{m['samples_per_s']:,.0f}", same])
-    return markdown_table(header, cells)
+    return cli.markdown_table(header, cells)
 
 
 def _rate(row: dict[str, Any]) -> str:
@@ -249,7 +248,7 @@ def _notes(rows: list[dict[str, Any]], args: argparse.Namespace, p: int, threads
         "Models: " + "; ".join(f"{name} = {model}" for name, model in models.items()) + ".",
         f"DistributedDataParallel (bucket_cap_mb {args.bucket_mb:g}) on the mpicomm backend (the default group) and on "
         f"gloo (`dist.new_group(backend=\"gloo\")`), {p} ranks, {threads} torch thread(s) per rank, {args.dtype}, "
-        f"{args.optimizer} lr {args.lr:g}. Each of {args.rounds} rounds times {args.steps} steps of both, alternating "
+        f"{args.optimizer} lr {args.lr:g}. Each of {args.repeat} rounds times {args.steps} steps of both, alternating "
         f"which goes first, after {args.warmup} untimed steps of each; steps/s = steps / the slowest rank's time, "
         f"median over the rounds (min–max in brackets); mpicomm / gloo = median of the rounds' ratios. "
         f"Parameters: compared after the warm-up and after every round (then the gloo model takes the mpicomm "
@@ -276,7 +275,7 @@ def bench(args: argparse.Namespace, command: str, settings: dict[str, str], thre
     rank, p = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     groups = {"mpicomm": None, "gloo": gloo}  # None: the default group (mpicomm)
-    progress = cli.Progress(len(args.configs) * args.rounds, "torchddp bench", show=rank == 0 and not args.quiet)
+    progress = cli.Progress(len(args.configs) * args.repeat, "torchddp bench", show=rank == 0 and not args.quiet)
     rows: list[dict[str, Any]] = []
     for name in args.configs:
         rows += measure(name, PRESETS[name], groups, args, progress)
@@ -296,16 +295,16 @@ def bench(args: argparse.Namespace, command: str, settings: dict[str, str], thre
             f"Machine: {doc['machine']}; {library}; PyTorch {torch.__version__}.", "",
             table, "", *[n + "\n" for n in notes],
         ])
-        with open(args.out, "a" if args.append else "w") as f:
-            f.write(("\n" if args.append and f.tell() else "") + text)
+        cli.write_out(args.out, text, args.append)
         say(f"wrote {args.out}")
     if args.json:
-        cli.write_json(args.json, command, rows, ranks=p, threads=threads, steps=args.steps, rounds=args.rounds,
+        cli.write_json(args.json, command, rows, ranks=p, threads=threads, steps=args.steps, repeat=args.repeat,
                        warmup=args.warmup, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
                        bucket_mb=args.bucket_mb, torch=torch.__version__, environment=settings)
         say(f"wrote {args.json}")
     differ = [r["config"] for r in rows if r["backend"] == "mpicomm" and not r["same_parameters"]]
     if differ:
-        say(f"error: the mpicomm and gloo models' parameters differ beyond float tolerance in {', '.join(differ)}")
+        say(cli.error_line("python -m apps.torchddp bench", f"the mpicomm and gloo models' parameters differ beyond "
+                                                            f"float tolerance in {', '.join(differ)}"))
         return 1
     return 0

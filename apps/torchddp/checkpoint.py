@@ -1,6 +1,9 @@
-"""One checkpoint file per run directory, never half-written, never silently wrong.
+"""Checkpoint files of a training run, never half-written, never silently wrong.
 
-Layout of ``DIR/torchddp.ckpt``::
+``--checkpoint-dir DIR`` holds one file per checkpointed step,
+``DIR/torchddp-<step>.ckpt`` (8 digits), the newest ``--keep`` of them
+(:func:`prune`); a restart reads the newest one that verifies (:func:`newest`).
+Layout of each file::
 
     MPICOMM-TORCHDDP-CHECKPOINT 1\\n      the magic line (format and version)
     {"bytes": N, "sha256": "…", "step": s, "identity": {…}, …,
@@ -11,8 +14,8 @@ Writing (:func:`write`) goes through :func:`apps.checkpoint.write_atomic`: the
 file is built in a temporary file created in DIR exclusively (``O_EXCL``) under
 an unpredictable name, flushed to disk (``fsync``), renamed over the old
 checkpoint (``os.replace``, atomic) and the rename made durable (``fsync`` of
-DIR). A run killed at any moment leaves the previous checkpoint or the new one,
-whole, plus at most a stray ``torchddp.ckpt.tmp*`` file. The checkpoint keeps
+DIR). A run killed at any moment leaves the previous checkpoints and the new one
+whole or absent, plus at most a stray ``torchddp-<step>.ckpt.tmp*`` file. The checkpoint keeps
 ``mkstemp``'s mode, 0600: readable by its owner only.
 
 The header carries the SHA-256 of its own canonical JSON (``header_sha256``),
@@ -44,13 +47,14 @@ import torch
 
 from apps.checkpoint import write_atomic
 
-__all__ = ["CheckpointError", "FORMAT", "NAME", "MAGIC", "path_in", "write", "read", "load_payload", "dump_payload",
-           "mismatch"]
+__all__ = ["CheckpointError", "FORMAT", "PREFIX", "MAGIC", "path_in", "steps", "write", "read", "newest", "prune",
+           "load_payload", "dump_payload", "mismatch"]
 
 #: The format tag in the magic line and the header.
 FORMAT = "mpicomm-torchddp-checkpoint/2"
-#: The checkpoint's file name inside ``--checkpoint DIR``.
-NAME = "torchddp.ckpt"
+#: The checkpoint files inside ``--checkpoint-dir DIR``: ``torchddp-<step>.ckpt``.
+PREFIX = "torchddp"
+_NAME = re.compile(rf"^{PREFIX}-(\d{{8,}})\.ckpt$")
 MAGIC = b"MPICOMM-TORCHDDP-CHECKPOINT 1\n"
 _HEADER_LIMIT = 1 << 20  # a header longer than this is not ours
 #: The header key holding the SHA-256 of the header's canonical JSON (without this key).
@@ -62,9 +66,27 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: missing, damaged, of another format or of another run."""
 
 
-def path_in(directory: str) -> str:
-    """``DIR/torchddp.ckpt``."""
-    return os.path.join(directory, NAME)
+def path_in(directory: str, step: int) -> str:
+    """``DIR/torchddp-<step>.ckpt`` (the step in 8 digits, so names sort as steps do)."""
+    return os.path.join(directory, f"{PREFIX}-{step:08d}.ckpt")
+
+
+def steps(directory: str) -> list[int]:
+    """The steps that have a checkpoint file in *directory*, newest first (none when it does not exist)."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted((int(m.group(1)) for m in map(_NAME.match, names) if m), reverse=True)
+
+
+def prune(directory: str, keep: int) -> None:
+    """Remove all but the newest *keep* checkpoint files (only names of the series' own pattern)."""
+    for step in steps(directory)[keep:]:
+        try:
+            os.remove(path_in(directory, step))
+        except FileNotFoundError:
+            pass
 
 
 def dump_payload(state: dict[str, Any]) -> bytes:
@@ -84,13 +106,22 @@ def _header_digest(header: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
-    """Replace ``DIR/torchddp.ckpt`` atomically with *header* (plus size and SHA-256) and *payload*; its path."""
+def write(directory: str, header: dict[str, Any], payload: bytes, keep: int | None = None) -> str:
+    """Write ``DIR/torchddp-<step>.ckpt`` atomically: *header* (plus size and SHA-256) and *payload*; its path.
+
+    Files of later steps (an abandoned run's, which a restart went back
+    behind) are removed first, so that *keep* (when given: :func:`prune`
+    after writing) never drops the one just written.
+    """
+    step = header["step"]
+    for later in steps(directory):
+        if later > step:
+            os.remove(path_in(directory, later))
     body = {**header, "format": FORMAT, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
     body = json.loads(json.dumps(body))  # as a reader will see it (tuples as lists)
     body[HEADER_CHECKSUM] = _header_digest(body)
     line = json.dumps(body, sort_keys=True).encode() + b"\n"
-    final = path_in(directory)
+    final = path_in(directory, step)
 
     def put(f: Any) -> None:
         f.write(MAGIC)
@@ -98,7 +129,34 @@ def write(directory: str, header: dict[str, Any], payload: bytes) -> str:
         f.write(payload)
 
     write_atomic(final, put)
+    if keep is not None:
+        prune(directory, keep)
     return final
+
+
+def newest(directory: str) -> tuple[tuple[dict[str, Any], bytes, str] | None, list[str]]:
+    """The newest checkpoint in *directory* that verifies, ``(header, payload, path)`` or None when there is none,
+    and why each newer one was refused.
+
+    Damaged files are passed over for an older one; when every file is
+    damaged, :class:`CheckpointError` says why each was refused.
+    """
+    refused = []
+    for step in steps(directory):
+        path = path_in(directory, step)
+        try:
+            header, payload = read(path)
+        except CheckpointError as exc:
+            refused.append(str(exc))
+            continue
+        if header.get("step") != step:
+            refused.append(f"checkpoint {path}: its header says step {header.get('step')!r}")
+            continue
+        return (header, payload, path), refused
+    if refused:
+        raise CheckpointError(f"no valid checkpoint in {directory}: " + "; ".join(refused)
+                              + "; remove the damaged files, or run without --restart")
+    return None, refused
 
 
 def read(path: str) -> tuple[dict[str, Any], bytes]:
@@ -153,7 +211,7 @@ def mismatch(path: str, saved: dict[str, Any], current: dict[str, Any]) -> str |
         return None
     listed = "; ".join(f"{k}: {_show(current.get(k))} here, {_show(saved.get(k))} in the checkpoint" for k in differ)
     return (f"checkpoint {path} belongs to another run ({listed}); run with the checkpoint's settings, or use another "
-            f"--checkpoint directory")
+            f"--checkpoint-dir")
 
 
 def _show(value: Any) -> str:

@@ -1,13 +1,17 @@
 """The command line of ``python -m apps.torchddp``: ``train`` and ``bench``.
 
-The conventions of :mod:`mpicomm.cli`: progress lines ``[i/N]`` on stderr from
-rank 0, ``--json FILE`` one document (schema, command, machine, versions,
-date, results), ``--out FILE.md`` for the benchmark's report only (an existing
-one is kept unless ``--append`` or ``--force``). Bad options are usage errors
-(status 2) on every rank; what only the run can find out (a global batch
-smaller than the ranks, a damaged or foreign checkpoint) is reported as
-``rank r of N: error: …`` by every rank, status 2. ``--check`` failing, or the
-benchmark's two models disagreeing, is status 1.
+The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: progress lines
+``[i/N]`` on stderr from rank 0, ``--json FILE`` one document (schema, command,
+machine, versions, date, results), ``--out FILE.md`` for the benchmark's report
+only (an existing one is kept unless ``--append`` or ``--force``), the
+checkpoint options every application has (``--checkpoint-dir``, default
+``checkpoints/torchddp``, ``--restart``, ``--keep``, ``--checkpoint-every``).
+``--dist-backend`` chooses the process group's backend (``--backend`` is the
+array module in the other commands). Bad options are usage errors (status 2)
+on every rank; what only the run can find out (a global batch smaller than the
+ranks, a foreign checkpoint) is reported as ``<prog>: error: rank r of N: …``
+by every rank, status 2. ``--check`` failing, or the benchmark's two models
+disagreeing, is status 1.
 """
 
 from __future__ import annotations
@@ -20,19 +24,20 @@ from typing import Any
 
 from mpicomm import cli
 
-__all__ = ["PROG", "parse", "run", "spec_from", "config_from", "environment", "command"]
+__all__ = ["PROG", "parser", "parse", "run", "spec_from", "config_from"]
 
 PROG = "python -m apps.torchddp"
 
-INSTALL = "pip install torch==2.13.0 (the CPU wheel), then pip install -e '.[torch]'"
+INSTALL = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU wheel), then "
+           "pip install -e '.[torch]'")
 
 EXAMPLES = """examples:
   mpiexec -n 2 python -m apps.torchddp train                        # the MLP, 200 steps on the mpicomm backend
   mpiexec -n 4 python -m apps.torchddp train --model transformer --steps 300 --check
-  mpiexec -n 2 python -m apps.torchddp train --backend gloo --batch 256 --bucket-mb 4 --json run.json
-  mpiexec -n 2 python -m apps.torchddp train --checkpoint ckpt --checkpoint-every 50   # and later, to continue:
-  mpiexec -n 2 python -m apps.torchddp train --checkpoint ckpt --checkpoint-every 50 --steps 400 --resume
-  mpiexec -n 2 python -m apps.torchddp bench --out jobs/results/torchddp-bench.md --json bench.json
+  mpiexec -n 2 python -m apps.torchddp train --dist-backend gloo --batch 256 --bucket-mb 4 --json run.json
+  mpiexec -n 2 python -m apps.torchddp train --checkpoint-every 50 --checkpoint-dir ckpt   # and later, to continue:
+  mpiexec -n 2 python -m apps.torchddp train --checkpoint-every 50 --checkpoint-dir ckpt --steps 400 --restart
+  mpiexec -n 2 python -m apps.torchddp bench --out jobs/results/torchddp-bench.md --force --json bench.json
 """
 
 
@@ -41,25 +46,17 @@ def _wrap(text: str) -> str:
     return textwrap.fill(" ".join(text.split()), 79)
 
 
-def _hidden(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer widths such as 256,256") from None
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give at least one width, each >= 1")
-    return widths
-
-
 def _train_options(t: argparse.ArgumentParser) -> None:
+    from apps import options
+
     g = t.add_argument_group("model (a fixed random teacher labels the synthetic data: see --help's description)")
     g.add_argument("--model", choices=("mlp", "transformer"), default="mlp",
                    help="mlp: Linear+ReLU layers on Gaussian features; transformer: a TransformerEncoder "
                         "classifier over token sequences (default: mlp)")
     g.add_argument("--classes", type=int, default=10, help="classes of the teacher and the model (default: 10)")
     g.add_argument("--features", type=int, default=32, help="mlp: input features (default: 32)")
-    g.add_argument("--hidden", type=_hidden, default=(256, 256), metavar="W[,W…]",
-                   help="mlp: hidden layer widths (default: 256,256)")
+    g.add_argument("--hidden", type=options.hidden_widths, default=(256, 256), metavar="W[,W…]",
+                   help="mlp: the width of each hidden layer (default: 256,256)")
     g.add_argument("--vocab", type=int, default=256, help="transformer: vocabulary size (default: 256)")
     g.add_argument("--seq", type=int, default=32, help="transformer: tokens per sequence (default: 32)")
     g.add_argument("--d-model", type=int, default=64, help="transformer: width (default: 64)")
@@ -80,9 +77,11 @@ def _train_options(t: argparse.ArgumentParser) -> None:
                    help="parameters and inputs (default: float32; float64 with --check)")
     g.add_argument("--seed", type=int, default=0, help="model initialisation and the sample streams (default: 0)")
     g = t.add_argument_group("communication")
-    g.add_argument("--backend", choices=("mpicomm", "gloo"), default="mpicomm",
-                   help="the default process group's backend: mpicomm (mpicomm's collectives) or gloo "
-                        "(PyTorch's; rank and rendezvous still come from MPI) (default: mpicomm)")
+    g.add_argument("--dist-backend", choices=("mpicomm", "gloo"), default="mpicomm",
+                   help="the torch.distributed backend of the default process group: mpicomm (mpicomm's "
+                        "collectives) or gloo (PyTorch's; rank and rendezvous still come from MPI) (default: mpicomm)")
+    cli.renamed(g, "--backend", "--dist-backend", "the process group's backend; --backend is the array module "
+                                                  "in the other commands")
     g.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
                    help="DDP's bucket_cap_mb: gradients are all-reduced in buckets of this size (default: 25)")
     g.add_argument("--threads", type=int, default=None,
@@ -96,22 +95,22 @@ def _train_options(t: argparse.ArgumentParser) -> None:
                         "they differ beyond float64 summation-order tolerance (per tensor: max |difference| <= "
                         "1e-8 x its largest magnitude). Rank 0 retrains the whole run alone for it: about p times "
                         "the training's compute")
-    g.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="save model and optimizer state to DIR/torchddp.ckpt at the end (and every "
-                        "--checkpoint-every steps); written atomically, with a SHA-256 verified on load")
-    g.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="also checkpoint every K steps")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from DIR's checkpoint, bit for bit as if never stopped (at the same rank count); "
-                        "start at step 0 if DIR has none yet. A damaged checkpoint, or one of another model, "
-                        "optimizer, batch, seed or dtype, is refused on every rank")
+    options.add_checkpoint_options(
+        g, "torchddp", every="save model and optimizer state every K steps and at the end, to "
+                             "DIR/torchddp-<step>.ckpt, atomically, with a SHA-256 verified on load (default: 0, never)",
+        restart="continue from the newest valid checkpoint in --checkpoint-dir, bit for bit as if never stopped (at "
+                "the same rank count); start at step 0 if there is none yet. A checkpoint of another model, "
+                "optimizer, batch, seed or dtype is refused on every rank")
+    cli.renamed(g, "--checkpoint", "--checkpoint-dir")
+    cli.renamed(g, "--resume", "--restart")
     g.add_argument("--log-every", type=int, default=None, metavar="K",
                    help="a progress line every K steps (default: about ten lines)")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     cli.add_json(g, "the settings and the run's report")
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parsed command line; usage errors exit with status 2 (argparse's)."""
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser, with its ``train`` and ``bench`` sub-commands (:func:`parse` checks the values)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=_wrap("PyTorch DistributedDataParallel on the mpicomm torch.distributed backend "
@@ -138,17 +137,23 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
                           "communication-bound), transformer (4 layers, d 256, seq 32, global batch 16)."),
         epilog="example:\n  mpiexec -n 2 python -m apps.torchddp bench --out bench.md --json bench.json\n")
     _bench_options(b)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parsed command line; usage errors exit with status 2 (argparse's)."""
+    top = parser()
+    args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
+    own = cli.subparser(top, args.command)
     if args.command == "train":
-        _check_train(t, args)
+        _check_train(own, args)
     else:
-        _check_bench(b, args)
-    if args.threads is not None and args.threads < 1:
-        (t if args.command == "train" else b).error(f"--threads {args.threads}: must be >= 1")
+        _check_bench(own, args)
+    cli.at_least(own, args, 1, "--threads")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json {args.json}: its directory does not exist")
-    return parser, args
+        own.error(f"--json {args.json}: its directory does not exist")
+    return top, args
 
 
 def _bench_options(b: argparse.ArgumentParser) -> None:
@@ -169,22 +174,17 @@ def _check_bench(b: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _check_train(t: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    positive = {"steps": args.steps, "batch": args.batch, "eval": args.eval_samples}
-    for name, value in positive.items():
-        if value < 1:
-            t.error(f"--{name} {value}: must be >= 1")
+    from apps import options
+
+    cli.at_least(t, args, 1, "--steps", "--batch", "--log-every")
+    if args.eval_samples < 1:
+        t.error(f"--eval must be >= 1, got {args.eval_samples}")
     if args.lr is not None and not args.lr > 0:
-        t.error(f"--lr {args.lr:g}: must be > 0")
+        t.error(f"--lr must be > 0, got {args.lr:g}")
     if not args.bucket_mb > 0:
-        t.error(f"--bucket-mb {args.bucket_mb:g}: must be > 0")
-    if args.momentum < 0 or args.weight_decay < 0:
-        t.error("--momentum and --weight-decay must be >= 0")
-    if args.checkpoint_every < 0:
-        t.error(f"--checkpoint-every {args.checkpoint_every}: must be >= 0 (0: only at the end)")
-    if args.log_every is not None and args.log_every < 1:
-        t.error(f"--log-every {args.log_every}: must be >= 1")
-    if (args.resume or args.checkpoint_every) and not args.checkpoint:
-        t.error("--resume and --checkpoint-every need --checkpoint DIR")
+        t.error(f"--bucket-mb must be > 0, got {args.bucket_mb:g}")
+    cli.at_least(t, args, 0, "--momentum", "--weight-decay")
+    options.check_checkpoint_options(t, args)
     if args.check and args.dtype == "float32":
         t.error("--check compares in float64 (float32 rounding would hide or fake a difference): drop --dtype float32")
     args.dtype = args.dtype or ("float64" if args.check else "float32")
@@ -209,30 +209,11 @@ def config_from(args: argparse.Namespace) -> Any:
     """The :class:`~apps.torchddp.train.Config` of ``train``'s options."""
     from apps.torchddp.train import Config
 
-    return Config(spec=spec_from(args), backend=args.backend, steps=args.steps, batch=args.batch,
+    return Config(spec=spec_from(args), backend=args.dist_backend, steps=args.steps, batch=args.batch,
                   optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                   bucket_mb=args.bucket_mb, dtype=args.dtype, seed=args.seed, eval_samples=args.eval_samples,
-                  check=args.check, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                  resume=args.resume, log_every=args.log_every, progress=not args.quiet)
-
-
-#: Environment variables that change what a run measures: mpicomm's own (algorithms, the backend's progress
-#: mode...), MPICH's tuning and the thread count. Reports show the ones set, before the command.
-_SETTINGS = ("MPICOMM_", "MPIR_CVAR_", "OMP_NUM_THREADS")
-
-
-def environment() -> dict[str, str]:
-    """The settings of :data:`_SETTINGS` present in this process's environment (the test harness's excepted)."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(_SETTINGS) and not k.startswith("MPICOMM_TEST_")}
-
-
-def command(p: int, argv: list[str], settings: dict[str, str]) -> str:
-    """``[VAR=value …] mpiexec -n p python -m apps.torchddp ARGS``: how to repeat this run."""
-    import shlex
-
-    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in settings.items())
-    return f"{prefix}mpiexec -n {p} {cli.command_line(PROG, argv)}"
+                  check=args.check, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                  keep=args.keep, restart=args.restart, log_every=args.log_every, progress=not args.quiet)
 
 
 def _threads(requested: int | None) -> int:
@@ -247,15 +228,12 @@ def _threads(requested: int | None) -> int:
 
 def run(argv: list[str] | None = None) -> int:
     """Parse, start the process group, run the command; every rank exits with the same status."""
+    from apps import options
+    from apps import report as json_report
     from mpicomm.runtime import exit_together
 
-    try:
-        parser, args = parse(argv)
-    except SystemExit as exc:  # argparse said what is wrong: every rank does, then all exit together
-        if exc.code:
-            exit_together(exc.code)
-        raise
-    settings = environment()  # as the user set it (importing mpicomm.torch adds variables of its own)
+    parser, args = options.parse_or_exit(parse, argv)
+    settings = json_report.environment()  # as the user set it (importing mpicomm.torch adds variables of its own)
     import torch
     import torch.distributed as dist
 
@@ -264,7 +242,7 @@ def run(argv: list[str] | None = None) -> int:
 
     threads = _threads(args.threads)
     torch.set_num_threads(threads)
-    dist.init_process_group(args.backend if args.command == "train" else "mpicomm")
+    dist.init_process_group(args.dist_backend if args.command == "train" else "mpicomm")
     rank, p = dist.get_rank(), dist.get_world_size()
     prog = f"{PROG} {args.command}"
 
@@ -276,13 +254,13 @@ def run(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from apps.torchddp.bench import bench
 
-            code = bench(args, command(p, args.argv, settings), settings, threads, say)
+            code = bench(args, json_report.command(PROG, args.argv, p, settings), settings, threads, say)
         else:
             code = _train(args, settings, threads, say)
     except (ValueError, CheckpointError) as exc:
         # The same settings and the same broadcast verdicts give the same error on every rank.
         _finish()
-        exit_together(2, f"{prog}: rank {rank} of {p}: error: {exc}")
+        options.exit_error(prog, str(exc), rank, p)
     _finish()
     if code:
         exit_together(code)
@@ -313,6 +291,7 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
     import torch
     import torch.distributed as dist
 
+    from apps import report as json_report
     from apps.torchddp.train import train
 
     cfg = config_from(args)
@@ -321,11 +300,12 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
         raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {p} ranks; give at least {p}")
     from mpi4py import MPI
 
+    from apps.blocks import blocks
     from apps.torchddp.sizes import check as check_memory
 
     check_memory(MPI.COMM_WORLD, cfg, p)  # before anything is allocated: the same verdict on every rank
-    q, extra = divmod(cfg.batch, p)
-    per_rank = f"{q} per rank" if not extra else f"{q}-{q + 1} per rank"
+    counts, _ = blocks(cfg.batch, p)
+    per_rank = f"{counts[0]} per rank" if counts[0] == counts[-1] else f"{counts[-1]}-{counts[0]} per rank"
     say(f"apps.torchddp train: {cfg.spec.describe()} on {p} ranks, backend {cfg.backend}, global batch {cfg.batch} "
         f"({per_rank}), {cfg.optimizer} lr {cfg.learning_rate:g}, {cfg.dtype}, bucket_cap_mb {cfg.bucket_mb:g}, "
         f"{threads} thread(s) per rank")
@@ -360,7 +340,7 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
 
         config = {**{k: v for k, v in asdict(cfg).items() if k != "spec"}, **cfg.spec.identity(),
                   "lr": cfg.learning_rate, "threads": threads}
-        cli.write_json(args.json, command(p, args.argv, settings), {"config": config, "report": asdict(report)},
-                       ranks=p, environment=settings, torch=torch.__version__)
+        json_report.write_json(args.json, PROG, args.argv, p, {"config": config, "report": asdict(report)},
+                               settings=settings, environment=settings, torch=torch.__version__)
         say(f"wrote {args.json}")
     return code

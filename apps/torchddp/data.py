@@ -2,7 +2,7 @@
 
 Every batch is a pure function of ``(seed, stream)``: step s of training reads
 stream s, the held-out evaluation set reads stream ``"eval"``. So every rank
-makes the same global batch and takes its own block of it (:func:`block`), the
+makes the same global batch and takes its own block of it (:func:`apps.blocks.block`), the
 single-process reference of ``--check`` makes the same batch whole, and a
 resumed run reads exactly the batches the interrupted one would have: there is
 no data-loader state to save.
@@ -27,19 +27,12 @@ import torch
 
 from .models import ModelSpec
 
-__all__ = ["TEACHER_SEED", "Teacher", "block", "stream_seed"]
+__all__ = ["TEACHER_SEED", "Teacher", "stream_seed"]
 
 #: The teacher's weights come from this seed in every run (``--seed`` moves the samples, not the teacher).
 TEACHER_SEED = 20240611
 _TEACHER_WIDTH = 64
 _EMBEDDING_WIDTH = 16
-
-
-def block(n: int, p: int, r: int) -> slice:
-    """Rank *r*'s contiguous share of *n* items over *p* ranks: the first ``n mod p`` ranks get one more."""
-    q, extra = divmod(n, p)
-    start = r * q + min(r, extra)
-    return slice(start, start + q + (r < extra))
 
 
 def stream_seed(seed: int, stream: int | str) -> int:

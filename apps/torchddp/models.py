@@ -8,7 +8,7 @@ float64 (the float32 initial values, widened).
 
 Neither model has dropout or buffers: a step is a pure function of the
 parameters, the optimizer state and the batch, which is what makes ``--check``
-and bit-identical ``--resume`` possible.
+and a bit-identical ``--restart`` possible.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Per step s (every rank)::
 
-    x, y = teacher.batch(s, B)[block(B, p, rank)]     # the same global batch everywhere, this rank's block
+    x, y = teacher.batch(s, B)[slice(*block(B, p, rank))]     # the same global batch everywhere, this rank's block
     loss = cross_entropy(ddp(x), y, reduction="sum") * p / B
     loss.backward()                                   # DDP all-reduces gradient buckets (sum / p) as they fill
     optimizer.step()
@@ -20,11 +20,12 @@ Metrics: each rank sums its samples' losses and correct predictions; every
 loss and accuracy for the progress line (rank 0, stderr). At the end the model
 is evaluated on a held-out stream of the same teacher.
 
-Checkpoints (``--checkpoint DIR``): rank 0 writes model and optimizer state
-(:mod:`apps.torchddp.checkpoint`) every ``--checkpoint-every`` steps and at the
-end, and reads, verifies and broadcasts it on ``--resume``; every verdict is
-broadcast too, so a damaged, foreign or unwritable checkpoint stops every rank
-with the same message. Batches depend on the step alone and the models have no
+Checkpoints (``--checkpoint-every K``): rank 0 writes model and optimizer state
+(:mod:`apps.torchddp.checkpoint`) into ``--checkpoint-dir`` every K steps and
+at the end, keeping the newest ``--keep``; on ``--restart`` it reads the newest
+one that verifies, and broadcasts it; every verdict is broadcast too
+(:func:`apps.agree.from_root`), so a foreign or unwritable checkpoint stops
+every rank with the same message. Batches depend on the step alone and the models have no
 dropout, so a resumed run repeats the interrupted one's arithmetic exactly.
 """
 
@@ -41,11 +42,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from apps.blocks import block
 from mpicomm import cli
 
 from . import checkpoint
 from .checkpoint import CheckpointError
-from .data import Teacher, block
+from .data import Teacher
 from .models import ModelSpec, build, count_parameters
 
 __all__ = ["Config", "Report", "OPTIMIZERS", "DTYPES", "DEFAULT_LR", "RTOL", "ATOL", "make_optimizer", "train_step",
@@ -79,9 +81,10 @@ class Config:
     seed: int = 0
     eval_samples: int = 1024
     check: bool = False
-    checkpoint: str | None = None
-    checkpoint_every: int = 0
-    resume: bool = False
+    checkpoint_dir: str = "checkpoints/torchddp"
+    checkpoint_every: int = 0  # 0: never
+    keep: int = 2
+    restart: bool = False
     log_every: int | None = None  # None: about ten progress lines
     progress: bool = True
 
@@ -156,28 +159,24 @@ def _evaluate(model: torch.nn.Module, teacher: Teacher, n: int, dtype: torch.dty
               p: int) -> tuple[float, float]:
     """Loss and accuracy on *n* held-out samples, each rank scoring its block."""
     x, y = teacher.batch("eval", n, dtype)
-    mine = block(n, p, rank)
+    mine = slice(*block(n, p, rank))
     out = model(x[mine])
     loss, correct, count = _global([F.cross_entropy(out, y[mine], reduction="sum").item(),
                                     float((out.argmax(dim=1) == y[mine]).sum()), float(y[mine].numel())])
     return loss / count, correct / count
 
 
-def _share(rank: int, make: Callable[[], Any], where: str) -> Any:
+def _share(make: Callable[[], Any], where: str) -> Any:
     """``make()`` on rank 0, its value on every rank - or the error it raised, on every rank: one broadcast."""
-    box: list[Any] = [None]
-    if rank == 0:
-        try:
-            box[0] = ("ok", make())
-        except CheckpointError as exc:
-            box[0] = ("error", str(exc))
-        except OSError as exc:  # a directory that cannot be made or written: the same words on every rank
-            box[0] = ("error", f"{where}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
-    dist.broadcast_object_list(box, src=0)
-    status, value = box[0]
-    if status == "error":
-        raise CheckpointError(value)
-    return value
+    from mpi4py import MPI
+
+    from apps.agree import from_root
+
+    return from_root(MPI.COMM_WORLD, make, CheckpointError, (OSError,), where)
+
+
+def _checkpointing(cfg: Config) -> bool:
+    return bool(cfg.checkpoint_every or cfg.restart)
 
 
 def _prepare_directory(directory: str) -> None:
@@ -188,43 +187,44 @@ def _prepare_directory(directory: str) -> None:
     from apps import checkpoint as shared
 
     try:
-        shared.prepare_directory(MPI.COMM_WORLD, directory, "--checkpoint")
+        shared.prepare_directory(MPI.COMM_WORLD, directory)
     except shared.CheckpointError as exc:
         raise CheckpointError(str(exc)) from None
 
 
-def _open_checkpoint(cfg: Config, rank: int) -> tuple[dict, bytes] | None:
-    """The checkpoint to resume (header, payload), or None for a fresh start; refusals raise on every rank."""
-    directory = str(cfg.checkpoint)
+def _open_checkpoint(cfg: Config) -> tuple[tuple[dict, bytes, str] | None, list[str]]:
+    """The checkpoint to resume (header, payload, path), or None for a fresh start, and why newer ones were refused
+    (damaged); a foreign checkpoint, or a fresh run in a directory that holds checkpoints, raises on every rank."""
+    directory = cfg.checkpoint_dir
 
-    def look() -> tuple[dict, bytes] | None:
+    def look() -> tuple[tuple[dict, bytes, str] | None, list[str]]:
         os.makedirs(directory, exist_ok=True)
-        path = checkpoint.path_in(directory)
-        if not os.path.exists(path):
-            return None
-        if not cfg.resume:
-            raise CheckpointError(f"--checkpoint {directory} already holds a checkpoint ({path}); add --resume to "
-                                  f"continue it, or choose another directory")
-        header, payload = checkpoint.read(path)
-        why = checkpoint.mismatch(path, header.get("identity", {}), cfg.identity())
-        if why:
-            raise CheckpointError(why)
-        if not isinstance(header.get("step"), int) or not header["step"] >= 0:
-            raise CheckpointError(f"checkpoint {path}: no valid step in its header")
-        return header, payload
+        if not cfg.restart:
+            found = checkpoint.steps(directory)
+            if found:
+                raise CheckpointError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step "
+                                      f"{found[0]}); add --restart to continue them, or choose another directory")
+            return None, []
+        resumed, refused = checkpoint.newest(directory)
+        if resumed is not None:
+            header, _, path = resumed
+            why = checkpoint.mismatch(path, header.get("identity", {}), cfg.identity())
+            if why:
+                raise CheckpointError(why)
+        return resumed, refused
 
-    return _share(rank, look, f"--checkpoint {directory}")
+    return _share(look, f"--checkpoint-dir {directory}")
 
 
-def _save(cfg: Config, rank: int, p: int, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> str:
-    """Rank 0 writes the checkpoint of *step*; every rank learns its path (or the error)."""
+def _save(cfg: Config, p: int, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> str:
+    """Rank 0 writes the checkpoint of *step* (and prunes to ``--keep``); every rank learns its path (or the error)."""
     def write() -> str:
         payload = checkpoint.dump_payload({"model": model.state_dict(), "optimizer": opt.state_dict()})
         header = {"step": step, "ranks": p, "backend": cfg.backend, "identity": cfg.identity(),
                   "torch": torch.__version__}
-        return checkpoint.write(cfg.checkpoint, header, payload)
+        return checkpoint.write(cfg.checkpoint_dir, header, payload, keep=cfg.keep)
 
-    return _share(rank, write, f"--checkpoint {cfg.checkpoint}: writing the checkpoint of step {step}")
+    return _share(write, f"--checkpoint-dir {cfg.checkpoint_dir}: writing the checkpoint of step {step}")
 
 
 def train(cfg: Config, say: Callable[[str], None]) -> Report:
@@ -234,24 +234,25 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
     model = build(cfg.spec, cfg.seed, dtype)
     notes: list[str] = []
     start = 0
-    if cfg.checkpoint:
-        _prepare_directory(str(cfg.checkpoint))
-    resume = _open_checkpoint(cfg, rank) if cfg.checkpoint else None
+    if _checkpointing(cfg):
+        _prepare_directory(cfg.checkpoint_dir)
+    resume, refused = _open_checkpoint(cfg) if _checkpointing(cfg) else (None, [])
+    notes += [f"refused checkpoint: {why}" for why in refused]
     state = None
     if resume is not None:
-        header, payload = resume
+        header, payload, path = resume
         state = checkpoint.load_payload(payload)
         model.load_state_dict(state["model"])
         start = header["step"]
         if start > cfg.steps:
-            raise ValueError(f"--steps {cfg.steps}: the checkpoint in {cfg.checkpoint} is already at step {start}; "
+            raise ValueError(f"--steps {cfg.steps}: the checkpoint in {cfg.checkpoint_dir} is already at step {start}; "
                              f"ask for --steps {start} or more")
-        notes.append(f"resumed from step {start} ({checkpoint.path_in(cfg.checkpoint)})")
+        notes.append(f"resumed from step {start} ({path})")
         if header.get("ranks") != p:
             notes.append(f"the checkpoint was written on {header.get('ranks')} ranks, this run has {p}: the result "
                          f"equals the uninterrupted run's up to summation order, not bit for bit")
-    elif cfg.checkpoint and cfg.resume:
-        notes.append(f"no checkpoint in {cfg.checkpoint} yet: starting at step 0")
+    elif cfg.restart:
+        notes.append(f"no checkpoint in {cfg.checkpoint_dir} yet: starting at step 0")
     for note in notes:
         say(note)
 
@@ -260,7 +261,7 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
     if state is not None:
         opt.load_state_dict(state["optimizer"])
     teacher = Teacher(cfg.spec, cfg.seed)
-    mine = block(cfg.batch, p, rank)
+    mine = slice(*block(cfg.batch, p, rank))
     scale = p / cfg.batch
     todo = cfg.steps - start
     every = cfg.log_every or max(1, todo // 10)
@@ -285,13 +286,13 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
             where = f"step {done}  " if start else ""  # a resumed run's [i/N] counts this run's steps
             progress.step(f"{where}loss {last[0]:.4f}  acc {last[1]:.3f}  {rate:,.0f} samples/s", steps=done - marked)
             window, mark, marked = [0.0, 0.0, 0.0], now, done
-        if cfg.checkpoint and ((every_ck and done % every_ck == 0) or done == cfg.steps):
+        if every_ck and (done % every_ck == 0 or done == cfg.steps):
             t = time.perf_counter()
-            saved = _save(cfg, rank, p, model, opt, done)
+            saved = _save(cfg, p, model, opt, done)
             paused += time.perf_counter() - t
     seconds = max(time.perf_counter() - begin - paused, 1e-12)
-    if cfg.checkpoint and saved is None:  # nothing left to train: the checkpoint is already the final state
-        saved = checkpoint.path_in(cfg.checkpoint)
+    if resume is not None and saved is None:  # nothing left to train: the checkpoint is already the final state
+        saved = resume[2]
     eval_loss, eval_accuracy = _evaluate(model, teacher, cfg.eval_samples, dtype, rank, p)
     report = Report(parameters=count_parameters(model), start_step=start, steps=cfg.steps, seconds=seconds,
                     steps_per_s=todo / seconds, samples_per_s=todo * cfg.batch / seconds, train_loss=last[0],

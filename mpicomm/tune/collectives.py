@@ -134,7 +134,6 @@ def model_corrections(measured: dict[str, list[dict]], machine: model.Machine, p
 def _collective_lines(collective: str, names: list[str], rows: list[dict], decided: Sequence[dict],
                       notes: list[str]) -> list[str]:
     """One collective's measurements (median µs per call, mean over ranks) and the rules decided from them."""
-    from ..bench.report import markdown_table
 
     header = ["bytes", *names, "auto", "fastest"]
     cells = []
@@ -144,5 +143,5 @@ def _collective_lines(collective: str, names: list[str], rows: list[dict], decid
         cells.append([str(r["bytes"] if r["bytes"] is not None else "-"), *(f"{r['us'][n]:.1f}" for n in names),
                       f"{r['us']['auto']:.1f} ({auto.get('algorithm', '?')}, {auto.get('source', '?')})", best])
     return ["", f"{collective} (median {cli.US} per call over rounds, mean over ranks):",
-            markdown_table(header, cells), *(f"note: {n}" for n in notes),
+            cli.markdown_table(header, cells), *(f"note: {n}" for n in notes),
             f"decided: {'; '.join(rules.describe(rule) for rule in decided)}"]

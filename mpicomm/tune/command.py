@@ -16,13 +16,18 @@ then loads it for :func:`mpicomm.predict` and ``--explain``.
 With ``--collectives``, nothing is fitted:
 :func:`mpicomm.tune.collectives.measure_collectives` times every algorithm of
 each collective (``--collective``, default all of ``python -m mpicomm.bench``'s)
-over ``--sizes`` (default 8 B to 16 MiB) in ``--rounds`` rounds and saves the
-fastest per size as a rules file (:mod:`mpicomm.rules`) next to the fit, which
+over ``--sizes`` (default 8 B to 16 MiB), ``--repeat`` times interleaved (the
+median counts), and saves the fastest per size as a rules file
+(:mod:`mpicomm.rules`) next to the fit, which
 ``auto`` follows before the default rules; when a fit is saved for the layout,
 the measurements also correct it.
 
 Command-line conventions are :mod:`mpicomm.cli`'s: sizes as ``4096``, ``64K``,
-``64KiB``, ``1M`` or ``1e6``; progress lines ``[i/N] ... elapsed ... ETA ...``
+``64KiB``, ``1M`` or ``1e6``; ``--output FILE`` writes the fit (or the rules)
+there instead of the cache directory, never replacing a file without
+``--force``; an option the chosen mode does not use is a usage error; usage
+and rank-count errors read ``python -m mpicomm.tune: error: …`` and exit with
+status 2; progress lines ``[i/N] ... elapsed ... ETA ...``
 on stderr (``--quiet``: none); ``--json FILE`` writes an ``mpicomm-results``
 document whose ``results`` are the fit (:func:`mpicomm.tune.reports.fit_json`:
 the machine, what was not measured, the fitted lines and every sample), the
@@ -47,7 +52,7 @@ from .collectives import measure_collectives, model_corrections
 from .fit import measure
 from .reports import describe, fit_json, machine_json, report
 
-__all__ = ["main", "MIN_RANKS", "PROG", "tune_command"]
+__all__ = ["main", "parser", "MIN_RANKS", "PROG", "tune_command"]
 
 
 #: The fewest ranks tune measures with: a message needs a sender and a receiver.
@@ -95,11 +100,12 @@ def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] |
         try:
             saved = rules.load_for(comm.host, layout)
         except (OSError, rules.RulesError) as exc:
-            print(str(exc), file=sys.stderr)
+            print(cli.error_line(PROG, str(exc)), file=sys.stderr)
             status = 1
         else:
             if saved is None:
-                print(_no_saved("rules", comm.host, layout, path, p, comm.nodes, "--collectives"), file=sys.stderr)
+                print(cli.error_line(PROG, _no_saved("rules", comm.host, layout, path, p, comm.nodes, "--collectives")),
+                      file=sys.stderr)
                 status = 1
             else:
                 status = 0
@@ -110,10 +116,9 @@ def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] |
                                    layout=layout)
         return plain.bcast(status, root=0)
     if p < MIN_RANKS:
-        print(f"mpicomm.tune --collectives needs at least {MIN_RANKS} ranks: "
-              f"{tune_command(MIN_RANKS, *_user_options(argv))}", file=sys.stderr)
+        _too_few_ranks(argv)
         return 2
-    result, lines = measure_collectives(comm, args.collective, args.sizes, args.iters, args.rounds,
+    result, lines = measure_collectives(comm, args.collective, args.sizes, args.iters, args.repeat,
                                         show=not args.quiet)
     status = 0
     if rank == 0:
@@ -122,16 +127,16 @@ def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] |
         print("\n".join(lines))
         saved_to: str | None = None
         try:
-            saved_to = rules.save(result, args.out)
+            saved_to = rules.save(result, args.output)
         except OSError as exc:
-            print(f"\ncould not save the rules: {exc}; set MPICOMM_CACHE_DIR to a writable directory or use "
-                  f"--out", file=sys.stderr)
+            print(cli.error_line(PROG, f"could not save the rules: {exc}; set MPICOMM_CACHE_DIR to a writable "
+                                       f"directory or use --output"), file=sys.stderr)
             status = 1
         else:
             print(f"\nsaved: {saved_to}")
-            if args.out and os.path.abspath(args.out) != rules.path_for(result.host, layout):
+            if args.output and os.path.abspath(args.output) != rules.path_for(result.host, layout):
                 print(f"(communicators load {rules.path_for(result.host, layout)}; copy it there to use it)")
-        status = max(status, _save_corrections(comm, result, layout, args.out))
+        status = max(status, _save_corrections(comm, result, layout, args.output))
         if args.json:
             cli.write_json(args.json, _command(argv, p), {"rules": json.loads(result.to_json())}, saved=saved_to,
                            layout=layout)
@@ -139,7 +144,7 @@ def _collectives_main(args: argparse.Namespace, comm: Any, argv: Sequence[str] |
 
 
 def _save_corrections(comm: Any, result: rules.Rules, layout: str, out: str | None) -> int:
-    """On rank 0: correct the fitted model from the measurements and save it (not with ``--out``); exit status."""
+    """On rank 0: correct the fitted model from the measurements and save it (not with ``--output``); exit status."""
     machine = comm.machine
     if out is not None:
         return 0
@@ -155,7 +160,7 @@ def _save_corrections(comm: Any, result: rules.Rules, layout: str, out: str | No
         path = model.save(dataclasses.replace(machine, corrections=factors),
                           model.path_for(machine.host, layout))
     except OSError as exc:
-        print(f"could not save the corrected model: {exc}", file=sys.stderr)
+        print(cli.error_line(PROG, f"could not save the corrected model: {exc}"), file=sys.stderr)
         return 1
     values = [f for _, _, f in factors]
     print(f"model: corrected {len(factors)} (collective, algorithm) formulas from these measurements (measured / "
@@ -178,7 +183,8 @@ def _collective_names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (:func:`main` checks which options go together)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Fit the alpha-beta-gamma cost model on this machine and rank layout and save it, or (with "
@@ -194,12 +200,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "64KiB, 1M or 1e6 (default 8:64M, past the cache, so both regimes are fitted; with "
                              "--collectives 8:16M, in the benchmark's Size: the vector, or one rank's block for "
                              "allgather, alltoall, gather, scatter)")
-    parser.add_argument("--iters", type=int, default=None,
-                        help="iterations per size and per measurement (default: 1000 round trips up to 8 KiB, "
+    parser.add_argument("--iters", type=int, default=None, metavar="N",
+                        help="timed iterations per size and per measurement (default: 1000 round trips up to 8 KiB, "
                              "fewer above)")
-    parser.add_argument("--output", metavar="PATH",
-                        help="write the fit to PATH instead of the cache directory (communicators load only "
-                             "the cache directory's file)")
+    cli.add_output(parser, "the fit (with --collectives: the rules)", metavar="PATH",
+                   note="default: the cache directory, the only place communicators load it from")
+    cli.renamed(parser, "--out", "--output", "the rules file; --out is for Markdown reports")
     parser.add_argument("--show", action="store_true",
                         help="print the fit (with --collectives: the rules) saved for this host and layout, "
                              "measure nothing; values that were not measured are marked [not measured: ...]")
@@ -210,33 +216,44 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--collective", type=_collective_names, default=None, metavar="all|NAME,...",
                         help="with --collectives: the collectives to decide (default all: allreduce, bcast, "
                              "reduce, allgather, alltoall, reduce_scatter, gather, scatter, scan, barrier)")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="with --collectives: interleaved rounds per size; each algorithm's time is its "
-                             "median round (default 5)")
-    parser.add_argument("--out", metavar="FILE",
-                        help="with --collectives: write the rules to FILE instead of the cache directory "
-                             "(communicators load only the cache directory's file)")
+    cli.add_repeat(parser, 5, "each size's measurement (every algorithm, interleaved)", when="with --collectives")
+    cli.renamed(parser, "--rounds", "--repeat")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     cli.add_json(parser, "the fit (with --collectives: the rules; with --show: what is saved)")
+    return parser
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = parser()
     given = _user_options(argv)
-    args = parser.parse_args(given)
-    if args.iters is not None and args.iters < 1:
-        parser.error(f"--iters {args.iters}: must be >= 1")
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: must be >= 1")
-    if not args.collectives:
-        for option, value in (("--collective", args.collective), ("--out", args.out)):
+    args = p.parse_args(given)
+    cli.at_least(p, args, 1, "--iters", "--repeat")
+    repeat_given = any(a == "--repeat" or a.startswith("--repeat=") for a in given)
+    if args.show:
+        for option, value in (("--sizes", args.sizes), ("--iters", args.iters), ("--output", args.output),
+                              ("--force", args.force), ("--repeat", repeat_given), ("--collective", args.collective)):
             if value:
-                parser.error(f"{option} needs --collectives (it chooses what to decide); "
-                             f"e.g. {tune_command(2, '--collectives', *given)}")
+                p.error(f"{option} does not apply to --show, which measures nothing; drop it")
+    if not args.collectives:
+        for option, value in (("--collective", args.collective), ("--repeat", repeat_given)):
+            if value:
+                p.error(f"{option} needs --collectives (the fit does not use it); "
+                        f"e.g. {tune_command(2, '--collectives', *given)}")
+    if not args.show:
+        cli.check_out(p, args)
     if args.collectives:
         args.sizes = args.sizes or cli.parse_sizes("8:16M")
         args.collective = args.collective or _collective_names("all")
         return args
     args.sizes = args.sizes or cli.parse_sizes("8:64M")
     if len(set(args.sizes)) < 2:
-        parser.error(f"--sizes: {args.sizes} has fewer than two sizes; a line needs at least two (e.g. 8:64K)")
+        p.error(f"--sizes must hold at least two sizes (a line needs two points, e.g. 8:64K); got {args.sizes}")
     return args
+
+
+def _too_few_ranks(argv: Sequence[str] | None) -> None:
+    print(cli.error_line(PROG, f"needs at least {MIN_RANKS} ranks to measure messages: "
+                               f"{tune_command(MIN_RANKS, *_user_options(argv))}"), file=sys.stderr)
 
 
 def _command(argv: Sequence[str] | None, p: int) -> str:
@@ -264,15 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         path = model.path_for(comm.host, layout)
         machine = model.load(comm.host, layout)
         if machine is None:
-            print(_no_saved("fit", comm.host, layout, path, p, comm.nodes), file=sys.stderr)
+            print(cli.error_line(PROG, _no_saved("fit", comm.host, layout, path, p, comm.nodes)), file=sys.stderr)
             return 1
         print("\n".join([f"{path}:"] + describe(machine)))
         if args.json:
             cli.write_json(args.json, _command(argv, p), {"layout": layout, **machine_json(machine)}, saved=path)
         return 0
     if p < MIN_RANKS:
-        print(f"mpicomm.tune needs at least {MIN_RANKS} ranks to measure messages: "
-              f"{tune_command(MIN_RANKS, *_user_options(argv))}", file=sys.stderr)
+        _too_few_ranks(argv)
         return 2
     fit = measure(comm, args.sizes, args.iters, show=not args.quiet)
     status = 0
@@ -282,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             saved_to = model.save(fit.machine, args.output or model.path_for(fit.machine.host, fit.layout))
         except OSError as exc:
-            print(f"\ncould not save the fit: {exc}; set MPICOMM_CACHE_DIR to a writable directory or use --output",
-                  file=sys.stderr)
+            print(cli.error_line(PROG, f"could not save the fit: {exc}; set MPICOMM_CACHE_DIR to a writable directory "
+                                       f"or use --output"), file=sys.stderr)
             status = 1
         else:
             print(f"\nsaved: {saved_to}")

@@ -45,9 +45,9 @@ def test_help_and_bad_options():
     assert out.returncode == 0
     for option in ("--count", "64K or 1e6", "--iters", "--warmup", "--json", "--backend"):
         assert option in out.stdout
-    for args, message in ((["--warmup", "-1"], "--warmup -1: must be >= 0"),
-                          (["--count", "lots"], "--count 'lots': not a size"),
-                          (["--count", "-4"], "--count -4: must be >= 0")):
+    for args, message in ((["--warmup", "-1"], "python -m apps.demo: error: --warmup must be >= 0, got -1"),
+                          (["--count", "lots"], "--count must be a whole number with an optional unit"),
+                          (["--count", "-4"], "python -m apps.demo: error: --count must be >= 0, got -4")):
         bad = mpirun.run(1, DEMO + args, timeout=60)
         assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
 

@@ -51,11 +51,21 @@ def _document(path) -> dict:
 
 
 def _each_rank_says(result: mpirun.Result, n: int, command: str, text: str) -> None:
+    """Found once the job runs: every rank says it, naming itself."""
     assert not result.timed_out and result.seconds < 45, f"took {result.seconds:.0f} s"
-    assert result.returncode != 0
+    assert result.returncode == 2
     for r in range(n):
-        assert f"python -m apps.mapreduce {command}: rank {r} of {n}: error:" in result.stderr, result.stderr
+        assert f"python -m apps.mapreduce {command}: error: rank {r} of {n}: " in result.stderr, result.stderr
     assert result.stderr.count(text) >= n, result.stderr
+
+
+def _usage_error(result: mpirun.Result, n: int, command: str, text: str) -> None:
+    """Found before MPI starts: argparse's usage error on every rank (status 2)."""
+    assert not result.timed_out and result.seconds < 45, f"took {result.seconds:.0f} s"
+    assert result.returncode == 2
+    line = f"python -m apps.mapreduce {command}: error: {text}"
+    assert result.stderr.count(line) == n, result.stderr
+    assert "rank 0 of 1" not in result.stderr
 
 
 def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
@@ -85,12 +95,17 @@ def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
 def test_invindex_cli(tmp_path):
     paths, _ = _corpus(str(tmp_path))
     out = str(tmp_path / "index.tsv")
-    result = _run(2, ["invindex", *paths, "--out", out, "--quiet", "--top", "2"])  # --output's earlier name
+    refused = _run(2, ["invindex", *paths, "--out", out, "--quiet", "--top", "2"])  # --output's earlier name
+    _usage_error(refused, 2, "invindex", "--out: renamed --output (--out is for Markdown reports)")
+    result = _run(2, ["invindex", *paths, "--output", out, "--quiet", "--top", "2"])
     assert result.returncode == 0, result.stderr
     lines = open(out, encoding="utf-8").read().splitlines()
     assert lines == sorted(lines, key=lambda line: line.split("\t")[0])
     assert "the\t1\t" + paths[0] in lines and "w5\t1\t" + paths[3] in lines
     assert result.stderr == ""
+    again = _run(2, ["invindex", *paths, "--output", out, "--quiet"])  # a data file is never replaced silently
+    _usage_error(again, 2, "invindex", f"--output {out} exists; add --force to replace it")
+    assert _run(2, ["invindex", *paths, "--output", out, "--quiet", "--force"]).returncode == 0
 
 
 def test_missing_files_and_directories_are_reported_by_every_rank(tmp_path):
@@ -136,15 +151,16 @@ def test_invalid_utf8_is_reported_by_every_rank_with_file_and_byte(tmp_path):
 
 def test_a_bad_memory_limit_is_reported_by_every_rank():
     result = _run(2, ["wordcount", "whatever.txt", "--memory-limit", "lots"])
-    _each_rank_says(result, 2, "wordcount", "not a size")
+    _usage_error(result, 2, "wordcount", "argument --memory-limit: must be a whole number with an optional unit")
     small = _run(2, ["wordcount", "whatever.txt", "--memory-limit", "16M"])
-    _each_rank_says(small, 2, "wordcount", "below the minimum of 32.0 MiB")
+    _usage_error(small, 2, "wordcount", "--memory-limit must be >= 32.0 MiB, got 16.0 MiB")
 
 
 def test_restart_skips_the_map_and_writes_identical_output(tmp_path):
     paths, _ = _corpus(str(tmp_path))
     ckpt = str(tmp_path / "ckpt")
-    first = _run(3, ["wordcount", *paths, "--output", str(tmp_path / "1.tsv"), "--checkpoint-dir", ckpt, "--quiet"])
+    first = _run(3, ["wordcount", *paths, "--output", str(tmp_path / "1.tsv"), "--checkpoint-dir", ckpt,
+                     "--checkpoint-every", "1", "--quiet"])
     assert first.returncode == 0, first.stderr
     assert any(name.endswith(".json") for name in os.listdir(ckpt))
     second = _run(2, ["wordcount", *paths, "--output", str(tmp_path / "2.tsv"), "--checkpoint-dir", ckpt,
@@ -203,7 +219,7 @@ def test_the_benchmark_writes_its_table_with_the_command(tmp_path):
     assert results["speedup"] > 0 and abs(results["bytes"] - (600 << 10)) < 1000 and results["ranks"] == 2
     # an existing report is kept unless --append or --force: every rank says so before any work
     refused = _run(2, args, timeout=60)
-    _each_rank_says(refused, 2, "bench", f"--out {out} exists; add --append")
+    _usage_error(refused, 2, "bench", f"--out {out} exists; add --append")
     assert open(out).read() == table
 
 
@@ -219,6 +235,16 @@ def test_the_corpus_takes_any_size_form_and_writes_json(tmp_path):
         results = doc["results"]
         assert results["size"] == expect and len(results["files"]) == 2
         assert abs(results["bytes"] - expect) < 1000  # files end at whole lines
+
+
+def test_the_corpus_is_refused_as_several_ranks_naming_them(tmp_path):
+    """One process writes the corpus; under mpiexec every rank says so (under sbatch, without a launcher, it runs)."""
+    result = _run(2, ["corpus", str(tmp_path / "c"), "--size", "10K"])
+    assert result.returncode == 2, result.stdout + result.stderr
+    for r in range(2):
+        assert (f"python -m apps.mapreduce corpus: error: rank {r} of 2: run corpus without mpiexec (one process "
+                f"writes the files)") in result.stderr, result.stderr
+    assert not (tmp_path / "c").exists()
 
 
 def test_the_benchmark_never_writes_through_a_link_planted_in_the_shared_temporary_directory(tmp_path):

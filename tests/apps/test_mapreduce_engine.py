@@ -206,7 +206,7 @@ def test_a_mapper_input_error_on_one_rank_is_raised_on_every_rank(comm, shared):
 def test_bad_arguments_are_refused_with_the_fix(comm, tmp_path):
     with pytest.raises(ValueError, match="below the minimum of 32.0 MiB"):
         MapReduce(comm, memory_limit="16M")
-    with pytest.raises(ValueError, match="not a size"):
+    with pytest.raises(ValueError, match="must be a whole number with an optional unit"):
         MapReduce(comm, memory_limit="lots")
     with pytest.raises(ValueError, match="works on values of kind int, float, not 'str'"):
         MapReduce(comm, value="str", combine="sum")

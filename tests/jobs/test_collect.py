@@ -111,6 +111,22 @@ def test_main_writes_the_table_and_the_plot(study, capsys):
         assert (study / "scaling.png").stat().st_size > 0 and "![latency against ranks](scaling.png)" in table
 
 
+def test_an_existing_report_is_kept_unless_append_or_force(study, capsys):
+    """collect.py's report follows every command's --out rule: scaling.md (the default) is never replaced silently."""
+    (study / "scaling.md").write_text("# kept\n")
+    with pytest.raises(SystemExit) as exc:
+        collect.main([str(study), "--no-plot"])
+    assert exc.value.code == 2
+    assert f"python jobs/collect.py: error: --out {study / 'scaling.md'} exists; add --append" in capsys.readouterr().err
+    assert (study / "scaling.md").read_text() == "# kept\n"
+    assert collect.main([str(study), "--no-plot", "--append"]) == 0
+    text = (study / "scaling.md").read_text()
+    assert text.startswith("# kept\n\n# Scaling: allreduce") and text.count("\n## ") == 3
+    assert collect.main([str(study), "--no-plot", "--force", "--rows", "native"]) == 0
+    assert (study / "scaling.md").read_text().startswith("# Scaling: allreduce")
+    assert (study / "scaling.md").read_text().count("\n## ") == 1
+
+
 def test_main_with_rows_and_no_plot(study, tmp_path):
     out = tmp_path / "elsewhere.md"
     assert collect.main([str(study), "--rows", "recursive_doubling", "--out", str(out), "--no-plot"]) == 0
@@ -131,8 +147,10 @@ def test_load_refuses_what_cannot_make_one_table(tmp_path, setup, message):
 
 
 def test_main_reports_errors_and_exits_2(tmp_path, capsys):
-    assert collect.main([str(tmp_path / "absent")]) == 2
-    assert "no such file or directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        collect.main([str(tmp_path / "absent")])
+    assert exc.value.code == 2
+    assert "python jobs/collect.py: error: " in capsys.readouterr().err
     write(tmp_path, "p1.json", document(1))
     with pytest.raises(SystemExit) as exc:
         collect.main([str(tmp_path), "--rows", "tree"])

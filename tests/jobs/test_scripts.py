@@ -90,6 +90,64 @@ def test_the_launch_block_is_the_same_everywhere():
     assert cleanup in _text(os.path.join(JOBS, "scaling.sbatch"))
 
 
+#: The sub-command a script runs when its first argument does not name one.
+_DEFAULT_SUBCOMMAND = {"mpicomm.bench": "allreduce"}
+_INVOCATION = re.compile(r"-m (apps\.\w+|mpicomm\.\w+|kernels\.\w+)((?: +\S+)*)")
+
+
+def _invocations() -> list[tuple[str, str, list[str]]]:
+    """(script, command as --help names it, the options the script passes) for every application and tool the
+    scripts start with options of their own (continuation lines joined, comments skipped)."""
+    from tests.test_commands import BY_NAME
+
+    found = []
+    for path in SCRIPTS:
+        for line in _text(path).replace("\\\n", " ").splitlines():
+            m = _INVOCATION.search(line)
+            if line.lstrip().startswith("#") or not m:
+                continue
+            words = m.group(2).split()
+            sub = words[0] if words and not words[0].startswith(("-", '"')) else None
+            if words and words[0].startswith('"$') and m.group(1) in _DEFAULT_SUBCOMMAND:
+                sub = _DEFAULT_SUBCOMMAND[m.group(1)]  # a sub-command from a variable: check the script's default
+            name = f"python -m {m.group(1)}" + (f" {sub}" if sub else "")
+            options = sorted({w.split("=")[0] for w in words if w.startswith("--")})
+            if options:
+                assert name in BY_NAME, f"{os.path.basename(path)} runs {name}, which tests/test_commands.py lacks"
+                found.append((os.path.basename(path), name, options))
+    return found
+
+
+def test_scripts_pass_only_options_their_commands_have():
+    """After a rename (--checkpoint to --checkpoint-dir, --resume to --restart...) a script still using the old
+    name would fail at submission time on a cluster: every option a script passes is in its command's --help."""
+    from tests.test_commands import BY_NAME, Child, options_of, run_all
+
+    invocations = _invocations()
+    assert {name for _, name, _ in invocations} >= {"python -m apps.stencil", "python -m apps.torchddp train",
+                                                    "python -m apps.pipeline train", "python -m apps.pipeline bench",
+                                                    "python -m apps.mapreduce wordcount",
+                                                    "python -m apps.mapreduce corpus"}
+    names = sorted({name for _, name, _ in invocations if not BY_NAME[name].needs or _importable(BY_NAME[name].needs)})
+    children = {"torch": Child(), "rest": Child()}
+    try:
+        outcomes = run_all(children, [(BY_NAME[n], [*BY_NAME[n].argv, "--help"]) for n in names])
+    finally:
+        for child in children.values():
+            child.close()
+    helps = {n: options_of(o.stdout) for n, o in zip(names, outcomes)}
+    for script, name, options in invocations:
+        if name in helps:
+            missing = [o for o in options if o not in helps[name]]
+            assert not missing, f"{script} passes {missing} to {name}, which has no such option"
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def test_scaling_rejects_a_bad_rank_list(tmp_path):
     out = _bash("scaling.sbatch", [], str(tmp_path), {"SCALING_RANKS": "1 two 4"})
     assert out.returncode == 2 and "SCALING_RANKS: 'two' is not a rank count" in out.stderr, out.stderr
@@ -131,7 +189,7 @@ def test_stencil_outside_slurm_resumes_its_run_directory(tmp_path):
 
 @pytest.mark.launches
 def test_scaling_outside_slurm_runs_each_rank_count_then_collects(tmp_path):
-    args = ["--algorithms", "ring,auto", "--sizes", "8,1K", "--iters", "5", "--rounds", "1"]
+    args = ["--algorithms", "ring,auto", "--sizes", "8,1K", "--iters", "5", "--repeat", "1"]
     out = _bash("scaling.sbatch", args, str(tmp_path), {"SCALING_RANKS": "1 2", "MPICOMM_RUN_DIR": "scaling"},
                 timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr

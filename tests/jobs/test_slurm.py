@@ -304,7 +304,7 @@ class TestOneNode:
     def test_a_failing_program_fails_the_job(self, cluster, tmp_path):
         job = cluster.submit("demo.sbatch", ["--iters", "0"], submit_dir=str(tmp_path))
         assert job.returncode != 0, job.log
-        assert "--iters 0: must be >= 1" in job.log
+        assert "python -m apps.demo: error: --iters must be >= 1, got 0" in job.log
 
     def test_demo_through_mpiexec_in_the_allocation(self, cluster, tmp_path):
         job = cluster.submit("demo.sbatch", ["--count", "1000", "--iters", "5"], submit_dir=str(tmp_path),
@@ -316,7 +316,7 @@ class TestOneNode:
     def test_bench_with_algorithm_and_trace_from_the_environment(self, cluster, tmp_path):
         # Variables set at submission reach every rank: the algorithm auto must use, and the trace.
         env = {"MPICOMM_ALLREDUCE_ALGORITHM": "ring", "MPICOMM_TRACE": "trace.json"}
-        args = ["allreduce", "--algorithms", "auto", "--sizes", "8,1K", "--iters", "5", "--rounds", "1", "--validate"]
+        args = ["allreduce", "--algorithms", "auto", "--sizes", "8,1K", "--iters", "5", "--repeat", "1", "--validate"]
         job = cluster.submit("bench.sbatch", args, submit_dir=str(tmp_path), env=env)
         _ok(job)
         run = tmp_path / "runs" / f"bench-{job.id}"
@@ -397,7 +397,7 @@ class TestOneNode:
         assert _counts(tmp_path / "runs" / f"mapreduce-{job.id}" / "counts.tsv") == expected
 
     def test_scaling_array_and_collect(self, cluster, tmp_path):
-        args = ["allreduce", "--algorithms", "ring,auto", "--sizes", "8,1K", "--iters", "5", "--rounds", "1"]
+        args = ["allreduce", "--algorithms", "ring,auto", "--sizes", "8,1K", "--iters", "5", "--repeat", "1"]
         job = cluster.submit("scaling.sbatch", args, submit_dir=str(tmp_path), timeout=240)
         _ok(job)
         assert len(job.files(f"mpicomm-scaling-{job.id}_*.out")) == 4
@@ -413,8 +413,8 @@ class TestOneNode:
             assert (run / "scaling.png").stat().st_size > 0
 
     def test_torchddp_transformer_with_check(self, cluster, tmp_path):
-        pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
-                                            "then pip install -e '.[torch]'")
+        pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 --index-url "
+                                            "https://download.pytorch.org/whl/cpu, then pip install -e '.[torch]'")
         args = ["--steps", "12", "--batch", "16", "--seq", "16", "--d-model", "32", "--layers", "1", "--ff", "64",
                 "--checkpoint-every", "6"]
         job = cluster.submit("torchddp.sbatch", args, submit_dir=str(tmp_path), timeout=240)
@@ -423,7 +423,8 @@ class TestOneNode:
         assert "Transformer 1 layer (d 32, 4 heads, ff 64)" in job.log and "on 4 ranks, backend mpicomm" in job.log
         assert "check: PASS" in job.log, job.log
         run = tmp_path / "runs" / f"torchddp-{job.id}"
-        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["torchddp.ckpt"]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["torchddp-00000006.ckpt",
+                                                                           "torchddp-00000012.ckpt"]
         with open(run / "train.json") as f:
             doc = json.load(f)
         assert doc["ranks"] == 4 and "mpiexec -n 4 python -m apps.torchddp train --model transformer" in doc["command"]
@@ -453,10 +454,10 @@ class TestOneNode:
                                             "then pip install -e '.[torch]'")
 
         def requeue_after_first_checkpoint(job_id: str) -> None:
-            ckpt = tmp_path / "runs" / f"torchddp-{job_id}" / "checkpoints" / "torchddp.ckpt"
+            ckpt = tmp_path / "runs" / f"torchddp-{job_id}" / "checkpoints"
             deadline = time.monotonic() + 120
-            while not ckpt.exists():
-                assert time.monotonic() < deadline, f"no checkpoint appeared at {ckpt} within 120 s"
+            while not glob.glob(str(ckpt / "torchddp-*.ckpt")):
+                assert time.monotonic() < deadline, f"no checkpoint appeared in {ckpt} within 120 s"
                 time.sleep(0.05)
             out = cluster.run(["scontrol", "requeue", job_id])
             assert out.returncode == 0, out.stdout + out.stderr
@@ -498,7 +499,7 @@ class TestTwoNodes:
         assert outer == {1, 2, 3, 4} and between == {1, 3}, events  # pid = rank + 1
 
     def test_bench_job_on_two_nodes(self, cluster, tmp_path):
-        args = ["allreduce", "--algorithms", "hierarchical,auto", "--sizes", "8,64K", "--iters", "5", "--rounds", "1",
+        args = ["allreduce", "--algorithms", "hierarchical,auto", "--sizes", "8,64K", "--iters", "5", "--repeat", "1",
                 "--validate"]
         job = cluster.submit("bench.sbatch", args, submit_dir=str(tmp_path), options=["-N", "2", "--ntasks-per-node=2"])
         _ok(job)

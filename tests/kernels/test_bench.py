@@ -117,17 +117,43 @@ def test_every_kernel_is_warmed_up_before_the_first_timed_loop(monkeypatch, resi
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--paths", "fortran"], "unknown path 'fortran'"),
-    (["--dims", "4"], "--dims '4'"),
-    (["--size", "0"], "--size: '0': expected N or N,M"),
-    (["--size", "1,2,3"], "expected N or N,M"),
-    (["--size", "8,x"], "expected N or N,M"),
-    (["--iters", "0"], "--iters 0"),
-    (["--append"], "--append and --force need --out"),
-    (["--force"], "--append and --force need --out"),
+    (["--paths", "fortran"], "--paths must be all or a comma-separated list of numpy, compiled, cupy; got 'fortran'"),
+    (["--dims", "4"], "--dims must be 2, 3 or 2,3; got '4'"),
+    (["--size", "0"], "argument --size: must be N or N,M, sides >= 1 such as 2048, 2K or 1e3 (e.g. 2048 or "
+                      "2048,128); got '0'"),
+    (["--size", "1,2,3"], "argument --size: must be N or N,M"),
+    (["--size", "8,x"], "argument --size: must be N or N,M"),
+    (["--iters", "0"], "--iters must be >= 1, got 0"),
+    (["--repeat", "0"], "--repeat must be >= 1, got 0"),
+    (["--append"], "--append needs --out FILE.md"),
+    (["--force"], "--force needs --out FILE.md"),
 ])
 def test_bad_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert f"python -m kernels.bench: error: {message}" in capsys.readouterr().err
+
+
+def test_repeat_reports_the_median_of_the_repeats(monkeypatch):
+    """Five repeats timed 3, 1, 9, 2, 5 s: the rate and the time per sweep come from the median, 3 s."""
+    sweeps = iter([3.0, 1.0, 9.0, 2.0, 5.0])
+    triads = iter([4.0, 8.0, 6.0, 7.0, 5.0])
+    calls = [0]
+
+    def fake(k, fn, iters):
+        calls[0] += 1
+        return next(triads) if calls[0] % 2 else next(sweeps)  # each repeat: the triad, then the sweep
+
+    monkeypatch.setattr(bench, "_timed", fake)
+    row = bench.measure("numpy", 2, 10, 4, 5)
+    assert row.seconds == pytest.approx(3.0 / 4)
+    assert row.mlups == pytest.approx(10 ** 2 * 4 / 3.0 / 1e6)
+    elements = 12 ** 2
+    assert row.triad_gbs == pytest.approx(elements * bench.BYTES_PER_ELEMENT * 8 * 4 / 6.0 / 1e9)  # median: 6 s
+
+
+def test_help_says_median_and_per_size():
+    text = " ".join(bench.parser().format_help().split())
+    assert "run the timed sweeps and triads of each path and size N times and report the median" in text
+    assert "timed sweeps (and triads) per size" in text

@@ -45,7 +45,7 @@ def test_tune_collectives_writes_rules_that_a_communicator_uses(tmp_path):
     env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
     document = tmp_path / "rules-doc.json"
     result = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--collectives", "--collective",
-                            "allreduce,barrier", "--sizes", "8,4K", "--iters", "4", "--rounds", "2", "--quiet",
+                            "allreduce,barrier", "--sizes", "8,4K", "--iters", "4", "--repeat", "2", "--quiet",
                             "--json", str(document)], timeout=180, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "elapsed" not in result.stderr  # --quiet: no progress lines
@@ -88,7 +88,7 @@ def test_tune_collectives_writes_rules_that_a_communicator_uses(tmp_path):
     # a second run, elsewhere: the saved rules stay, and are judged on the new times
     other = tmp_path / "again.json"
     again = mpirun.run(2, [sys.executable, "-m", "mpi4py", "-m", "mpicomm.tune", "--collectives", "--collective",
-                           "allreduce", "--sizes", "8", "--iters", "4", "--rounds", "2", "--quiet", "--out",
+                           "allreduce", "--sizes", "8", "--iters", "4", "--repeat", "2", "--quiet", "--output",
                            str(other)], timeout=120, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert re.search(r"the rules this run loaded .*: their algorithm within 10 % of this run's fastest at "

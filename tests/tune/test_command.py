@@ -18,16 +18,17 @@ from tests.tune.test_reports import marks
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--sizes", "8"], "fewer than two sizes"),
-    (["--iters", "0"], "--iters 0: must be >= 1"),
-    (["--sizes", "8:4"], "larger than the last"),
-    (["--sizes", "8,1.5"], "not a whole number"),  # mpicomm.cli's size parser
-    (["--sizes", "8,64Q"], "not a size"),
+    (["--sizes", "8"], "--sizes must hold at least two sizes"),
+    (["--iters", "0"], "--iters must be >= 1, got 0"),
+    (["--sizes", "8:4"], "must go from the smaller size to the larger (LOW:HIGH), got '8:4'"),
+    (["--sizes", "8,1.5"], "must be a whole number, got '1.5'"),  # mpicomm.cli's size parser
+    (["--sizes", "8,64Q"], "must be a whole number with an optional unit"),
 ])
 def test_bad_options_are_named(capsys, argv, message):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         command.main(argv)
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err and "python -m mpicomm.tune: error: " in err
 
 
 def test_help_explains_the_command(capsys):
@@ -97,7 +98,8 @@ def test_tune_writes_a_loadable_fit(tmp_path, monkeypatch):
 def test_tune_needs_two_ranks_and_show_needs_a_fit(tmp_path):
     env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
     result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--sizes", "8,64"], timeout=60, env=env)
-    assert result.returncode == 2 and "needs at least 2 ranks" in result.stderr
+    assert result.returncode == 2 and "python -m mpicomm.tune: error: needs at least 2 ranks" in result.stderr
+    assert "rank 0 of 1" not in result.stderr
     assert advised(result.stderr) == [(2, ["--sizes", "8,64"])]  # the same options, on 2 ranks
     result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--show"], timeout=60, env=env)
     assert result.returncode == 1 and "no fit saved" in result.stderr and "p1-1x1" in result.stderr
@@ -108,13 +110,41 @@ def test_tune_needs_two_ranks_and_show_needs_a_fit(tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["--collectives", "--collective", "allreduce,spiral"], "unknown collective(s) 'spiral'"),
     (["--collective", "allreduce"], "--collective needs --collectives"),
-    (["--out", "d.json"], "--out needs --collectives"),
-    (["--collectives", "--rounds", "0"], "--rounds 0: must be >= 1"),
+    (["--repeat", "3"], "--repeat needs --collectives (the fit does not use it)"),
+    (["--out", "d.json"], "--out: renamed --output (the rules file; --out is for Markdown reports)"),
+    (["--collectives", "--rounds", "3"], "--rounds: renamed --repeat"),
+    (["--collectives", "--repeat", "0"], "--repeat must be >= 1, got 0"),
+    (["--show", "--output", "fit.json"], "--output does not apply to --show, which measures nothing"),
+    (["--collectives", "--show", "--sizes", "8"], "--sizes does not apply to --show"),
+    (["--show", "--force"], "--force does not apply to --show"),
+    (["--force"], "--force needs --output FILE (the file to replace)"),
 ])
 def test_bad_collectives_options_are_named(capsys, argv, message):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         command.main(argv)
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "python -m mpicomm.tune: error: " in err and message in err
+
+
+@pytest.mark.parametrize("mode", [[], ["--collectives"]])
+def test_output_is_used_in_both_modes_and_never_replaced_without_force(tmp_path, capsys, mode):
+    """``--output`` names the fit's file and, with --collectives, the rules' (it was silently ignored there)."""
+    path = tmp_path / "saved.json"
+    assert command._parse([*mode, "--output", str(path)]).output == str(path)
+    path.write_text("{}")
+    with pytest.raises(SystemExit):
+        command._parse([*mode, "--output", str(path)])
+    assert f"--output {path} exists; add --force to replace it" in capsys.readouterr().err
+    assert command._parse([*mode, "--output", str(path), "--force"]).force
+    assert path.read_text() == "{}"
+
+
+def test_help_names_repeat_with_its_median_and_no_rounds(capsys):
+    with pytest.raises(SystemExit):
+        command.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--repeat N with --collectives: run each size's measurement" in out and "report the median" in out
+    assert "--rounds" not in out and "--out " not in out and "--output PATH" in out
 
 
 def test_collective_names_accept_benchmark_and_registry_names():
@@ -126,10 +156,11 @@ def test_collective_names_accept_benchmark_and_registry_names():
 def test_tune_collectives_needs_two_ranks(tmp_path):
     env = {"MPICOMM_CACHE_DIR": str(tmp_path)}
     result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--sizes", "8"], timeout=60, env=env)
-    assert result.returncode == 2 and "needs at least 2 ranks" in result.stderr
+    assert result.returncode == 2 and "python -m mpicomm.tune: error: needs at least 2 ranks" in result.stderr
     assert advised(result.stderr) == [(2, ["--collectives", "--sizes", "8"])]
     result = mpirun.run(1, [sys.executable, "-m", "mpicomm.tune", "--collectives", "--show"], timeout=60, env=env)
-    assert result.returncode == 1 and "no rules saved" in result.stderr and "p1-1x1" in result.stderr
+    assert result.returncode == 1 and "python -m mpicomm.tune: error: no rules saved" in result.stderr
+    assert "p1-1x1" in result.stderr
     assert advised(result.stderr) == [(2, ["--collectives"]), (2, ["--collectives", "--show"])]
 
 
@@ -151,8 +182,8 @@ def advised(text: str) -> list[tuple[int, list[str]]]:
 
 def test_tune_command_never_asks_for_fewer_than_two_ranks():
     assert command.tune_command(1) == "mpiexec -n 2 python -m mpicomm.tune"
-    assert command.tune_command(4, "--collectives", "--out", "my file.json") == (
-        "mpiexec -n 4 python -m mpicomm.tune --collectives --out 'my file.json'")
+    assert command.tune_command(4, "--collectives", "--output", "my file.json") == (
+        "mpiexec -n 4 python -m mpicomm.tune --collectives --output 'my file.json'")
     assert advised(command.tune_command(0, "--show")) == [(2, ["--show"])]
 
 
@@ -168,7 +199,7 @@ def test_show_without_a_saved_file_advises_commands_that_run(p, nodes, options):
         assert "at least 2 ranks" in text and commands[-1] == (2, [*options, "--show"])
 
 
-@pytest.mark.parametrize("argv", [["--collective", "allreduce"], ["--out", "d.json", "--sizes", "8,64"]])
+@pytest.mark.parametrize("argv", [["--collective", "allreduce"], ["--repeat", "2", "--sizes", "8,64"]])
 def test_option_errors_advise_commands_that_run(capsys, argv):
     with pytest.raises(SystemExit):
         command.main(argv)

@@ -72,18 +72,38 @@ def test_two_dimensional_run_with_tensor_parallelism(tmp_path):
     assert "T 2 x S 2 x D 1" in out.stdout and " - equal" in out.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--stages", "2", "--micro", "0"], "--micro 0: must be an integer >= 1"),
-    (["--stages", "2", "--schedule", "zb-h1", "--activations", "recompute"], "recompute is not supported"),
-    (["--stages", "3"], "2 ranks cannot be split into --tensor 1 x --stages 3 x D replicas"),
-    (["--stages", "2", "--blocks", "1"], "2 stages but the model has 1 blocks"),
+@pytest.mark.parametrize("args,message,usage", [
+    (["--stages", "2", "--micro", "0"], "--micro must be an integer >= 1, got 0", True),
+    (["--stages", "2", "--schedule", "zb-h1", "--activations", "recompute"],
+     "--schedule zb-h1 with --activations recompute is not supported", True),
+    (["--stages", "2", "--blocks", "1"], "2 stages but the model has 1 blocks", True),
+    (["--stages", "2", "--keep", "0"], "--keep must be >= 1, got 0", True),
+    (["--stages", "2", "--hidden", "32,64"], "argument --hidden: must be one width", True),
+    (["--stages", "3"], "2 ranks cannot be split into --tensor 1 x --stages 3 x D replicas", False),
 ])
-def test_bad_options_exit_2_on_every_rank(args, message):
+def test_bad_options_exit_2_on_every_rank(args, message, usage):
+    """Options wrong at any rank count are usage errors before MPI starts; the rest name the rank."""
     out = _run(2, ["train", *SMALL, *args], timeout=60)
     assert out.returncode == 2, out.stderr
+    assert out.stdout == "", out.stdout  # nothing printed as if accepted
+    if usage:
+        assert out.stderr.count(f"python -m apps.pipeline train: error: {message}") == 2, out.stderr
+        return
     for rank in (0, 1):
-        assert f"rank {rank} of 2: error: " in out.stderr
+        assert f"python -m apps.pipeline train: error: rank {rank} of 2: " in out.stderr
     assert out.stderr.count(message) == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stages", "0"], "--stages must be >= 1, got 0"),
+    (["--micro", "0"], "--micro must be >= 1, got 0"),
+    (["--stages", "3", "--micro", "4", "--schedule", "interleaved", "--chunks", "2"],
+     "interleaved 1F1B needs the micro-batches (4) to be a multiple of the stages (3); use --micro 3 or 6"),
+])
+def test_schedule_refuses_before_printing_anything(args, message):
+    out = _serial(["schedule", *args])
+    assert out.returncode == 2 and out.stdout == "", out.stdout  # no "validated" line before the refusal
+    assert f"python -m apps.pipeline schedule: error: {message}" in out.stderr
 
 
 def test_restart_without_checkpoints_exits_2(tmp_path):
@@ -103,4 +123,5 @@ def test_bench_writes_the_table_and_json(tmp_path):
     rows = json.loads(doc.read_text())["results"]
     assert len(rows) == 8 and all(r["step_s"] > 0 for r in rows)
     again = _run(2, ["bench", *SMALL, "--out", str(md)], timeout=60)
-    assert again.returncode == 2 and "exists; add --append" in again.stderr
+    assert again.returncode == 2 and "python -m apps.pipeline bench: error: --out " in again.stderr
+    assert "exists; add --append" in again.stderr

@@ -105,8 +105,8 @@ def test_the_command_line_exits_2_with_the_message_once_per_rank():
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     lines = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(lines) == n, out.stderr
-    messages = {line.split(": error: ", 1)[1] for line in lines}
+    messages = {line.split(f" of {n}: ", 1)[1] for line in lines}
     assert len(messages) == 1, out.stderr
-    assert {line.split(": error: ")[0] for line in lines} == {f"python -m apps.pipeline train: rank {r} of {n}"
+    assert {line.split(f" of {n}: ")[0] for line in lines} == {f"python -m apps.pipeline train: error: rank {r}"
                                                               for r in range(n)}
     assert next(iter(messages)).startswith("--batch 1000000000000: needs about "), out.stderr

@@ -100,13 +100,13 @@ def test_measurements_add_up():
 @pytest.mark.mpi
 @pytest.mark.parametrize("change,match", [
     (dict(stages=30), "30 stages but the model has 24 blocks; use --blocks >= 30"),
-    (dict(micro=0), "--micro 0: must be an integer >= 1"),
+    (dict(micro=0), "--micro must be an integer >= 1, got 0"),
     (dict(schedule="interleaved", chunks=2, micro=3, stages=2), r"multiple of the stages \(2\)"),
     (dict(schedule="interleaved", chunks=5, micro=2, stages=1), r"blocks \(24\) divisible by stages x chunks \(5\)"),
     (dict(schedule="zb-h1", activations="recompute"), "zb-h1 with --activations recompute is not supported"),
     (dict(tensor=3), "--hidden 8 is not divisible by --tensor 3"),
     (dict(schedule="bogus"), "--schedule 'bogus': choose one of"),
-    (dict(batch=2, micro=3), "fewer than --micro 3"),
+    (dict(batch=2, micro=3), "--batch 2 is smaller than --micro 3"),
 ])
 def test_bad_options_raise_on_every_rank(change, match):
     comm = mpicomm.Comm()

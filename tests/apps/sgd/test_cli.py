@@ -78,23 +78,29 @@ def test_ps_sync_equals_ps_async_with_staleness_zero():
     assert _digest(a.stdout) == _digest(b.stdout)
 
 
-@pytest.mark.parametrize("n,args,text", [
-    (4, ["--batch", "3"], "--batch 3: the global batch is smaller than the 4 workers"),
-    (2, ["--mode", "nope"], "invalid choice: 'nope'"),
-    (2, ["--bucket-mb", "0"], "--bucket-mb 0: must be > 0"),
-    (3, ["--mode", "ps-async", "--staleness", "-1"], "--staleness -1: must be >= 0"),
-    (2, ["--mode", "ps-sync", "--servers", "2"], "--servers 2: need 1 <= K < N ranks (N = 2)"),
-    (2, ["--data", "file", "--data-file", "/nonexistent/x.npz"], "/nonexistent/x.npz"),
+@pytest.mark.parametrize("n,args,text,usage", [
+    (4, ["--batch", "3"], "--batch 3: the global batch is smaller than the 4 workers", False),
+    (2, ["--mode", "nope"], "argument --mode: invalid choice: 'nope'", True),
+    (2, ["--bucket-mb", "0"], "--bucket-mb must be > 0, got 0 (DDP's default is 25)", True),
+    (2, ["--batch", "0"], "--batch must be >= 1, got 0", True),
+    (3, ["--mode", "ps-async", "--staleness", "-1"], "--staleness must be >= 0, got -1 (0 is synchronous)", True),
+    (2, ["--keep", "0"], "--keep must be >= 1, got 0", True),
+    (2, ["--mode", "ps-sync", "--plot-timeline", "t.png"], "--plot-timeline draws bucket collectives", True),
+    (2, ["--mode", "ps-sync", "--servers", "2"], "--servers 2: need 1 <= K < N ranks (N = 2)", False),
+    (2, ["--data", "file", "--data-file", "/nonexistent/x.npz"], "/nonexistent/x.npz", False),
 ])
-def test_bad_input_is_refused_on_every_rank_with_status_2(n, args, text):
+def test_bad_input_is_refused_on_every_rank_with_status_2(n, args, text, usage):
+    """Settings wrong at any rank count are usage errors before MPI starts; the rest, once it has, name the rank.
+    Either way nothing is printed as if accepted first (the run's first line, "apps.sgd: ddp on ...")."""
     out = _run(n, ["train", *args], timeout=60)
     assert not out.timed_out and out.seconds < 45
     assert out.returncode == 2, out.stdout + out.stderr
-    if "invalid choice" in text:
-        assert text in out.stderr
+    assert out.stdout == "", out.stdout
+    if usage:
+        assert out.stderr.count(f"python -m apps.sgd train: error: {text}") == n, out.stderr
         return
     for r in range(n):
-        assert f"python -m apps.sgd train: rank {r} of {n}: error:" in out.stderr, out.stderr
+        assert f"python -m apps.sgd train: error: rank {r} of {n}: " in out.stderr, out.stderr
     assert out.stderr.count(text) >= n, out.stderr
 
 
@@ -186,17 +192,22 @@ def test_bucket_sizes_in_any_form_and_the_plot_command(tmp_path):
                            cwd=mpirun.REPO, timeout=60)
     assert drawn.returncode == 0, drawn.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    renamed = subprocess.run(SGD + ["plot", str(csv), "--out", str(tmp_path / "o.png")], capture_output=True,
+                             text=True, cwd=mpirun.REPO, timeout=60)  # --out was a hidden alias of --plot
+    assert renamed.returncode == 2 and not (tmp_path / "o.png").exists()
+    assert "python -m apps.sgd plot: error: --out: renamed --plot" in renamed.stderr
 
 
 def test_bench_runs_every_part_small(tmp_path):
     out_file, js = tmp_path / "b.md", tmp_path / "b.json"
-    args = ["bench", "--repeat", "1", "--steps", "2", "--features", "32", "--hidden", "64", "--batch", "32",
+    args = ["bench", "--repeat", "1", "--steps", "2", "--features", "32", "--hidden", "64,48", "--batch", "32",
             "--async-epochs", "1", "--out", str(out_file), "--plot", str(tmp_path / "a.png"), "--json", str(js)]
     out = _run(3, args, timeout=180)
     assert out.returncode == 0, out.stderr
     text = out_file.read_text()
     for heading in ("### Scaling", "### Modes", "### Parameter-server bottleneck", "### Synchronous vs asynchronous"):
         assert heading in text
+    assert "Model: MLP 32→64→48→10" in text  # --hidden: the width of each hidden layer, as in train
     for mode in ("per-parameter", "bucketed", "overlapped", "zero1", "zero2", "ps-sync", "ps-async"):
         assert f"| {mode} |" in text
     for part, total in (("scaling", 1), ("modes", 1), ("ps", 2), ("async", 3)):

@@ -28,7 +28,7 @@ def _refused_on_every_rank(out: mpirun.Result, n: int, message: str) -> None:
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
     lines = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert sorted(lines) == sorted(f"python -m apps.sgd train: rank {r} of {n}: error: {message}" for r in range(n)), \
+    assert sorted(lines) == sorted(f"python -m apps.sgd train: error: rank {r} of {n}: {message}" for r in range(n)), \
         out.stderr
 
 

@@ -129,20 +129,7 @@ def test_teacher_dataset():
     assert np.array_equal(d.x_test, x) and np.array_equal(d.y_test, y)
 
 
-# ----------------------------------------------------------------------------- divide and the sampler
-
-
-def test_divide():
-    for n in range(0, 23):
-        for parts in range(1, 6):
-            spans = [data.divide(n, parts, i) for i in range(parts)]
-            assert spans[0][0] == 0 and spans[-1][1] == n
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-            sizes = [stop - start for start, stop in spans]
-            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-    assert data.divide(10, 4, 0) == (0, 3) and data.divide(10, 4, 1) == (3, 6) and data.divide(10, 4, 3) == (8, 10)
-    with pytest.raises(ValueError, match="part 4 is out of range"):
-        data.divide(10, 4, 4)
+# ----------------------------------------------------------------------------- the sampler
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from apps.blocks import block
 from apps.nn import mlp, softmax_cross_entropy
 from apps.nn.optim import SGD
-from apps.sgd.data import divide
 from apps.sgd.ps import ParameterServer
 
 SIZES = [8, 16, 4]
@@ -68,7 +68,7 @@ def _run(comm, servers=1, staleness=0, steps=STEPS, hidden=SIZES[1]):
     ps = ParameterServer(comm, model, _optimizer(), servers=servers, staleness=staleness, total_steps=steps)
     if ps.is_worker:
         for step in range(steps):
-            a, b = divide(BATCH, ps.workers, ps.worker_index)
+            a, b = block(BATCH, ps.workers, ps.worker_index)
             x, y = _samples(_batch(step)[a:b])
             res = ps.step(x, y, BATCH)
             assert res.samples == b - a
@@ -118,7 +118,7 @@ def test_sync_stats_and_memory(comm):
     servers = 2 if size >= 3 else 1
     ps, _ = _run(comm, servers=servers, staleness=0)
     n, itemsize = _model().num_params, 8
-    shard_bytes = [(b - a) * itemsize for a, b in (divide(n, servers, k) for k in range(servers))]
+    shard_bytes = [(b - a) * itemsize for a, b in (block(n, servers, k) for k in range(servers))]
     s = ps.stats
     assert s["clocks"] == STEPS
     if ps.is_worker:

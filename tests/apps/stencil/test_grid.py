@@ -8,15 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from apps.stencil.grid import Grid, Layout, block, cells, shrink, slabs, strips
-
-
-@pytest.mark.parametrize("n,parts", [(0, 1), (1, 1), (7, 3), (10, 4), (5, 5), (4096, 3), (13, 7)])
-def test_block_tiles(n, parts):
-    pieces = [block(n, parts, i) for i in range(parts)]
-    assert pieces[0][0] == 0 and sum(s for _, s in pieces) == n
-    assert all(a + s == b for (a, s), (b, _) in zip(pieces, pieces[1:]))
-    assert max(s for _, s in pieces) - min(s for _, s in pieces) <= 1
+from apps.stencil.grid import Grid, Layout, cells, shrink, slabs, strips
 
 
 @pytest.mark.parametrize("outer,inner", [

@@ -91,7 +91,8 @@ def test_the_command_line_exits_2_with_the_message_once_per_rank():
     assert not out.timed_out, out.stderr
     assert out.returncode == 2 and "Traceback" not in out.stderr and "MemoryError" not in out.stderr, out.stderr
     lines = sorted(line for line in out.stderr.splitlines() if "error" in line)
-    assert [line.split("): ", 1)[0] for line in lines] == [f"python -m apps.stencil: error (rank {r}" for r in range(n)]
-    assert len({line.split("): ", 1)[1] for line in lines}) == 1, out.stderr
-    assert lines[0].split("): ", 1)[1].startswith("--size 10000000: needs about "), out.stderr
+    heads = [f"python -m apps.stencil: error: rank {r} of {n}: " for r in range(n)]
+    assert [line[:len(head)] for line, head in zip(lines, heads)] == heads, out.stderr
+    assert len({line.split(" of 3: ", 1)[1] for line in lines}) == 1, out.stderr
+    assert lines[0].split(" of 3: ", 1)[1].startswith("--size 10000000: needs about "), out.stderr
     assert out.stdout == "", out.stdout  # refused before the first line of output

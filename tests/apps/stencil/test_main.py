@@ -67,8 +67,8 @@ def test_progress_lines_count_iterations_with_elapsed_time():
 
 def test_every_rank_says_what_is_wrong():
     for args, message in [
-        (["--size", "-5"], "size '-5': not a size"),
-        (["--size", "0"], "size '0': must be >= 1"),
+        (["--size", "-5"], "argument --size: must be a whole number with an optional unit"),
+        (["--size", "0"], "argument --size: must be >= 1, got '0'"),
         (["--kernel", "fortran"], "invalid choice: 'fortran'"),
         (["--size", "2", "--rank-dims", "4x1"], "2 cells per side split over 4 ranks in dimension 0"),
         (["--dims", "3", "--problem", "star"], "--problem star is 2-D"),
@@ -77,7 +77,7 @@ def test_every_rank_says_what_is_wrong():
         assert result.returncode != 0 and not result.timed_out, (args, result.stderr)
         if message.startswith("--size 2") or "split over" in message or "star" in message:
             for rank in range(4):
-                assert f"error (rank {rank}): " in result.stderr, (args, result.stderr)
+                assert f"python -m apps.stencil: error: rank {rank} of 4: " in result.stderr, (args, result.stderr)
         assert result.stderr.count(message) >= 2, (args, result.stderr)  # not only one rank
 
 
@@ -114,6 +114,54 @@ def test_bench_writes_its_table_and_json(tmp_path):
                            env=mpirun.clean_env())
     assert again.returncode == 2 and f"--out {out} exists" in again.stderr and "--force" in again.stderr
     assert out.read_text() == before
+
+
+def test_bench_scaling_both_gives_weak_and_strong_rows(tmp_path):
+    """``--scaling both`` is what the help says it is: weak and strong (it used to be refused)."""
+    js = tmp_path / "both.json"
+    args = ["--ranks", "1,2", "--size", "32", "--iters", "3", "--halo", "blocking", "--scaling", "both",
+            "--repeat", "1", "--kernel", "numpy", "--json", str(js), "--quiet"]
+    result = subprocess.run(BENCH + args, capture_output=True, text=True, timeout=300, cwd=mpirun.REPO,
+                            env=mpirun.clean_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = _document(js)["results"]["rows"]
+    assert [(r["scaling"], r["ranks"], r["size"]) for r in rows] == [("weak", 1, 32), ("weak", 2, 45),
+                                                                     ("strong", 1, 32), ("strong", 2, 32)]
+    assert "median of 1" in result.stdout
+
+
+@pytest.mark.serial
+def test_bench_options_are_checked_before_any_run_starts(monkeypatch, capsys):
+    from apps.stencil import bench
+    from kernels import available
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a run was started before the options were checked")
+
+    monkeypatch.setattr(bench.subprocess, "run", no_runs)
+    cases = [(["--kernel", "fortran"], "argument --kernel: invalid choice: 'fortran'"),
+             (["--scaling", "sideways"], "argument --scaling: must be weak, strong or both; got 'sideways'"),
+             (["--halo", "blocking,round"], "argument --halo: must be blocking, overlap or neighbor"),
+             (["--ranks", "0,2"], "argument --ranks: must be rank counts >= 1"),
+             (["--repeat", "0"], "--repeat must be >= 1, got 0"),
+             (["--timeout", "0"], "--timeout must be > 0, got 0")]
+    if not available("cupy")[0]:
+        cases.append((["--kernel", "cupy"], "--kernel cupy cannot run here: "))
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as info:
+            bench.main(argv)
+        assert info.value.code == 2
+        assert f"python -m apps.stencil.bench: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.serial
+def test_bench_reports_each_configuration_s_median_run():
+    from apps.stencil.bench import _median
+
+    runs = [{"mlups": m, "id": i} for i, m in enumerate([30.0, 10.0, 50.0, 20.0, 40.0])]
+    assert _median(runs)["id"] == 0  # 30 is the median of 10..50
+    assert _median(runs[:2])["id"] == 0  # of two, the upper: 30 over 10
+    assert _median(runs[1:2])["id"] == 1
 
 
 def test_killed_run_restarts_bit_identical(tmp_path):

@@ -1,9 +1,11 @@
-"""apps.torchddp.checkpoint: atomic replacement, every kind of damage refused by name, no code run on load."""
+"""apps.torchddp.checkpoint: atomic writes, the newest --keep kept, every kind of damage refused by name, the newest
+valid one found, no code run on load."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -26,7 +28,7 @@ def _write(directory, step=5, **header):
 
 def test_round_trip_and_no_temporary_file_left(tmp_path):
     path = _write(tmp_path)
-    assert path == str(tmp_path / ck.NAME) and os.listdir(tmp_path) == [ck.NAME]
+    assert path == str(tmp_path / "torchddp-00000005.ckpt") and os.listdir(tmp_path) == ["torchddp-00000005.ckpt"]
     header, payload = ck.read(path)
     assert header["step"] == 5 and header["format"] == ck.FORMAT and header["bytes"] == len(payload)
     state = ck.load_payload(payload)
@@ -34,11 +36,37 @@ def test_round_trip_and_no_temporary_file_left(tmp_path):
     assert state["optimizer"]["param_groups"][0]["lr"] == 0.1
 
 
-def test_a_new_checkpoint_replaces_the_old_one_whole(tmp_path):
-    _write(tmp_path, step=1)
+def test_keep_leaves_the_newest_and_later_steps_of_an_abandoned_run_go(tmp_path):
+    for step in (1, 2, 3):
+        ck.write(str(tmp_path), {"step": step, "identity": {}}, ck.dump_payload(STATE), keep=2)
+    assert ck.steps(str(tmp_path)) == [3, 2] and sorted(os.listdir(tmp_path)) == [
+        "torchddp-00000002.ckpt", "torchddp-00000003.ckpt"]
+    (tmp_path / "notes.txt").write_text("not ours")
+    # a restart from step 2 writes step 3 again and step 4: the abandoned run's 3 is replaced, never kept over them
+    ck.write(str(tmp_path), {"step": 3, "identity": {"again": 1}}, ck.dump_payload(STATE), keep=1)
+    assert ck.steps(str(tmp_path)) == [3] and ck.read(ck.path_in(str(tmp_path), 3))[0]["identity"] == {"again": 1}
+    assert (tmp_path / "notes.txt").read_text() == "not ours"  # only the series' own names are removed
+    ck.write(str(tmp_path), {"step": 1, "identity": {}}, ck.dump_payload(STATE))  # back behind 3: 3 goes
+    assert ck.steps(str(tmp_path)) == [1]
+
+
+def test_newest_passes_over_damaged_files_and_says_why(tmp_path):
+    assert ck.newest(str(tmp_path / "absent")) == (None, [])
+    for step in (2, 4, 6):
+        _write(tmp_path, step=step)
+    _damage(ck.path_in(str(tmp_path), 6), "flip")
+    _damage(ck.path_in(str(tmp_path), 4), "truncate")
+    found, refused = ck.newest(str(tmp_path))
+    assert found[0]["step"] == 2 and found[2] == ck.path_in(str(tmp_path), 2)
+    assert len(refused) == 2 and "torchddp-00000006.ckpt: checksum mismatch" in refused[0]
+    assert "torchddp-00000004.ckpt" in refused[1] and "cut short" in refused[1]
+    _damage(ck.path_in(str(tmp_path), 2), "magic")
+    with pytest.raises(ck.CheckpointError, match=r"^no valid checkpoint in .*: checkpoint .*torchddp-00000006"):
+        ck.newest(str(tmp_path))
     _write(tmp_path, step=2)
-    assert os.listdir(tmp_path) == [ck.NAME]
-    assert ck.read(str(tmp_path / ck.NAME))[0]["step"] == 2
+    shutil.copy(ck.path_in(str(tmp_path), 2), ck.path_in(str(tmp_path), 8))  # a file whose name and header disagree
+    found, refused = ck.newest(str(tmp_path))
+    assert found[0]["step"] == 2 and "torchddp-00000008.ckpt: its header says step 2" in refused[0]
 
 
 def test_the_temporary_file_is_exclusive_unpredictable_and_removed_on_failure(tmp_path, monkeypatch):
@@ -54,7 +82,8 @@ def test_the_temporary_file_is_exclusive_unpredictable_and_removed_on_failure(tm
     _write(tmp_path)
     _write(tmp_path)
     assert len(seen) == 2 and seen[0] != seen[1]  # a fresh random name each time
-    assert all(os.path.dirname(n) == str(tmp_path) and os.path.basename(n).startswith("torchddp.ckpt.tmp") for n in seen)
+    assert all(os.path.dirname(n) == str(tmp_path) and os.path.basename(n).startswith("torchddp-00000005.ckpt.tmp")
+               for n in seen)
 
     def broken(src, dst):
         raise OSError(28, "No space left on device")
@@ -62,8 +91,8 @@ def test_the_temporary_file_is_exclusive_unpredictable_and_removed_on_failure(tm
     monkeypatch.setattr(ck.os, "replace", broken)
     with pytest.raises(OSError):
         _write(tmp_path, step=9)
-    assert os.listdir(tmp_path) == [ck.NAME]  # the temporary file is gone, the old checkpoint intact
-    assert ck.read(str(tmp_path / ck.NAME))[0]["step"] == 5
+    assert os.listdir(tmp_path) == ["torchddp-00000005.ckpt"]  # the temporary file is gone, the old checkpoint intact
+    assert ck.read(ck.path_in(str(tmp_path), 5))[0]["step"] == 5
 
 
 def _damage(path, how):
@@ -99,7 +128,7 @@ def test_damage_is_refused_naming_the_file(tmp_path, how, text):
 
 def test_a_missing_file_is_a_checkpoint_error(tmp_path):
     with pytest.raises(ck.CheckpointError, match="cannot read it"):
-        ck.read(str(tmp_path / ck.NAME))
+        ck.read(ck.path_in(str(tmp_path), 1))
 
 
 def test_loading_runs_no_code(tmp_path):
@@ -156,6 +185,6 @@ def test_a_linked_checkpoint_is_not_read(tmp_path):
     os.makedirs(tmp_path / "real")
     os.makedirs(tmp_path / "run")
     real = _write(tmp_path / "real")
-    os.symlink(real, tmp_path / "run" / ck.NAME)
+    os.symlink(real, ck.path_in(str(tmp_path / "run"), 5))
     with pytest.raises(ck.CheckpointError, match="cannot read it"):
-        ck.read(str(tmp_path / "run" / ck.NAME))
+        ck.read(ck.path_in(str(tmp_path / "run"), 5))

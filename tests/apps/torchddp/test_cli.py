@@ -67,7 +67,7 @@ def test_train_check_passes_and_reports(model, tmp_path):
 def test_gloo_and_mpicomm_train_the_same_model():
     args = ["train", "--steps", "6", "--batch", "16", "--quiet", "--hidden", "32"]
     mpi = _run(args)
-    gloo = _run(args + ["--backend", "gloo"])
+    gloo = _run(args + ["--dist-backend", "gloo"])
     assert mpi.returncode == 0 and gloo.returncode == 0, mpi.stderr + gloo.stderr
     assert "backend gloo" in gloo.stdout
     assert _digest(mpi.stdout) == _digest(gloo.stdout)  # two ranks: every sum is a + b, bit for bit
@@ -75,14 +75,14 @@ def test_gloo_and_mpicomm_train_the_same_model():
 
 def test_bench_writes_both_backends_rows(tmp_path):
     js, md = tmp_path / "bench.json", tmp_path / "bench.md"
-    out = _run(["bench", "--rounds", "2", "--steps", "1", "--warmup", "1", "--json", str(js), "--out", str(md)],
+    out = _run(["bench", "--repeat", "2", "--steps", "1", "--warmup", "1", "--json", str(js), "--out", str(md)],
                timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     doc = _document(js)
-    assert doc["command"].endswith(f"mpiexec -n 2 python -m apps.torchddp bench --rounds 2 --steps 1 --warmup 1 "
+    assert doc["command"].endswith(f"mpiexec -n 2 python -m apps.torchddp bench --repeat 2 --steps 1 --warmup 1 "
                                    f"--json {js} --out {md}")
     assert "OMP_NUM_THREADS=1 " in doc["command"] and doc["environment"]["OMP_NUM_THREADS"] == "1"
-    assert doc["ranks"] == 2 and doc["steps"] == 1 and doc["rounds"] == 2 and doc["torch"]
+    assert doc["ranks"] == 2 and doc["steps"] == 1 and doc["repeat"] == 2 and doc["torch"]
     rows = doc["results"]
     assert {(r["config"], r["backend"]) for r in rows} == {(c, b) for c in ("mlp", "wide-mlp", "transformer")
                                                            for b in ("mpicomm", "gloo")}
@@ -96,27 +96,40 @@ def test_bench_writes_both_backends_rows(tmp_path):
     for name in ("mlp", "wide-mlp", "transformer"):
         assert re.search(rf"^\| {re.escape(name)} +\|", text, re.M), text
     assert "Target: mpicomm ≥ 1.5× gloo's steps/s on wide-mlp" in text
-    again = _run(["bench", "--configs", "mlp", "--rounds", "1", "--steps", "1", "--warmup", "1", "--out", str(md)])
+    again = _run(["bench", "--configs", "mlp", "--repeat", "1", "--steps", "1", "--warmup", "1", "--out", str(md)])
     assert again.returncode == 2 and "exists; add --append" in again.stderr  # a report is never replaced silently
     assert md.read_text() == text
 
 
 def _checkpointed(tmp_path, steps: int, *more: str) -> mpirun.Result:
     return _run(["train", *TINY_TRANSFORMER, "--steps", str(steps), "--batch", "8", "--quiet",
-                 "--checkpoint", str(tmp_path / "ck"), *more])
+                 "--checkpoint-dir", str(tmp_path / "ck"), *more])
 
 
-def test_resume_continues_bit_identically(tmp_path):
+def test_restart_continues_bit_identically_keeping_the_newest(tmp_path):
     straight = _run(["train", *TINY_TRANSFORMER, "--steps", "10", "--batch", "8", "--quiet"])
-    first = _checkpointed(tmp_path, 4, "--checkpoint-every", "2")
-    resumed = _checkpointed(tmp_path, 10, "--checkpoint-every", "2", "--resume")
+    first = _checkpointed(tmp_path, 4, "--checkpoint-every", "1")
+    resumed = _checkpointed(tmp_path, 10, "--checkpoint-every", "3", "--restart", "--keep", "3")
     for out in (straight, first, resumed):
         assert out.returncode == 0, out.stdout + out.stderr
     assert "checkpoint: " in first.stdout and "(step 4)" in first.stdout
     assert "resumed from step 4" in resumed.stdout
     assert _digest(resumed.stdout) == _digest(straight.stdout)
     assert _digest(first.stdout) != _digest(straight.stdout)
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["torchddp.ckpt"]  # no temporary file left
+    # --keep 3: of the first run's 3 and 4 (--keep 2) and this run's 6, 9 (every 3) and 10 (the end), the newest 3
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "torchddp-00000006.ckpt", "torchddp-00000009.ckpt", "torchddp-00000010.ckpt"]  # and no temporary file
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_for_the_one_before(tmp_path):
+    straight = _run(["train", *TINY_TRANSFORMER, "--steps", "6", "--batch", "8", "--quiet"])
+    assert _checkpointed(tmp_path, 4, "--checkpoint-every", "2").returncode == 0  # steps 2 and 4 (--keep 2)
+    _flip_payload_byte(tmp_path / "ck" / "torchddp-00000004.ckpt")
+    resumed = _checkpointed(tmp_path, 6, "--restart")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from step 2" in resumed.stdout
+    assert re.search(r"refused checkpoint: checkpoint \S+torchddp-00000004\.ckpt: checksum mismatch", resumed.stdout)
+    assert _digest(resumed.stdout) == _digest(straight.stdout)
 
 
 def _flip_payload_byte(path) -> None:
@@ -131,10 +144,10 @@ def _flip_payload_byte(path) -> None:
     ("other-model", "belongs to another run (d_model: 16 here, 32 in the checkpoint)"),
 ])
 def test_a_bad_checkpoint_is_refused_on_every_rank(tmp_path, damage, text):
-    first = _checkpointed(tmp_path, 3)
+    first = _checkpointed(tmp_path, 3, "--checkpoint-every", "3")
     assert first.returncode == 0, first.stderr
-    path = tmp_path / "ck" / "torchddp.ckpt"
-    more = ["--resume"]
+    path = tmp_path / "ck" / "torchddp-00000003.ckpt"
+    more = ["--restart"]
     if damage == "flip":
         _flip_payload_byte(path)
     elif damage == "truncate":
@@ -144,31 +157,38 @@ def test_a_bad_checkpoint_is_refused_on_every_rank(tmp_path, damage, text):
     out = _checkpointed(tmp_path, 6, *more)
     assert out.returncode == 2, out.stdout + out.stderr
     for r in range(2):
-        line = f"python -m apps.torchddp train: rank {r} of 2: error: "
-        assert re.search(re.escape(line) + r"checkpoint \S+torchddp\.ckpt.*" + re.escape(text), out.stderr), out.stderr
+        line = f"python -m apps.torchddp train: error: rank {r} of 2: "
+        assert re.search(re.escape(line) + r".*checkpoint \S+torchddp-00000003\.ckpt.*" + re.escape(text), out.stderr), \
+            out.stderr
     assert "parameter digest" not in out.stdout
 
 
-def test_an_existing_checkpoint_is_not_overwritten_without_resume(tmp_path):
-    assert _checkpointed(tmp_path, 2).returncode == 0
-    before = (tmp_path / "ck" / "torchddp.ckpt").read_bytes()
-    out = _checkpointed(tmp_path, 2)
-    assert out.returncode == 2 and out.stderr.count("already holds a checkpoint") == 2, out.stderr
-    assert (tmp_path / "ck" / "torchddp.ckpt").read_bytes() == before
+def test_an_existing_checkpoint_is_not_overwritten_without_restart(tmp_path):
+    assert _checkpointed(tmp_path, 2, "--checkpoint-every", "2").returncode == 0
+    before = (tmp_path / "ck" / "torchddp-00000002.ckpt").read_bytes()
+    out = _checkpointed(tmp_path, 2, "--checkpoint-every", "2")
+    assert out.returncode == 2 and out.stderr.count("already holds checkpoints (newest: step 2)") == 2, out.stderr
+    assert (tmp_path / "ck" / "torchddp-00000002.ckpt").read_bytes() == before
 
 
 @pytest.mark.parametrize("args,text,every_rank", [
     (["train", "--model", "cnn"], "invalid choice: 'cnn'", False),
-    (["train", "--steps", "0"], "--steps 0: must be >= 1", False),
-    (["train", "--bucket-mb", "0"], "--bucket-mb 0: must be > 0", False),
-    (["train", "--resume"], "--resume and --checkpoint-every need --checkpoint DIR", False),
+    (["train", "--steps", "0"], "--steps must be >= 1, got 0", False),
+    (["train", "--bucket-mb", "0"], "--bucket-mb must be > 0, got 0", False),
+    (["train", "--resume"], "--resume: renamed --restart", False),
+    (["train", "--checkpoint", "ck"], "--checkpoint: renamed --checkpoint-dir", False),
+    (["train", "--backend", "gloo"], "--backend: renamed --dist-backend", False),
+    (["train", "--keep", "0"], "--keep must be >= 1, got 0", False),
+    (["train", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1", False),
     (["train", "--check", "--dtype", "float32"], "--check compares in float64", False),
     (["train", "--model", "transformer", "--d-model", "30"], "--d-model 30 is not a multiple of --heads 4", False),
-    (["train", "--hidden", "64,x"], "expected comma-separated layer widths", False),
+    (["train", "--hidden", "64,x"], "argument --hidden: must be the width of each hidden layer", False),
     (["train", "--batch", "1"], "--batch 1: the global batch is smaller than the 2 ranks", True),
     (["bench", "--configs", "mlp,resnet"], "choose from mlp, wide-mlp, transformer", False),
-    (["bench", "--warmup", "0"], "--warmup 0: must be >= 1", False),
-    (["bench", "--force"], "--append and --force need --out FILE.md", False),
+    (["bench", "--warmup", "0"], "--warmup must be >= 1, got 0", False),
+    (["bench", "--rounds", "3"], "--rounds: renamed --repeat", False),
+    (["bench", "--repeat", "0"], "--repeat must be >= 1, got 0", False),
+    (["bench", "--force"], "--force needs --out FILE.md", False),
     (["nope"], "invalid choice: 'nope'", False),
 ])
 def test_bad_flags_are_usage_errors(args, text, every_rank):
@@ -177,9 +197,10 @@ def test_bad_flags_are_usage_errors(args, text, every_rank):
     assert out.stderr.count(text) >= 2, out.stderr  # said by both ranks
     if every_rank:
         for r in range(2):
-            assert f"python -m apps.torchddp {args[0]}: rank {r} of 2: error:" in out.stderr
+            assert f"python -m apps.torchddp {args[0]}: error: rank {r} of 2: " in out.stderr
     else:
         assert "usage: python -m apps.torchddp" in out.stderr
+        assert out.stderr.count(f"python -m apps.torchddp {args[0]}: error: ") == 2 or args == ["nope"], out.stderr
 
 
 def test_help_describes_every_option():
@@ -191,11 +212,12 @@ def test_help_describes_every_option():
 
     assert "train" in help_of() and "bench" in help_of() and "examples:" in help_of()
     train = help_of("train")
-    for option in ("--model", "{mlp,transformer}", "--backend", "{mpicomm,gloo}", "--steps", "--batch", "GLOBAL batch",
-                   "--lr", "--bucket-mb", "--check", "--checkpoint", "--checkpoint-every", "--resume", "--json",
+    for option in ("--model", "{mlp,transformer}", "--dist-backend", "{mpicomm,gloo}", "--steps", "--batch",
+                   "GLOBAL batch", "--lr", "--bucket-mb", "--check", "--checkpoint-dir", "--checkpoint-every",
+                   "--keep", "--restart", "--json",
                    "--log-every", "--threads", "teacher"):
         assert option in train, option
     bench = help_of("bench")
-    for option in ("--configs", "wide-mlp", "--rounds", "--steps", "--warmup", "--out", "--append", "--force",
+    for option in ("--configs", "wide-mlp", "--repeat", "--steps", "--warmup", "--out", "--append", "--force",
                    "--json", "gloo"):
         assert option in bench, option

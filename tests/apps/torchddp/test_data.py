@@ -1,4 +1,4 @@
-"""apps.torchddp.data: blocks that tile the global batch, batches that depend on (seed, stream) alone."""
+"""apps.torchddp.data: batches that depend on (seed, stream) alone."""
 
 from __future__ import annotations
 
@@ -8,24 +8,10 @@ from tests.apps.torchddp import NO_TORCH
 
 torch = pytest.importorskip("torch", reason=NO_TORCH)
 
-from apps.torchddp.data import Teacher, block, stream_seed  # noqa: E402
+from apps.torchddp.data import Teacher, stream_seed  # noqa: E402
 from apps.torchddp.models import ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.serial
-
-
-@pytest.mark.parametrize("n,p", [(8, 2), (31, 3), (7, 4), (4, 4), (100, 7), (1, 1)])
-def test_blocks_tile_the_batch_in_rank_order_and_differ_by_at_most_one(n, p):
-    blocks = [block(n, p, r) for r in range(p)]
-    assert blocks[0].start == 0 and blocks[-1].stop == n
-    for a, b in zip(blocks, blocks[1:]):
-        assert a.stop == b.start
-    sizes = [s.stop - s.start for s in blocks]
-    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-
-
-def test_the_literal_blocks_of_31_over_3():
-    assert [block(31, 3, r) for r in range(3)] == [slice(0, 11), slice(11, 21), slice(21, 31)]
 
 
 @pytest.mark.parametrize("kind", ["mlp", "transformer"])

@@ -70,7 +70,7 @@ def test_the_command_line_refuses_a_huge_batch_on_every_rank():
     out = _run(["--batch", str(10 ** 12)])
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     for r in range(2):
-        assert f"python -m apps.torchddp train: rank {r} of 2: error: --batch 1000000000000: needs about " \
+        assert f"python -m apps.torchddp train: error: rank {r} of 2: --batch 1000000000000: needs about " \
             in out.stderr, out.stderr
 
 
@@ -78,9 +78,9 @@ def test_the_command_line_refuses_a_huge_batch_on_every_rank():
 def test_the_command_line_refuses_an_unwritable_checkpoint_directory_at_start(tmp_path):
     blocker = tmp_path / "a-file"  # a directory under a regular file: not writable, for root too
     blocker.write_text("")
-    out = _run(["--steps", "400", "--checkpoint", str(blocker / "ck")])
+    out = _run(["--steps", "400", "--checkpoint-every", "100", "--checkpoint-dir", str(blocker / "ck")])
     assert out.returncode == 2, out.stderr
     for r in range(2):
-        assert (f"python -m apps.torchddp train: rank {r} of 2: error: --checkpoint {blocker / 'ck'}: checkpoints "
-                f"cannot be written there: ") in out.stderr, out.stderr
+        assert (f"python -m apps.torchddp train: error: rank {r} of 2: --checkpoint-dir {blocker / 'ck'}: "
+                f"checkpoints cannot be written there: ") in out.stderr, out.stderr
     assert "parameter digest" not in out.stdout

@@ -6,6 +6,8 @@ process group is the mpicomm backend (made here unless an earlier test made it).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.apps.torchddp import NO_TORCH
@@ -60,9 +62,12 @@ def test_resume_repeats_the_uninterrupted_run_bit_for_bit(world, tmp_path):
     directory = _shared_tmp(tmp_path) + "/ckpt"
     common = dict(spec=SPECS["transformer"], batch=2 * p + 2, eval_samples=10, progress=False, optimizer="adamw")
     straight = train(Config(steps=6, **common), _quiet)
-    first = train(Config(steps=3, checkpoint=directory, **common), _quiet)
-    assert first.checkpoint.endswith("torchddp.ckpt") and first.steps == 3
-    resumed = train(Config(steps=6, checkpoint=directory, resume=True, **common), _quiet)
+    first = train(Config(steps=3, checkpoint_dir=directory, checkpoint_every=2, keep=1, **common), _quiet)
+    assert first.checkpoint.endswith("torchddp-00000003.ckpt") and first.steps == 3
+    if rank == 0:
+        assert sorted(os.listdir(directory)) == ["torchddp-00000003.ckpt"]  # --keep 1: step 2's is gone
+    dist.barrier()  # before the next run's directory probes (every rank's .probe-* file) can appear there
+    resumed = train(Config(steps=6, checkpoint_dir=directory, restart=True, **common), _quiet)
     assert resumed.start_step == 3 and resumed.notes[0].startswith("resumed from step 3")
     assert resumed.digest == straight.digest
 
@@ -74,7 +79,7 @@ def test_check_fails_when_ranks_train_on_the_wrong_samples(world, monkeypatch):
         pytest.skip("one rank trains on the whole batch whatever the blocks are")
     import apps.torchddp.train as module
 
-    monkeypatch.setattr(module, "block", lambda n, p, r: slice(0, n // p))
+    monkeypatch.setattr(module, "block", lambda n, p, r: (0, n // p))
     cfg = Config(spec=SPECS["mlp"], steps=3, batch=2 * p, dtype="float64", check=True, eval_samples=8,
                  progress=False)
     report = train(cfg, _quiet)
