@@ -11,11 +11,13 @@ restrictions and α-β-γ cost, and the selection table's rules
 ``algorithms --explain COLLECTIVE SIZE [--ranks N]``: why ``auto`` picks what
 it picks for one call, without starting MPI: each algorithm, whether it may
 run (and why not), the model's prediction, the measured time where a
-decisions file (``python -m mpicomm.tune --collectives``) has one, and the
-choice with its source (decisions, model or table).
+rules file (``python -m mpicomm.tune --collectives``) has one, and the
+choice with its source: the measured rules, the default rules (the table), or
+an ``MPICOMM_<COLLECTIVE>_ALGORITHM`` setting. The model's prediction is shown
+beside each algorithm; it informs, it does not choose.
 
 ``algorithms --schedule COLLECTIVE ALGORITHM -p P [--count N] [--counts a,b,...]
-[--rank R] [--root R] [--nodes K] [--dtype T] [--plot OUT.png]``: what the
+[--rank R] [--root R] [--nodes K] [--dtype T] [--plot FILE.png]``: what the
 algorithm does on every rank (or rank R) of one call, without MPI - its
 rounds of sends and receives, then copies and combines, counter waits and
 nested calls (:func:`mpicomm.schedule.describe` of
@@ -151,37 +153,16 @@ def algorithm_rows() -> list[tuple[str, str, str, str]]:
             if getattr(algorithm, "blocking_only", False):
                 limits.append("blocking calls only")
             if getattr(algorithm, "composite", False):
-                limits.append("several nodes (node, then leaders)")
+                limits.append("node, then leaders (one node: the node level alone)")
             rows.append((collective, name, ", ".join(limits) or "-", algorithm.cost))
     return rows
 
 
 def algorithm_markdown() -> str:
-    """The Markdown table of every algorithm (README.md's copy is this, between its algorithm-table markers)."""
+    """The Markdown table of every algorithm (``--markdown``; the documentation builds its table from the same rows)."""
     lines = ["| collective | algorithm | restrictions | cost |", "|---|---|---|---|"]
     lines += [f"| {c} | {n} | {r} | {cost} |" for c, n, r, cost in algorithm_rows()]
     return "\n".join(lines)
-
-
-#: README.md's algorithm table lies between these lines (``algorithms --readme README.md`` rewrites it).
-README_MARKERS = ("<!-- algorithm table: python -m mpicomm algorithms --readme README.md -->",
-                  "<!-- end of algorithm table -->")
-
-
-def update_readme(path: str) -> bool:
-    """Rewrite the algorithm table in the Markdown file *path*; True when it changed."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    begin, end = README_MARKERS
-    if begin not in text or end not in text:
-        raise ValueError(f"{path}: no algorithm table markers ({begin!r} … {end!r}); add them where the table goes")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{begin}\n{algorithm_markdown()}\n{end}{tail}"
-    if new != text:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(new)
-    return new != text
 
 
 def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[str] | None = None) -> int:
@@ -751,15 +732,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("operands", nargs="*", metavar="COLLECTIVE ALGORITHM",
                         help="verify: the collective and the algorithm to check (verify allreduce ring -p 2..4)")
     parser.add_argument("--markdown", action="store_true", help="algorithms: print a Markdown table")
-    parser.add_argument("--readme", metavar="FILE.md",
-                        help="algorithms: rewrite the algorithm table between its markers in FILE.md (README.md)")
     parser.add_argument("--explain", nargs=2, metavar=("COLLECTIVE", "SIZE"),
                         help="algorithms: why auto picks its algorithm for COLLECTIVE at SIZE bytes (1M, 64K, 8; "
                              "the benchmark's Size): each algorithm allowed or why not, predicted and measured "
-                             "times, the choice and its source (decisions, model, table); no mpiexec needed")
+                             "times, the choice and its source (measured rules, default rules, environment); no mpiexec needed")
     parser.add_argument("--ranks", type=int, metavar="N",
                         help="with --explain: N ranks on one node (default: the layout of this host's newest "
-                             "decisions file, else 2)")
+                             "measured rules file, else 2)")
     parser.add_argument("--schedule", nargs=2, metavar=("COLLECTIVE", "ALGORITHM"),
                         help="algorithms: print ALGORITHM's schedule of COLLECTIVE on every rank (rounds of "
                              "sends and receives, then copies and combines), and check that every message meets "
@@ -778,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, metavar="K",
                         help="--schedule: spread the ranks block-wise over K nodes (1)")
     parser.add_argument("--dtype", metavar="TYPE", help="--schedule: the element type (float64)")
-    parser.add_argument("--plot", metavar="OUT.png",
+    parser.add_argument("--plot", metavar="FILE.png",
                         help="--schedule: also draw a space-time diagram (one lane per rank, an arrow per "
                              "message; needs matplotlib)")
     parser.add_argument("--module", metavar="PKG.MOD[,PKG.MOD2]",
@@ -815,9 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.out or args.append or args.force) and not (schedule_mode or args.command == "verify"):
         parser.error("--out, --append and --force go with algorithms --schedule and verify")
     cli.check_out(parser, args)
-    if args.schedule and (args.explain or args.markdown or args.readme or args.ranks is not None):
-        parser.error("--schedule shows one algorithm's schedule; it does not go with --explain, --ranks, "
-                     "--markdown or --readme")
+    if args.schedule and (args.explain or args.markdown or args.ranks is not None):
+        parser.error("--schedule shows one algorithm's schedule; it does not go with --explain, --ranks or "
+                     "--markdown")
     if args.command in ("algorithms", "verify"):
         from mpicomm import registry
 
@@ -828,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.module:
         _use_modules(parser, args.module)
     if args.command == "verify":
-        if args.markdown or args.readme or args.explain or args.ranks is not None or args.dry_run or args.dir:
+        if args.markdown or args.explain or args.ranks is not None or args.dry_run or args.dir:
             parser.error("verify takes COLLECTIVE ALGORITHM, -p, --quick, --timeout, --module, --json and --out")
         if len(args.operands) != 2:
             parser.error(f"verify takes COLLECTIVE ALGORITHM, got {' '.join(args.operands) or 'nothing'}: "
@@ -853,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.dry_run or args.dir) and args.command != "cleanup":
         parser.error("--dry-run and --dir go with the cleanup command: python -m mpicomm cleanup --dry-run")
     if args.command == "cleanup":
-        if args.markdown or args.readme or args.explain or args.ranks is not None:
+        if args.markdown or args.explain or args.ranks is not None:
             parser.error("cleanup takes --dry-run, --dir and --json only")
         return cleanup(args.dry_run, args.dir, args.json, argv)
     if args.ranks is not None and args.ranks < 1:
@@ -870,20 +849,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             size = cli.parse_size(text, f"--explain {collective} SIZE")
         except ValueError as exc:
-            reason = str(exc) if "not a size" not in str(exc) else (
-                f"--explain {collective} {text}: {text!r} is not a size; write bytes as 4096, 64K, 64KiB, 1M, "
-                f"1.5G or 1e6")
-            parser.error(reason)
-        return explain(collective, size, args.ranks, args.json, argv)
-    if args.readme and args.command != "algorithms":
-        parser.error("--readme goes with the algorithms command: python -m mpicomm algorithms --readme README.md")
-    if args.command == "algorithms" and args.readme:
-        try:
-            changed = update_readme(args.readme)
-        except (OSError, ValueError) as exc:
             parser.error(str(exc))
-        print(f"{args.readme}: algorithm table {'rewritten' if changed else 'already current'}")
-        return 0
+        return explain(collective, size, args.ranks, args.json, argv)
     if args.command == "algorithms":
         return algorithms(args.markdown, args.json, argv)
     return info(args.json, argv)

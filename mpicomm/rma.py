@@ -194,7 +194,7 @@ class Window:
         self.win.Sync()
 
     def collect(self, offset: int = 0, count: int | None = None) -> None:
-        """Make peers' completed ``put``s to elements [offset, offset+count) visible in this rank's array."""
+        """Make the peers' completed puts to elements [offset, offset+count) visible in this rank's array."""
         local, mirror = self._local_range(offset, count)
         self.win.Sync()
         if self.staged:

@@ -34,6 +34,21 @@ def test_algorithms_lists_every_registered_algorithm_with_its_cost(capsys):
                 f"{collective}/{name} is missing from python -m mpicomm algorithms")
 
 
+def test_markdown_table_is_the_rows_the_documentation_shows(capsys):
+    """``--markdown`` prints the table the documentation builds from :func:`algorithm_rows` (the registry's rows);
+    the README no longer holds a copy, so there is no ``--readme`` updater."""
+    assert cli.main(["algorithms", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = cli.algorithm_rows()
+    assert out.startswith(cli.algorithm_markdown() + "\n")
+    assert [line.split(" | ")[:2] for line in out.splitlines()[2 : 2 + len(rows)]] == [
+        [f"| {c}", n] for c, n, _, _ in rows]
+    assert ("allreduce", "shm") in {(c, n) for c, n, _, _ in rows}
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["algorithms", "--readme", "README.md"])
+    assert exit_info.value.code == 2 and "--readme" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- --json documents (mpicomm.cli.document)
 
 
@@ -101,8 +116,8 @@ def test_explain_advice_never_asks_for_one_rank(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("size,message", [("1.5", "not a whole number"), ("0", "must be >= 1"),
-                                          ("64Q", "'64Q' is not a size"), ("8,16", "one size")])
+@pytest.mark.parametrize("size,message", [("1.5", "must be a whole number"), ("0", "must be >= 1"),
+                                          ("64Q", "SIZE must be a whole number with an optional unit"), ("8,16", "one size")])
 def test_explain_size_uses_the_shared_size_parser(capsys, size, message):
     with pytest.raises(SystemExit):
         cli.main(["algorithms", "--explain", "allreduce", size])
@@ -259,8 +274,8 @@ def test_schedule_out_follows_the_out_rule(tmp_path, capsys):
     (["--schedule", "allreduce", "ring"], "--schedule needs -p P"),
     (["--schedule", "allreduce", "ring", "-p", "0"], "-p 0: must be >= 1"),
     (["--schedule", "allreduce", "ring", "-p", "2..4"], "takes one number of ranks"),
-    (["--schedule", "allreduce", "ring", "-p", "4", "--count", "-3"], "--count '-3': not a size"),
-    (["--schedule", "allreduce", "ring", "-p", "4", "--count", "2.5"], "not a whole number"),
+    (["--schedule", "allreduce", "ring", "-p", "4", "--count", "-3"], "--count must be"),
+    (["--schedule", "allreduce", "ring", "-p", "4", "--count", "2.5"], "must be a whole number"),
     (["--schedule", "allreduce", "ring", "-p", "4", "--counts", "1,2,3,4"], "only the v-forms take"),
     (["--schedule", "allgatherv", "ring", "-p", "4", "--counts", "1,2"], "2 count(s) for p = 4 ranks"),
     (["--schedule", "allgatherv", "ring", "-p", "2", "--counts", "1,x"], "not a list of element counts"),

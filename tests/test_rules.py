@@ -319,7 +319,7 @@ def test_explain_names_the_environment_and_what_auto_would_pick(tmp_path, monkey
 
 @pytest.mark.serial
 @pytest.mark.parametrize("argv,message", [
-    (["algorithms", "--explain", "allreduce", "1Q"], "'1Q' is not a size"),
+    (["algorithms", "--explain", "allreduce", "1Q"], "SIZE must be a whole number with an optional unit"),
     (["algorithms", "--explain", "allreduce", "8:64"], "one size"),
     (["algorithms", "--ranks", "2"], "--ranks needs --explain"),
     (["info", "--explain", "allreduce", "8"], "go with the algorithms command"),

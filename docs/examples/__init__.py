@@ -4,4 +4,8 @@
   torus) registered with ``mpicomm.register_algorithm`` and
   ``mpicomm.register_cost``, loaded by ``MPICOMM_ALGORITHM_MODULES`` or
   ``--module``, verified with ``python -m mpicomm verify``.
+* the programs the guide shows (``quickstart.py``, ``dropin.py``, ``push.py``...):
+  each runs under ``mpiexec -n 2 python docs/examples/<name>.py``, checks its
+  own results and prints ``<name>: ok``; ``tests/docs/test_examples.py`` runs
+  every one.
 """
