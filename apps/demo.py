@@ -1,19 +1,28 @@
 """A tour of mpicomm across N ranks: topology, push, pull (one-sided and rendezvous), barriers, collectives.
 
-    mpiexec -n 4 python -m apps.demo [--count 100000] [--backend numpy|cupy] [--iters 200] [--warmup 5] [--json F]
+    mpiexec -n 4 python -m apps.demo [--count 100000] [--backend numpy|cupy] [--iters 50] [--warmup 5] [--json F]
 
 Every transfer is checked against the data the sender must have sent (values
 depend on rank and index); the program prints what it did, how long it took,
 and exits non-zero if any check failed. An uncaught error on one rank aborts
-the whole job instead of leaving the others waiting. Every timed loop starts
-after ``--warmup`` untimed calls (first-call set-up stays out of the times);
-``--json`` writes the checks and timings as one document (:mod:`mpicomm.cli`).
+the whole job instead of leaving the others waiting. Every timed loop makes
+``--iters`` calls after ``--warmup`` untimed ones (first-call set-up stays out
+of the times); ``--json`` writes the checks and timings as one document
+(:mod:`mpicomm.cli`).
+
+The collectives section shows what a user's call gets: the algorithm
+``auto`` chooses, timed next to the MPI library's own call, and the fastest
+of the other registered algorithms (every one of them is checked and timed,
+and all are in ``--json``). When a node has more ranks than cores, a line says
+that the timings measure how the operating system shares the cores, and gives
+the command that runs at the core count.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 
@@ -46,25 +55,106 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--count", type=_count, default=100_000, metavar="N",
                         help="float64 elements per array, e.g. 100000, 64K or 1e6 (default: 100000)")
     parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="array module (default: numpy)")
-    parser.add_argument("--iters", type=int, default=200,
-                        help="calls of each timed barrier loop; the ring exchange and the collectives make a tenth "
-                             "as many (default: 200)")
+    parser.add_argument("--iters", type=int, default=50, metavar="N",
+                        help="timed calls of every timed loop: the ring exchange, each barrier algorithm, each "
+                             "collective algorithm and the MPI library's call (default: 50)")
     parser.add_argument("--warmup", type=int, default=5, metavar="N",
                         help="untimed calls before every timed loop (default: 5)")
     cli.add_json(parser, "the checks and timings")
     args = parser.parse_args(argv)
-    if args.count < 0:
-        parser.error(f"--count {args.count}: must be >= 0")
-    if args.iters < 1:
-        parser.error(f"--iters {args.iters}: must be >= 1")
-    if args.warmup < 0:
-        parser.error(f"--warmup {args.warmup}: must be >= 0")
+    cli.at_least(parser, args, 0, "--count")
+    cli.at_least(parser, args, 1, "--iters")
+    cli.at_least(parser, args, 0, "--warmup")
     if args.backend == "cupy":
         from mpicomm.device import cupy_module, visible_devices
 
         if cupy_module() is None or visible_devices() == 0:
             parser.error("--backend cupy: needs CuPy and a visible GPU (pip install -e '.[cuda12]' or '.[cuda13]')")
     return args
+
+
+#: The collectives the demo times: (the send buffer, a receive buffer, the method), from x (count elements).
+_CASES = {
+    "allreduce": (lambda x, p: x, lambda x, p, xp: xp.empty_like(x), "Allreduce"),
+    "allgather": (lambda x, p: x[: x.size // p], lambda x, p, xp: xp.empty((x.size // p) * p, x.dtype), "Allgather"),
+    "alltoall": (lambda x, p: x[: (x.size // p) * p], lambda x, p, xp: xp.empty((x.size // p) * p, x.dtype),
+                 "Alltoall"),
+}
+
+
+def _crowded(comm, argv: list[str] | None) -> str:
+    """One line when a node has more ranks than cores (the timings then measure the OS scheduler), else ""."""
+    from mpi4py import MPI
+
+    most = comm.allreduce(comm.local_size, op=MPI.MAX)
+    fewest_cores = comm.allreduce(os.cpu_count() or 1, op=MPI.MIN)
+    if most <= fewest_cores:
+        return ""
+    return (f"note: {most} ranks share {fewest_cores} cores on a node, so the timings below measure how the OS "
+            f"scheduler shares the cores, not the algorithms; to time them, run at the core count: "
+            f"mpiexec -n {fewest_cores * comm.nodes} {cli.command_line(PROG, argv)}")
+
+
+#: Interleaved rounds of the collectives' timing: every variant in turn, --iters / ROUNDS calls each.
+ROUNDS = 5
+
+
+def _interleaved(comm, calls: dict, iters: int, warmup: int) -> dict[str, float]:
+    """Seconds per call of each of *calls* (name → call), timed in :data:`ROUNDS` interleaved rounds after
+    *warmup* untimed calls each: the median over rounds of the slowest rank's mean (noise hits every variant
+    alike, and one noisy round does not decide)."""
+    from mpi4py import MPI
+
+    rounds = min(ROUNDS, iters)
+    per = max(1, iters // rounds)
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(comm.allreduce(timed(per, fn), op=MPI.MAX))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def _time_collective(comm, collective: str, method: str, send, expected, got, args, out, xp) -> list[dict]:
+    """Check every allowed algorithm of *collective* and auto against the library's call, then time them all,
+    interleaved (every rank).
+
+    Returns one row per algorithm: ``us`` and ``mpi_us`` (µs per call, see :func:`_interleaved`), ``chose`` and
+    ``source`` for auto; ``skipped`` (why) for an algorithm whose restrictions exclude this run.
+    """
+    from mpi4py import MPI
+
+    import mpicomm
+    from mpicomm import registry
+    from mpicomm.bench import COLLECTIVES, auto_choice
+
+    facts = {"p": comm.size, "nodes": comm.nodes, "commutative": True, "device": args.backend == "cupy",
+             "blocking": True}
+    rows: list[dict] = []
+    calls = {"MPI": lambda: getattr(MPI.COMM_WORLD, method)(send, expected)}
+    for algorithm in [*mpicomm.algorithms(collective), "auto"]:
+        if algorithm != "auto":
+            why = registry.allowed(registry.lookup(collective, algorithm), facts)
+            if why:  # e.g. shm on a communicator that spans nodes
+                rows.append({"collective": collective, "algorithm": algorithm, "skipped": why})
+                continue
+        got[...] = -1
+        getattr(comm, method)(send, got, algorithm=algorithm)
+        out.check(bool(xp.allclose(got, expected)), f"{collective}/{algorithm}")
+        calls[algorithm] = lambda a=algorithm: getattr(comm, method)(send, got, algorithm=a)
+    seconds = _interleaved(comm, calls, args.iters, args.warmup)
+    for algorithm in calls:
+        if algorithm == "MPI":
+            continue
+        row = {"collective": collective, "algorithm": algorithm, "us": seconds[algorithm] * 1e6,
+               "mpi_us": seconds["MPI"] * 1e6}
+        if algorithm == "auto":
+            chose, source = auto_choice(comm, COLLECTIVES[collective], (send, got))
+            row.update(chose=chose, source=source)
+        rows.append(row)
+    return rows
 
 
 def data(rank: int, count: int, xp):
@@ -127,7 +217,11 @@ def run(argv: list[str] | None = None) -> int:
                      "warmup": warm, "topology": [], "ring": None, "barrier": [], "collectives": []}
 
     out.say(f"mpicomm demo: {p} ranks on {comm.nodes} node(s), {n} float64 per array ({n * 8 / 1e6:.2f} MB), {args.backend}")
-    out.say(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    out.say(f"MPI: {' '.join(MPI.Get_library_version().splitlines()[0].split())}")
+    crowded = _crowded(comm, argv)
+    if crowded:
+        out.say(crowded)
+    results["oversubscribed"] = bool(crowded)
     launch = mpicomm.launch_info()
     rows = comm.gather((rank, comm.local_rank, comm.local_size, comm.node, comm.host, comm.device, launch.launcher), root=0)
     out.say("\n1. topology (from MPI; the launcher's environment agrees)")
@@ -146,7 +240,7 @@ def run(argv: list[str] | None = None) -> int:
     out.verdict(f"received {n} values from rank {left} on every rank, dtype and shape carried")
     if p > 1:
         x = data(rank, n, xp)
-        per = timed(max(1, args.iters // 10), lambda: comm.sendrecv_array(x, right, left, buf=got), warm)
+        per = timed(args.iters, lambda: comm.sendrecv_array(x, right, left, buf=got), warm)
         out.say(f"  ring exchange: {cli.format_time(per)} per step, {2 * x.nbytes / per / 1e9:.2f} GB/s per rank "
                 f"(in+out)")
         results["ring"] = {"us": per * 1e6, "gbs_per_rank": 2 * x.nbytes / per / 1e9}
@@ -176,39 +270,28 @@ def run(argv: list[str] | None = None) -> int:
         out.say(f"  {algorithm:<14} {cli.format_time(per):>10}")
         results["barrier"].append({"algorithm": algorithm, "us": per * 1e6})
 
-    out.say(f"\n6. collectives: every algorithm against the MPI library's own ({max(1, args.iters // 10)} calls each, "
-            f"after {warm} untimed)")
-    out.say(f"  {'collective':<14} {'algorithm':<20} {cli.US + '/call':>9}  {'MPI ' + cli.US:>8}")
+    out.say("\n6. collectives: the algorithm auto chooses against the MPI library's own call, and the fastest other "
+            "algorithm\n   (every algorithm checked and timed: "
+            f"{args.iters} calls each after {warm} untimed, interleaved in {min(ROUNDS, args.iters)} rounds; "
+            "the median round, slowest rank)")
+    out.say(f"  {'collective':<12} {'auto chose':<20} {cli.US + '/call':>9} {'MPI ' + cli.US:>9} {'vs MPI':>7}  "
+            f"{'fastest other':<20} {cli.US + '/call':>9}")
     x = data(rank, n, xp)
-    from mpicomm import registry
-
-    facts = {"p": p, "nodes": comm.nodes, "commutative": True, "device": args.backend == "cupy", "blocking": True}
-    cases = {
-        "allreduce": (lambda: x, lambda: xp.empty_like(x), "Allreduce"),
-        "allgather": (lambda: x[: n // p], lambda: xp.empty((n // p) * p, x.dtype), "Allgather"),
-        "alltoall": (lambda: x[: (n // p) * p], lambda: xp.empty((n // p) * p, x.dtype), "Alltoall"),
-    }
-    for collective, (make_send, make_recv, method) in cases.items():
-        send, expected, got = make_send(), make_recv(), make_recv()
+    for collective, (make_send, make_recv, method) in _CASES.items():
+        send, expected, got = make_send(x, p), make_recv(x, p, xp), make_recv(x, p, xp)
         getattr(MPI.COMM_WORLD, method)(send, expected)  # the library's own answer (host or CUDA-aware)
-        calls = max(1, args.iters // 10)
-        native = comm.allreduce(timed(calls, lambda m=method, s=send, e=expected: getattr(MPI.COMM_WORLD, m)(s, e), warm),
-                                op=MPI.MAX)
-        for algorithm in mpicomm.algorithms(collective):
-            why = registry.allowed(registry.lookup(collective, algorithm), facts)
-            if why:  # e.g. shm on a communicator that spans nodes
-                out.say(f"  {collective:<14} {algorithm:<20} skipped: it {why}")
-                results["collectives"].append({"collective": collective, "algorithm": algorithm, "skipped": why})
-                continue
-            getattr(comm, method)(send, got, algorithm=algorithm)
-            out.check(bool(xp.allclose(got, expected)), f"{collective}/{algorithm}")
-            per = comm.allreduce(timed(calls, lambda m=method, s=send, g=got, a=algorithm: getattr(comm, m)(s, g, algorithm=a),
-                                       warm),
-                                 op=MPI.MAX)
-            out.say(f"  {collective:<14} {algorithm:<20} {per * 1e6:9.1f}  {native * 1e6:8.1f}")
-            results["collectives"].append({"collective": collective, "algorithm": algorithm, "us": per * 1e6,
-                                           "mpi_us": native * 1e6})
-    out.verdict("every algorithm's result equals MPI's")
+        rows = _time_collective(comm, collective, method, send, expected, got, args, out, xp)
+        results["collectives"] += rows
+        timed_rows = [r for r in rows if "us" in r]
+        auto = next(r for r in timed_rows if r["algorithm"] == "auto")
+        others = [r for r in timed_rows if r["algorithm"] not in ("auto", auto["chose"])]
+        fastest = min(others, key=lambda r: r["us"], default=None)
+        if fastest is not None:
+            fastest["fastest_other"] = True
+        out.say(f"  {collective:<12} {auto['chose']:<20} {auto['us']:9.1f} {auto['mpi_us']:9.1f} "
+                f"{auto['us'] / auto['mpi_us']:6.2f}x  "
+                + (f"{fastest['algorithm']:<20} {fastest['us']:9.1f}" if fastest else f"{'-':<20} {'-':>9}"))
+    out.verdict("every algorithm's result (auto's too) equals MPI's")
 
     seconds = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
     out.say(f"\n{'all checks passed' if not out.bad else f'{out.bad} check(s) FAILED'} in {cli.format_time(seconds)}")

@@ -11,8 +11,10 @@
 # algorithm interleaved, validated against the library) and the ping-pong, and judge the speed
 # targets from the JSON (python -m mpicomm.bench.summary).
 # Writes jobs/results/p<N>/: tune.txt, collectives.md, bench-<collective>.json/.png, and
-# jobs/results/targets.md (the summary BENCHMARKS.md quotes). On 2 cores it took 2 minutes at p = 2
-# and 8 at p = 4. With more ranks than cores, MPICH is asked to sleep while it polls.
+# jobs/results/targets.md (the summary BENCHMARKS.md quotes), replacing what an earlier run wrote
+# there (--force). Iterations and warm-ups are the benchmarks' defaults, OSU's (python -m
+# mpicomm.bench BENCHMARK --help). On 2 cores it took 1 minute at p = 2 and 5 at p = 4. With more
+# ranks than cores, MPICH is asked to sleep while it polls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -28,7 +30,8 @@ json=()
 for p in "${ranks[@]}"; do
     out=jobs/results/p$p
     mkdir -p "$out"
-    rm -f "$out"/collectives.md "$out"/tune.txt "$out"/bench-*.json "$out"/bench-*.png
+    rm -f "$out"/tune.txt "$out"/bench-*.json "$out"/bench-*.png
+    report=(--out "$out/collectives.md" --force)  # the first table replaces the file, the others add to it
     if (( p > $(nproc) )); then export MPIR_CVAR_CH4_PROGRESS_THROTTLE=1; else unset MPIR_CVAR_CH4_PROGRESS_THROTTLE; fi
     run=(mpiexec -n "$p" "$python")
     echo "[p=$p] fitting the model and measuring the algorithms ($((SECONDS - started)) s elapsed)"
@@ -37,18 +40,18 @@ for p in "${ranks[@]}"; do
     i=0
     for c in "${big[@]}" "${small[@]}"; do
         i=$((i + 1))
-        sizes=8:16M
-        extra=(--pool)
-        [[ " ${small[*]} " == *" $c "* ]] && sizes=8:1M && extra=()
+        extra=(--sizes 8:16M --pool)
+        [[ " ${small[*]} " == *" $c "* ]] && extra=(--sizes 8:1M)
         [[ $c == allreduce ]] && extra+=(--persistent)
-        [[ $c == barrier ]] && extra=()
+        [[ $c == barrier ]] && extra=()  # no data: no sizes
         echo "[p=$p $i/$(( ${#big[@]} + ${#small[@]} ))] $c ($((SECONDS - started)) s elapsed)"
-        "${run[@]}" -m mpicomm.bench "$c" --sizes "$sizes" --validate "${extra[@]}" --quiet \
-            --json "$out/bench-$c.json" --plot "$out/bench-$c.png" --out "$out/collectives.md" --append >/dev/null
+        "${run[@]}" -m mpicomm.bench "$c" "${extra[@]}" --validate --quiet \
+            --json "$out/bench-$c.json" --plot "$out/bench-$c.png" "${report[@]}" >/dev/null
+        report=(--out "$out/collectives.md" --append)
         json+=("$out/bench-$c.json")
     done
     if [[ $p == 2 ]]; then
-        "${run[@]}" -m mpicomm.bench pingpong --sizes 8:1M --quiet --out "$out/collectives.md" --append >/dev/null
+        "${run[@]}" -m mpicomm.bench pingpong --sizes 8:1M --quiet "${report[@]}" >/dev/null
     fi
 done
 "$python" -m mpicomm.bench.summary "${json[@]}" --out jobs/results/targets.md --force >/dev/null

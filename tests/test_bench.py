@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 
 import numpy as np
@@ -39,8 +40,8 @@ def test_sizes():
 
 @pytest.mark.parametrize("bad", ["0", "x", "8:4", "-3", "4Q"])
 def test_bad_sizes_are_named(bad):
-    with pytest.raises(argparse.ArgumentTypeError, match="size|larger"):
-        parse_sizes(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(bad.split(":")[-1] if bad != "8:4" else bad)):
+        parse_sizes(bad)  # the message names the bad value
 
 
 # ---------------------------------------------------------------- conventions as pure functions
@@ -197,6 +198,8 @@ def test_pingpong_writes_its_table(tmp_path):
     result = _bench(2, "pingpong", "--sizes", "8,20000,65536", "--iters", "20", "--window", "8", "--out", str(out),
                     "--json", str(data))
     assert result.returncode == 0, result.stderr
+    assert "pingpong [3/3] 65536 B: latency native" in result.stderr  # progress by default, as the collectives'
+    assert "OSU" not in result.stderr
     document = json.loads(data.read_text())
     assert document["schema"] == "mpicomm-results" and document["benchmark"] == "pingpong"
     table = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
@@ -210,8 +213,10 @@ def test_pingpong_writes_its_table(tmp_path):
         assert row["ratio"] == pytest.approx(row["mpicomm_us"] / row["native_us"])
         assert row["native_MBps"] > 0 and row["mpicomm_MBps"] > 0
         assert row["bw_ratio"] == pytest.approx(row["mpicomm_MBps"] / row["native_MBps"])
-        assert row["iterations"] == 20 and row["window"] == 8 and row["windows"] == 20
-        assert row["warmup"] == (4 if row["size"] <= 8192 else 2)  # OSU's proportion: a fifth, above 8 KiB a tenth
+        assert row["iterations"] == 20 and row["window"] == 8 and row["windows"] == 20 and row["repeat"] == 1
+        # OSU's skip counts, never more than the timed calls: 100 and 10 round trips, 10 and 2 windows
+        assert row["warmup"] == (20 if row["size"] <= 8192 else 10)
+        assert row["warmup_windows"] == (10 if row["size"] <= 8192 else 2)
     text = out.read_text()
     assert "Command: `mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8,20000,65536" in text
     assert "| 65536 " in text and "native Avg (µs)" in text and "osu_bw" in text
@@ -219,9 +224,10 @@ def test_pingpong_writes_its_table(tmp_path):
 
 @pytest.mark.launches
 def test_pingpong_osu_format_reads_as_osu_latency_and_osu_bw():
-    result = _bench(2, "pingpong", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--warmup", "1",
-                    "--format", "osu")
+    result = _bench(2, "pingpong", "--sizes", "8,1K", "--iters", "4", "--repeat", "1", "--warmup", "1",
+                    "--format", "osu", "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "pingpong [" not in result.stderr  # --quiet: no progress lines
     tables = _osu_tables(result.stdout)
     assert [t[0][0] for t in tables] == ["# OSU MPI Latency Test (mpicomm.bench)"] * 2 + \
         ["# OSU MPI Bandwidth Test (mpicomm.bench)"] * 2
@@ -236,8 +242,10 @@ def test_pingpong_osu_format_reads_as_osu_latency_and_osu_bw():
 @pytest.mark.launches
 def test_pingpong_needs_two_ranks():
     result = _bench(1, "pingpong", "--sizes", "8", timeout=60)
-    assert result.returncode != 0
-    assert "pingpong needs 2 ranks" in result.stderr
+    assert result.returncode == 2 and result.stdout == ""
+    message = "python -m mpicomm.bench pingpong: error: pingpong needs at least 2 ranks, got 1: " \
+              "mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8"
+    assert result.stderr.count(message) == 1, result.stderr
 
 
 # The collectives the issue names run at 2 and 3 ranks; the others at 3 (not a power of two).
@@ -254,7 +262,9 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
     spec = COLLECTIVES[collective]
     sizes = [8, 4096, 65536]
     out = tmp_path / "result.json"
-    argv = [collective, "--sizes", ",".join(map(str, sizes)), "--iters", "4", "--validate", "--json", str(out)]
+    argv = [collective, "--iters", "4", "--validate", "--json", str(out)]
+    if collective != "barrier":  # barrier moves no data: it has no --sizes
+        argv += ["--sizes", ",".join(map(str, sizes))]
     extra = collective == "allreduce" and n == 2  # one run also draws, writes Markdown and uses the pool
     if extra:
         argv += ["--pool", "--out", str(tmp_path / "result.md")] + (["--plot", str(tmp_path / "result.png")]
@@ -265,7 +275,7 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
     assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads(out.read_text())
     assert document["p"] == n and document["benchmark"] == collective and document["validated"]
-    assert document["command"].startswith(f"mpiexec -n {n} python -m mpicomm.bench {collective} --sizes")
+    assert document["command"].startswith(f"mpiexec -n {n} python -m mpicomm.bench {collective} --iters 4")
     assert document["schema"] == "mpicomm-results" and document["schema_version"] >= 1
     assert document["versions"]["mpi_library"] and document["machine"] and document["date"]
     rows = document["results"]
@@ -289,7 +299,8 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
         assert len(here) == len(measured) + 1 + bool(pool)
         for r in here:
             assert r["validation"] == "Pass", r
-            assert r["iterations"] == 4 and r["warmup"] == 1  # OSU's proportion: 4 // 5, at least one
+            # OSU's skip count (100, or 10 above 8 KiB), never more than the 4 timed calls; one measurement
+            assert r["iterations"] == 4 and r["warmup"] == 4 and r["repeat"] == 1
             assert 0 < r["min_us"] <= r["avg_us"] <= r["max_us"]
             assert r["type"] == ("none" if collective == "barrier" else "double")
             assert r["redop"] == ("sum" if spec.op else "none") and r["root"] == (0 if spec.root else -1)
@@ -318,7 +329,8 @@ def test_collective_validates_every_algorithm(tmp_path, collective, n):
         assert (tmp_path / "barrier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if extra:
         text = (tmp_path / "result.md").read_text()
-        assert "Command: `mpiexec -n 2 python -m mpicomm.bench allreduce --sizes 8,4096,65536" in text
+        assert "Command: `mpiexec -n 2 python -m mpicomm.bench allreduce --iters 4 --validate --json " in text
+        assert "--sizes 8,4096,65536" in text and "take turns in 4 rounds per size" in text and "a rank's latency is its mean per call" in text
         assert "Machine: " in text and "| 65536 " in text and "Python overhead of one 8-byte call" in text
         if _HAS_MATPLOTLIB:
             assert (tmp_path / "result.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -469,15 +481,60 @@ def _osu_tables(text: str) -> list[tuple[list[str], list[list]]]:
     return tables
 
 
-def test_warmup_follows_osu():
-    from mpicomm.bench.metrics import bandwidth_iterations, iterations, warmup_iterations
+def test_iterations_and_warmup_are_osus_defaults():
+    from mpicomm.bench.metrics import (
+        bandwidth_iterations,
+        bandwidth_warmup,
+        iterations,
+        latency_iterations,
+        warmup_iterations,
+    )
 
-    # OSU: 1000 iterations and 200 skipped up to 8 KiB, 100 and 10 above; the same proportion for any count
-    assert [warmup_iterations(n, iterations(n, None)) for n in (8, 8192, 8193, 1 << 20)] == [200, 200, 10, 10]
-    assert warmup_iterations(8, 50) == 10 and warmup_iterations(1 << 20, 50) == 5 and warmup_iterations(8, 4) == 1
+    sizes = (8, 8192, 8193, 1 << 20)
+    # OSU's collective benchmarks: 1000 timed and 100 skipped up to 8 KiB, 100 and 10 above
+    assert [iterations(n, None) for n in sizes] == [1000, 1000, 100, 100]
+    assert [warmup_iterations(n, iterations(n, None)) for n in sizes] == [100, 100, 10, 10]
+    # osu_latency: 10000 and 1000 timed, 100 and 10 skipped; osu_bw: 100 and 20 windows, 10 and 2 skipped
+    assert [latency_iterations(n, None) for n in sizes] == [10000, 10000, 1000, 1000]
+    assert [warmup_iterations(n, latency_iterations(n, None)) for n in sizes] == [100, 100, 10, 10]
+    assert [bandwidth_iterations(n, None) for n in sizes] == [100, 100, 20, 20]
+    assert [bandwidth_warmup(n, bandwidth_iterations(n, None)) for n in sizes] == [10, 10, 2, 2]
+    # --iters replaces the timed counts; the warm-up never exceeds them; --warmup replaces it
+    assert iterations(8, 7) == latency_iterations(1 << 20, 7) == bandwidth_iterations(8, 7) == 7
+    assert warmup_iterations(8, 50) == 50 and warmup_iterations(1 << 20, 50) == 10 and warmup_iterations(8, 4) == 4
+    assert bandwidth_warmup(8, 3) == 3 and bandwidth_warmup(1 << 20, 3) == 2
     assert warmup_iterations(8, 1000, requested=0) == 0 and warmup_iterations(1 << 20, 100, requested=7) == 7
-    assert [bandwidth_iterations(n, None) for n in (8, 8192, 8193)] == [100, 100, 20]  # osu_bw's loop counts
-    assert bandwidth_iterations(8, 4) == 4
+    assert bandwidth_warmup(8, 100, requested=0) == 0
+
+
+def test_a_variants_time_is_the_median_of_its_measurements(monkeypatch):
+    """A measurement's time is its mean per call (its rounds alike); --repeat takes the median of the measurements."""
+    from mpicomm.bench import measure
+
+    now = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
+
+    def costs(steady: list[float]) -> dict:  # µs per call, in call order: warm-up first, then timed calls
+        return {"native": iter([3.0] * 16), "steady": iter(steady)}
+
+    def variants(cost: dict) -> list:
+        def call(name):
+            def run():
+                now[0] += next(cost[name]) * 1e-6
+            return run
+        return [bench._Variant(name, None, None, None, call(name)) for name in ("native", "steady")]
+
+    # one measurement of 10 calls in 5 rounds of 2, after 2 warm-up calls: the rounds' means, then their mean
+    one = variants(costs([50.0, 50.0] + [1.0, 1.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]))
+    rounds = measure._rounds(one, iters=10, rounds=5, barrier=lambda: None, warmup=2)
+    assert rounds == {"native": pytest.approx([3.0] * 5), "steady": pytest.approx([1.0, 9.0, 1.0, 1.0, 1.0])}
+    one = variants(costs([50.0, 50.0] + [1.0, 1.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]))
+    assert measure._measure(one, 10, 1, lambda: None, 2) == {"native": pytest.approx(3.0),
+                                                             "steady": pytest.approx(2.6)}  # OSU's mean
+    # three measurements of 5 calls (warm-up once): means 1, 9 and 1.4, median 1.4 (their mean would be 3.8)
+    three = variants(costs([50.0] + [1.0] * 5 + [9.0] * 5 + [1.0, 1.0, 1.0, 1.0, 3.0]))
+    assert measure._measure(three, 5, 3, lambda: None, 1) == {"native": pytest.approx(3.0),
+                                                              "steady": pytest.approx(1.4)}
 
 
 def test_nccl_tests_columns():
@@ -608,24 +665,43 @@ def test_pool_does_not_go_with_cupy(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["allreduce", "--warmup", "-1"], "--warmup -1: must be >= 0"),
-    (["pingpong", "--window", "0"], "--window 0: must be >= 1"),
+    (["allreduce", "--warmup", "-1"], "allreduce: error: --warmup must be >= 0, got -1"),
+    (["allreduce", "--iters", "0"], "allreduce: error: --iters must be >= 1, got 0"),
+    (["pingpong", "--repeat", "0"], "pingpong: error: --repeat must be >= 1, got 0"),
+    (["pingpong", "--window", "0"], "pingpong: error: --window must be >= 1, got 0"),
+    (["allreduce", "--rounds", "2"], "allreduce: error: --rounds: renamed --repeat N"),
+    (["pingpong", "--progress"], "unrecognized arguments: --progress"),
     (["allreduce", "--format", "nccl"], "invalid choice: 'nccl'"),
-    (["allreduce", "--append"], "--append and --force need --out"),
-    (["allreduce", "--sizes", "8:1Q"], "not a size"),
+    (["allreduce", "--append"], "--append needs --out"),
+    (["allreduce", "--sizes", "8:1Q"], "1Q"),
+    (["barrier", "--sizes", "8:1M"], "barrier: error: --sizes: barrier moves no data: it has no sizes"),
+    (["barrier", "--dtype", "int32"], "barrier: error: --dtype: barrier moves no data"),
+    (["bcast", "--inplace"], "bcast: error: --inplace: bcast has no MPI.IN_PLACE form (it is in place by nature)"),
+    (["gather", "--pool"], "gather: error: --pool: gather has no shm algorithm"),
+    (["allreduce", "--pool", "--algorithms", "ring,auto"], "--algorithms ring,auto leaves out"),
 ])
 def test_bad_options_are_usage_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
-    assert exc.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and "python -m mpicomm.bench" in err.splitlines()[-1], err
 
 
 def test_help_states_the_defaults(capsys):
     with pytest.raises(SystemExit):
         bench.main(["allreduce", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "200 and 10 at the default 1000 and 100 iterations" in out
+    assert "OSU's collective benchmarks', 1000 up to 8 KiB and 100 above" in out
+    assert "OSU's, 100 up to 8 KiB and 10 above, never more than --iters" in out
+    assert "report the median of the N means (default: 1, one measurement: its mean, OSU's Avg)" in out
+    assert "the variants take turns in 5 rounds of iters/5 calls each" in out
     assert "--inplace" in out and "--backend {numpy,cupy}" in out and "--format {markdown,osu}" in out
+    assert "--rounds" not in out and "--progress" not in out
+    with pytest.raises(SystemExit):
+        bench.main(["pingpong", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "osu_latency's 10000 round trips up to 8 KiB and 1000 above; osu_bw's 100 windows and 20" in out
+    assert "--quiet" in out and "--progress" not in out
 
 
 @pytest.mark.serial
@@ -666,7 +742,7 @@ def test_plot_draws_bands_and_barrier_bars(tmp_path, monkeypatch):
 @pytest.mark.launches
 def test_inplace_warmup_and_osu_format_end_to_end(tmp_path):
     data = tmp_path / "r.json"
-    result = _bench(2, "allreduce", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--warmup", "3",
+    result = _bench(2, "allreduce", "--sizes", "8,1K", "--iters", "4", "--repeat", "1", "--warmup", "3",
                     "--algorithms", "ring,recursive_doubling,auto", "--inplace", "--validate", "--format", "osu",
                     "--json", str(data))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -696,7 +772,7 @@ def test_inplace_warmup_and_osu_format_end_to_end(tmp_path):
 @pytest.mark.launches
 def test_inplace_rooted_collective_in_markdown(tmp_path):
     out = tmp_path / "gather.md"
-    result = _bench(3, "gather", "--sizes", "8,1K", "--iters", "4", "--rounds", "1", "--inplace", "--validate",
+    result = _bench(3, "gather", "--sizes", "8,1K", "--iters", "4", "--repeat", "1", "--inplace", "--validate",
                     "--dtype", "int32", "--algorithms", "linear,auto", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]

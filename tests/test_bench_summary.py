@@ -59,7 +59,7 @@ def test_several_rank_counts_make_several_sections_and_bad_files_are_named(tmp_p
     assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in text
     assert "| bcast | 1048576 | 10.0 | linear | 1.20 | linear | 1.20 | ≤ 1.0 missed |" in text
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(SystemExit, match="bad.json: not a benchmark JSON file"):
+    with pytest.raises(ValueError, match="bad.json: not a benchmark JSON file"):
         summary.summarize([str(tmp_path / "bad.json")])
 
 
@@ -88,7 +88,7 @@ def test_documents_with_rows_under_results_read_alike(tmp_path):
     assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in summary.summarize([str(new)])
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"schema": "something-else", "p": 2, "results": rows}))
-    with pytest.raises(SystemExit, match="has no rows or p"):
+    with pytest.raises(ValueError, match="has no rows or p"):
         summary.summarize([str(other)])
 
 
@@ -99,3 +99,13 @@ def test_the_command_appends_with_append(tmp_path):
     assert summary.main([a, "--out", str(out), "--append"]) == 0
     text = out.read_text()
     assert text.startswith("earlier\n") and "### p = 2" in text
+
+
+def test_a_file_that_is_not_a_benchmarks_is_a_usage_error(tmp_path, capsys):
+    good = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "x")])
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit) as exc:
+        summary.main([good, str(tmp_path / "bad.json")])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""  # nothing printed before the refusal
+    assert f"python -m mpicomm.bench.summary: error: {tmp_path / 'bad.json'}: has no rows or p" in captured.err

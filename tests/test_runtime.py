@@ -88,24 +88,87 @@ def test_the_harness_aborts_a_test_that_fails_on_one_rank_while_others_wait(tmp_
     assert first.returncode != 0
     assert "failed on rank 1" in first.stderr and "aborting the job" in first.stderr, first.stdout + first.stderr
     assert "rank 1 is wrong" in first.stderr
+    # ... and the records the runner's summary reads name the test, also after the abort
+    from tests.__main__ import _where
+
+    assert _where(str(tmp_path / "logs")) == ["failed: test_sample.py::test_fails_on_rank_1_only"]
 
     second = mpirun.run(2, argv + ["-k", "all_arrive"], timeout=90, env=env)
     assert second.returncode != 0
     assert "failed on rank(s) 1" in second.stdout and "rank 1 disagrees" in second.stdout  # in rank 0's report
+    assert _where(str(tmp_path / "logs")) == ["failed: test_sample.py::test_fails_on_rank_1_and_all_arrive",
+                                              "failed: test_sample.py::test_fails_on_rank_1_only"]
 
 
-def test_demo_runs_and_checks_itself():
-    result = mpirun.run(3, [sys.executable, "-m", "apps.demo", "--count", "1001", "--iters", "5"], timeout=120)
+def test_demo_runs_and_checks_itself(tmp_path):
+    import json
+    import re
+
+    import mpicomm
+
+    js = tmp_path / "demo.json"
+    argv = ["--count", "1001", "--iters", "5", "--json", str(js)]
+    result = mpirun.run(3, [sys.executable, "-m", "apps.demo", *argv], timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(": ok") == 4  # push, one-sided, rendezvous, collectives
     assert "all checks passed" in result.stdout
     assert "3 ranks on 1 node(s)" in result.stdout
+    # 3 ranks on this machine's cores: the line that says the timings measure the scheduler, exactly when crowded
+    cores = os.cpu_count() or 1
+    note = f"note: 3 ranks share {cores} cores on a node, so the timings below measure how the OS scheduler"
+    assert (note in result.stdout) == (cores < 3), result.stdout
+    if cores < 3:
+        assert f"run at the core count: mpiexec -n {cores} python -m apps.demo --count 1001 --iters 5" in result.stdout
+
+    # the collectives section: one line per collective, auto's choice and the fastest of the others, as in the JSON
+    rows = json.loads(js.read_text())["results"]["collectives"]
+    section = result.stdout.split("\n6. collectives")[1]
+    for collective in ("allreduce", "allgather", "alltoall"):
+        mine = [r for r in rows if r["collective"] == collective]
+        registered = set(mpicomm.algorithms(collective))
+        assert {r["algorithm"] for r in mine} == registered | {"auto"}  # every algorithm checked, timed or skipped
+        auto = next(r for r in mine if r["algorithm"] == "auto")
+        assert auto["chose"] in registered and auto["source"] and auto["us"] > 0 and auto["mpi_us"] > 0
+        others = [r for r in mine if "us" in r and r["algorithm"] not in ("auto", auto["chose"])]
+        fastest = min(others, key=lambda r: r["us"])
+        assert [r["algorithm"] for r in mine if r.get("fastest_other")] == [fastest["algorithm"]]
+        line = re.search(rf"^  {collective} +(\S+) +([\d.]+) +([\d.]+) +([\d.]+)x +(\S+) +([\d.]+)$", section, re.M)
+        assert line, section
+        assert line.group(1) == auto["chose"] and line.group(5) == fastest["algorithm"]
+        assert [float(line.group(i)) for i in (2, 3, 6)] == [round(auto["us"], 1), round(auto["mpi_us"], 1),
+                                                             round(fastest["us"], 1)]
+        assert float(line.group(4)) == round(auto["us"] / auto["mpi_us"], 2)
+        for r in others:  # the other algorithms are in the JSON, not on screen
+            assert not re.search(rf"^  {collective} +{r['algorithm']} ", section, re.M)
+
+
+def test_demo_says_when_ranks_outnumber_cores(monkeypatch):
+    from apps import demo
+
+    class Node:  # a communicator's facts, as every rank of a job would agree on them (allreduce returns them)
+        def __init__(self, local_size: int, nodes: int):
+            self.local_size, self.nodes = local_size, nodes
+
+        def allreduce(self, value, op):
+            return value
+
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 2)
+    assert demo._crowded(Node(2, 1), ["--count", "7"]) == ""
+    line = demo._crowded(Node(3, 1), ["--count", "7"])
+    assert line.startswith("note: 3 ranks share 2 cores on a node") and "\n" not in line
+    assert line.endswith("run at the core count: mpiexec -n 2 python -m apps.demo --count 7")
+    assert demo._crowded(Node(4, 2), []).endswith("mpiexec -n 4 python -m apps.demo")  # 2 nodes of 2 cores
+    monkeypatch.setattr(demo.os, "cpu_count", lambda: 8)
+    assert demo._crowded(Node(4, 2), []) == ""
 
 
 def test_demo_refuses_bad_arguments():
-    result = mpirun.run(1, [sys.executable, "-m", "apps.demo", "--count", "-4"], timeout=60)
-    assert result.returncode == 2
-    assert "--count -4: must be >= 0" in result.stderr
+    for argv, message in ((["--count", "-4"], "--count must be >= 0, got -4"),
+                          (["--iters", "0"], "--iters must be >= 1, got 0")):
+        result = mpirun.run(1, [sys.executable, "-m", "apps.demo", *argv], timeout=60)
+        assert result.returncode == 2
+        assert f"python -m apps.demo: error: {message}" in result.stderr, result.stderr
+        assert result.stdout == ""  # nothing printed as if accepted
 
 
 def test_demo_batch_script_runs_outside_slurm():
@@ -126,3 +189,12 @@ def test_info_command():
     assert result.returncode == 0, result.stderr
     assert f"ranks          2 on {2 if two_hosts else 1} node(s)" in result.stdout
     assert "CUDA-aware" in result.stdout
+
+
+def test_the_runner_summary_says_where_a_job_without_recorded_failures_ended(tmp_path):
+    """A pass killed by its time limit records no failure: the summary names the test each rank was in."""
+    from tests.__main__ import _where
+
+    for rank, test in [(0, "t.py::test_x"), (1, "t.py::test_y"), (2, "t.py::test_x")]:
+        (tmp_path / f"running-rank{rank}").write_text(test + "\n")
+    assert _where(str(tmp_path)) == ["ended in: t.py::test_x (ranks 0, 2)", "ended in: t.py::test_y (rank 1)"]

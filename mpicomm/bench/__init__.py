@@ -5,24 +5,28 @@
     mpiexec -n 4 python -m mpicomm.bench allreduce --inplace --format osu > osu_allreduce.txt
 
 Every benchmark measures mpi4py's native call and mpicomm's **in the same
-run, interleaved**: each size runs in rounds, and every round runs the native
-call and then each mpicomm variant, so all of them see the same machine noise.
-Before a size's timed calls each variant runs untimed warm-up calls
-(``--warmup N``; default OSU's proportion: a fifth of the iterations up to
-8 KiB, a tenth above, i.e. OSU's 200 and 10 at its default 1000 and 100).
+run, interleaved**: a measurement of a size times ``--iters`` calls of every
+variant, the variants taking turns in 5 rounds (native, then each mpicomm
+variant, ``iters / 5`` calls each), so all of them see the same machine
+noise; a rank's time is its mean per call, OSU's Avg (``--repeat N`` runs the
+measurement N times and reports the median). The counts are OSU
+micro-benchmarks' defaults (:mod:`~mpicomm.bench.metrics`): the collectives
+time 1,000 calls per variant up to 8 KiB and 100 above, after 100 and 10
+untimed warm-up calls (``--warmup N``; never more than ``--iters``); the
+ping-pong times osu_latency's 10,000 and 1,000 round trips after 100 and 10,
+and osu_bw's 100 and 20 windows after 10 and 2.
 
-``pingpong``: ranks 0 and 1, as ``osu_latency`` (one-way latency, Avg over
-iterations, Min and Max of single round trips) and ``osu_bw`` (windows of
-``--window`` non-blocking sends, 64 by default, then an acknowledgement;
-MB/s), each for ``Send``/``Recv`` against ``send_array``/``recv_array``.
+``pingpong``: ranks 0 and 1, as ``osu_latency`` (one-way latency; Min and Max
+of single round trips) and ``osu_bw`` (windows of ``--window`` non-blocking
+sends, 64 by default, then an acknowledgement; MB/s), each for
+``Send``/``Recv`` against ``send_array``/``recv_array``.
 
 A collective (allreduce, bcast, reduce, allgather, alltoall, reduce_scatter,
 gather, scatter, scan, barrier): every registered algorithm of it, ``auto``
 and the native call on ``MPI.COMM_WORLD``, with
 
 * OSU's columns: ``Size``, ``Avg/Min/Max Latency`` over ranks,
-  ``Iterations`` (each iteration times one call, then an untimed barrier;
-  1000 iterations up to 8 KiB, 100 above);
+  ``Iterations`` (each iteration times one call, then an untimed barrier);
 * nccl-tests' ``count``, ``type``, ``redop``, ``root``, ``algbw`` = S / t and
   ``busbw`` = algbw × factor (GB/s, 10⁹ B), ``#wrong``; with ``--inplace`` its
   in-place pass (every variant again with ``MPI.IN_PLACE``, same rounds);
@@ -57,12 +61,13 @@ from __future__ import annotations
 from .cli import BENCHMARKS, Benchmark, benchmark, main
 from .measure import _validate as _validate  # (the tests check the verdicts through the package)
 from .measure import _Variant as _Variant
-from .measure import time_algorithms
+from .measure import auto_choice, time_algorithms
 from .metrics import (
                       COLLECTIVES,
                       Collective,
                       bandwidths,
                       bus_factor,
+                      latency_iterations,
                       layout,
                       mismatch,
                       model_bytes,
@@ -76,5 +81,5 @@ from .report import Report, markdown_table
 __all__ = [
     "BENCHMARKS", "Benchmark", "benchmark", "parse_sizes", "COLLECTIVES", "Collective", "nccl_bytes", "bus_factor",
     "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "markdown_table", "main", "Report",
-    "time_algorithms", "warmup_iterations",
+    "time_algorithms", "warmup_iterations", "latency_iterations", "auto_choice",
 ]

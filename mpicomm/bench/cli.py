@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 from .. import cli as shared
 from .backend import BACKENDS, mpi_problem, problem
-from .measure import _requested, collective_run, pingpong_rows
+from .measure import ROUNDS, _requested, collective_run, pingpong_rows
 from .metrics import COLLECTIVES, DTYPES, OPS, WINDOW, Collective
 from .report import Report, _bandwidth_text, collective_report, finish, pingpong_report
 
-__all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main"]
+__all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main", "PROG"]
+
+PROG = "python -m mpicomm.bench"
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,14 @@ def benchmark(name: str) -> Callable:
 def pingpong(args: argparse.Namespace) -> Report:
     """Ranks 0 and 1: osu_latency and osu_bw, mpi4py Send/Recv (Isend/Irecv) against mpicomm send_array/recv_array.
 
-    Latency: one way (half a round trip), Avg over iterations, Min and Max of
-    single round trips. Bandwidth: as osu_bw, a window of non-blocking sends
+    Latency: one way (half a round trip), the mean over a measurement's round
+    trips (with --repeat N, the median of N measurements), Min and Max of
+    single round trips; by default osu_latency's 10,000 round trips up to 8
+    KiB and 1,000 above, after 100 and 10 untimed, native and mpicomm taking
+    turns in 5 rounds. Bandwidth: as osu_bw, a window of non-blocking sends
     (--window, default 64) answered by a one-byte acknowledgement, in MB/s
-    (10^6 B/s); 100 windows up to 8 KiB, 20 above (or --iters).
+    (10^6 B/s); by default osu_bw's 100 windows up to 8 KiB and 20 above, after
+    10 and 2 untimed. Needs at least 2 ranks; ranks beyond the first two wait.
     """
     return pingpong_report(args, pingpong_rows(args))
 
@@ -89,9 +95,22 @@ for _spec in COLLECTIVES.values():
 # ---------------------------------------------------------------- command line
 
 
-_WARMUP_HELP = ("untimed calls of each variant before each size's timed ones (default: OSU's proportion, a fifth of "
-                "the iterations up to 8 KiB and a tenth above, at least 1: 200 and 10 at the default 1000 and 100 "
-                "iterations; pingpong's bandwidth test: a tenth of its windows)")
+_ITERS_HELP = {
+    "collective": "timed calls of each variant per size, in each measurement (default: OSU's collective "
+                  "benchmarks', 1000 up to 8 KiB and 100 above); the variants take turns in "
+                  f"{ROUNDS} rounds of iters/{ROUNDS} calls each",
+    "pingpong": "timed round trips of each variant per size, and bandwidth windows per size, in each measurement "
+                "(default: osu_latency's 10000 round trips up to 8 KiB and 1000 above; osu_bw's 100 windows and "
+                f"20); native and mpicomm take turns in {ROUNDS} rounds",
+}
+_WARMUP_HELP = {
+    "collective": "untimed calls of each variant before each size's timed ones (default: OSU's, 100 up to 8 KiB "
+                  "and 10 above, never more than --iters)",
+    "pingpong": "untimed round trips and windows of each variant before each size's timed ones (default: OSU's, "
+                "100 round trips up to 8 KiB and 10 above; osu_bw's 10 windows and 2; never more than --iters)",
+}
+_REPEAT_HELP = ("run each size's measurement N times and report the median of the N means (default: 1, one "
+                "measurement: its mean, OSU's Avg)")
 _FORMAT_HELP = ("what to print: markdown (default) the table; osu OSU micro-benchmarks' text (# OSU MPI ... Test, "
                 "# Size  Avg Latency(us)  Min Latency(us)  Max Latency(us)  Iterations, then numbers), one table per "
                 "variant, native MPI first, each starting with its own '# OSU MPI' line (--out stays Markdown)")
@@ -100,7 +119,7 @@ _FORMAT_HELP = ("what to print: markdown (default) the table; osu OSU micro-benc
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command line: one sub-command per benchmark (returned too, by name, for their own errors)."""
     parser = argparse.ArgumentParser(
-        prog="python -m mpicomm.bench",
+        prog=PROG,
         description="Benchmarks of mpicomm against native MPI (mpi4py), measured interleaved in the same run.",
         epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.bench allreduce --validate; "
                "python -m mpicomm.bench BENCHMARK --help for a benchmark's options.",
@@ -110,60 +129,94 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     subs = {}
     for name, bench in BENCHMARKS.items():
         description = bench.description
+        spec = COLLECTIVES.get(name)
         if bench.collective:
             try:
                 description = _describe(COLLECTIVES[name])
             except (ImportError, ValueError):  # the registry cannot load: still parse; the run reports it
                 description = bench.summary
         p = subs[name] = sub.add_parser(name, help=bench.summary, description=description)
-        p.add_argument("--sizes", type=shared.sizes_arg, default=shared.parse_sizes("8:1M"),
-                       help="sizes in bytes: LOW:HIGH (powers of two) or a list, e.g. 8:1M (default) or 8,4K,64M "
-                            "(K, M, G: powers of 1024)")
-        p.add_argument("--iters", type=int, default=None,
-                       help="iterations per size (default: OSU's, 1000 up to 8 KiB, 100 above"
-                            + ("; bandwidth windows: 100 and 20)" if name == "pingpong" else ")"))
-        p.add_argument("--warmup", type=int, default=None, metavar="N", help=_WARMUP_HELP)
-        p.add_argument("--rounds", type=int, default=5,
-                       help="interleaved rounds per size: each runs native and every variant iters/rounds times "
-                            "(default: 5)")
+        kind = "collective" if bench.collective else "pingpong"
+        if name != "barrier":
+            p.add_argument("--sizes", type=shared.sizes_arg, default=shared.parse_sizes("8:1M"),
+                           help="sizes in bytes: LOW:HIGH (powers of two) or a list, e.g. 8:1M (default) or "
+                                "8,4K,64M (K, M, G: powers of 1024)")
+        else:
+            p.add_argument("--sizes", action=_Refused, why="barrier moves no data: it has no sizes")
+        p.add_argument("--iters", type=int, default=None, metavar="N", help=_ITERS_HELP[kind])
+        p.add_argument("--warmup", type=int, default=None, metavar="N", help=_WARMUP_HELP[kind])
+        p.add_argument("--repeat", type=int, default=1, metavar="N", help=_REPEAT_HELP)
+        shared.renamed(p, "--rounds", "--repeat N",
+                       f"the variants always take turns in {ROUNDS} rounds; --repeat N repeats the whole "
+                       "measurement and reports the median")
         p.add_argument("--backend", default="numpy", choices=BACKENDS,
                        help="where the buffers live: numpy (host memory, default) or cupy (GPU memory: needs CuPy, "
                             "a GPU per rank and a CUDA-aware MPI library)")
         p.add_argument("--format", default="markdown", choices=("markdown", "osu"), help=_FORMAT_HELP)
         shared.add_out(p, "the table")
         shared.add_json(p, "the rows")
-        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-        p.add_argument("--progress", action="store_true",
-                       help="progress lines on stderr (the default for collectives)")
-        if not bench.collective:
+        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (shown by default)")
+        if spec is None:
             p.add_argument("--window", type=int, default=WINDOW, metavar="N",
                            help=f"bandwidth test: non-blocking sends per window (default: {WINDOW}, osu_bw's)")
             continue
         p.add_argument("--algorithms", default="all", metavar="all|NAME,...",
                        help="algorithms to measure: all (default: every registered one and auto) or a "
                             "comma-separated list (auto included)")
-        p.add_argument("--dtype", default="float64", choices=DTYPES,
-                       help="element type of the data (default: float64)")
-        if COLLECTIVES[name].op:
+        if name != "barrier":
+            p.add_argument("--dtype", default="float64", choices=DTYPES,
+                           help="element type of the data (default: float64)")
+        else:
+            p.add_argument("--dtype", action=_Refused, why="barrier moves no data: it has no element type")
+        if spec.op:
             p.add_argument("--op", default="sum", choices=OPS, help="reduction op (default: sum)")
-        p.add_argument("--inplace", action="store_true",
-                       help="also measure every variant with MPI.IN_PLACE (nccl-tests' in-place pass), in the same "
-                            "rounds: the in-place columns"
-                            + ("" if COLLECTIVES[name].in_place else
-                               f" ({name} has no in-place form: a note says so and nothing more is measured)"))
+        if spec.in_place:
+            p.add_argument("--inplace", action="store_true",
+                           help="also measure every variant with MPI.IN_PLACE (nccl-tests' in-place pass), in the "
+                                "same rounds: the in-place columns")
+        else:
+            p.add_argument("--inplace", action=_Refused,
+                           why=f"{name} has no MPI.IN_PLACE form ("
+                               + ("it is in place by nature)" if name == "bcast" else "it moves no data)"))
         p.add_argument("--validate", action="store_true",
                        help="after each size, check every algorithm's result against native MPI (exit 1 if any "
                             "differs)")
-        p.add_argument("--plot", metavar="OUT.png",
+        p.add_argument("--plot", metavar="FILE.png",
                        help="latency vs size, log-log, one line per algorithm and native, with its min-max band "
                             "(barrier: one bar per algorithm; needs matplotlib)")
-        p.add_argument("--pool", action="store_true",
-                       help="also measure the shm algorithm on buffers from the shared-memory pool "
-                            "(row shm+pool)")
+        if _has_shm(spec):
+            p.add_argument("--pool", action="store_true",
+                           help="also measure the shm algorithm on buffers from the shared-memory pool "
+                                "(row shm+pool)")
+        else:
+            p.add_argument("--pool", action=_Refused, why=f"{name} has no shm algorithm to measure on pool buffers")
         p.add_argument("--persistent", action="store_true",
                        help="also measure a persistent request (comm.<Method>_init once, then Start and Wait "
                             "per call; row persistent)")
     return parser, subs
+
+
+class _Refused(argparse.Action):
+    """An option this benchmark has no use for: giving it is a usage error saying why (not silently ignored)."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "", **kwargs: object):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {self.why}")
+
+
+def _has_shm(spec: Collective) -> bool:
+    """Whether *spec* has a registered ``shm`` algorithm (what ``--pool`` measures)."""
+    from mpicomm import registry
+
+    try:
+        return "shm" in registry.algorithms(spec.registry)
+    except (ImportError, ValueError):  # the registry cannot load: offer the option; the run reports it
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,14 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser, subs = _parser()
     args = parser.parse_args(argv)
     parser = subs[args.benchmark]  # errors from here on show the benchmark's own usage
-    if args.iters is not None and args.iters < 1:
-        parser.error(f"--iters {args.iters}: must be >= 1")
-    if args.warmup is not None and args.warmup < 0:
-        parser.error(f"--warmup {args.warmup}: must be >= 0 (0: no warm-up)")
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: must be >= 1")
-    if getattr(args, "window", 1) < 1:
-        parser.error(f"--window {args.window}: must be >= 1")
+    shared.at_least(parser, args, 1, "--iters", "--repeat", *(("--window",) if hasattr(args, "window") else ()))
+    shared.at_least(parser, args, 0, "--warmup")
+    if not hasattr(args, "sizes"):
+        args.sizes = [0]  # barrier: no data
     shared.check_out(parser, args)
     why = problem(args.backend)
     if why:
@@ -187,18 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     bench = BENCHMARKS[args.benchmark]
     if bench.collective:
         try:
-            _requested(COLLECTIVES[args.benchmark], args.algorithms)
+            names = _requested(COLLECTIVES[args.benchmark], args.algorithms)
         except ValueError as exc:
             parser.error(str(exc))
+        if getattr(args, "pool", False) and "shm" not in names:
+            parser.error(f"--pool measures the shm algorithm, which --algorithms {args.algorithms} leaves out: "
+                         "add shm to --algorithms or drop --pool")
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
                          "(or install mpicomm with the plot extra: pip install -e '.[plot]')")
-        if args.pool and args.backend != "numpy":
+        if getattr(args, "pool", False) and args.backend != "numpy":
             parser.error("--pool measures buffers of the host's shared-memory pool; it does not go with --backend "
                          f"{args.backend}: drop --pool or use --backend numpy")
-    else:
-        args.quiet = not args.progress
-    args.progress = not args.quiet
 
     from mpi4py import MPI
 
@@ -206,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         parser.error(why)
     world = MPI.COMM_WORLD
+    if not bench.collective and world.Get_size() < 2:  # one rank: only it can say so
+        parser.error(f"pingpong needs at least 2 ranks, got {world.Get_size()}: "
+                     f"mpiexec -n 2 {PROG} pingpong {' '.join(argv[1:])}".rstrip())
     code = 0
     try:
         report = bench.run(args)
@@ -214,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 finish(args, argv, report)
             except OSError as exc:  # an output path that cannot be written: say so, exit 1 everywhere
-                print(f"python -m mpicomm.bench: cannot write the results: {exc}", file=sys.stderr, flush=True)
+                print(shared.error_line(PROG, f"cannot write the results: {exc}"), file=sys.stderr, flush=True)
                 code = 1
     except (SystemExit, KeyboardInterrupt):
         raise
@@ -222,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         if world.Get_size() > 1:  # the other ranks may be waiting in a collective: end the job
-            print(f"rank {world.Get_rank()}: {args.benchmark} benchmark failed; aborting the job",
-                  file=sys.stderr, flush=True)
+            print(shared.error_line(PROG, f"the {args.benchmark} benchmark failed; aborting the job", world.Get_rank(),
+                                    world.Get_size()), file=sys.stderr, flush=True)
             world.Abort(1)
         raise
     return world.allreduce(code, op=MPI.MAX)

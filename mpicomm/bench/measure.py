@@ -1,12 +1,17 @@
-"""The timing loops: every variant of a size (native MPI, each mpicomm algorithm, ``auto``) in interleaved rounds.
+"""The timing loops: every variant of a size (native MPI, each mpicomm algorithm, ``auto``), interleaved.
 
-Each round runs every variant in turn, so all of them see the same machine
-noise; a variant's time is its mean (the benchmark tables, as OSU) or its
-median over rounds (:func:`time_algorithms`, which ``python -m mpicomm.tune
---collectives`` decides from). Before its timed calls each variant runs
-untimed warm-up calls (``--warmup``, see
-:func:`~mpicomm.bench.metrics.warmup_iterations`). What is measured goes back
-as plain rows; tables and files are :mod:`mpicomm.bench.report`'s business.
+One measurement of a size times ``--iters`` calls of every variant, the
+variants taking turns in :data:`ROUNDS` rounds of ``iters / ROUNDS`` calls
+each, so all of them see the same machine noise; a variant's time on a rank
+is its mean per call over the measurement (OSU's Avg). ``--repeat N`` runs
+the whole measurement N times and reports the median of the N means. Before
+its timed calls each variant runs untimed warm-up calls, once per size
+(``--warmup``, default OSU's skip count, see
+:func:`~mpicomm.bench.metrics.warmup_iterations`).
+:func:`time_algorithms` (which ``python -m mpicomm.tune --collectives``
+decides from) spreads its calls over its rounds and takes the median round.
+What is measured goes back as plain rows; tables and files are
+:mod:`mpicomm.bench.report`'s business.
 
 ``--inplace`` adds an in-place pass, as nccl-tests does: every variant runs
 again with ``MPI.IN_PLACE``, in the same interleaved rounds, on buffers laid
@@ -39,14 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from ..cli import Progress, format_time
+from ..cli import Progress, error_line, format_time
 from .backend import array_module, put, to_host
 from .metrics import (
     WINDOW,
     Collective,
     _iterations,
     bandwidth_iterations,
+    bandwidth_warmup,
     bandwidths,
+    latency_iterations,
     layout,
     mismatch,
     model_bytes,
@@ -59,38 +66,48 @@ from .metrics import (
 )
 
 __all__ = ["pingpong_rows", "CollectiveRun", "collective_run", "time_algorithms", "requested_algorithms",
-           "usable_algorithms", "IN_PLACE"]
+           "usable_algorithms", "auto_choice", "IN_PLACE", "ROUNDS"]
 
 #: What an in-place variant's key adds to its name (``ring (in-place)``): its times and verdicts in one run.
 IN_PLACE = " (in-place)"
+
+#: The interleaved rounds of one measurement: every variant in turn, ``iters / ROUNDS`` calls each, ROUNDS times.
+ROUNDS = 5
 
 
 # ---------------------------------------------------------------- pingpong
 
 
-def _time_each(fn: Callable[[], Any], calls: int, stats: list[float]) -> None:
-    """Run *fn* *calls* times, timing each call; add to *stats* = [total s, min s, max s, calls]."""
+def _time_each(fn: Callable[[], Any], calls: int, stats: list[float]) -> float:
+    """Run *fn* *calls* times, timing each call; update *stats* = [min s, max s, calls]; return the total seconds."""
     clock = time.perf_counter
+    total = 0.0
     for _ in range(calls):
         start = clock()
         fn()
         took = clock() - start
-        stats[0] += took
-        stats[1] = min(stats[1], took)
-        stats[2] = max(stats[2], took)
-        stats[3] += 1
+        total += took
+        stats[0] = min(stats[0], took)
+        stats[1] = max(stats[1], took)
+        stats[2] += 1
+    return total
 
 
 def pingpong_rows(args: argparse.Namespace) -> list[dict]:
     """Ranks 0 and 1, per size: osu_latency (a round trip per iteration, half of it reported) and osu_bw.
 
-    Latency: Avg over iterations, Min and Max of single round trips, halved
-    (one way). Bandwidth (osu_bw): rank 0 starts a window of ``--window``
-    non-blocking sends, rank 1 as many receives, then rank 1 answers with a
-    one-byte acknowledgement; MB/s = size · window · windows / time / 10⁶.
-    Native MPI (Send/Recv, Isend/Irecv) and mpicomm (send_array/recv_array,
-    isend_array/irecv_array) run interleaved in rounds, after their warm-up.
-    Rank 0's numbers go to every rank.
+    Latency: the mean round trip of a measurement, halved (one way; with
+    ``--repeat N`` the median of N measurements' means); Min and Max of single
+    round trips, halved. Bandwidth (osu_bw): rank 0 starts a window of
+    ``--window`` non-blocking sends, rank 1 as many receives, then rank 1
+    answers with a one-byte acknowledgement; MB/s = size · window · windows /
+    time / 10⁶ (the median over the repeats). Native MPI (Send/Recv,
+    Isend/Irecv) and mpicomm (send_array/recv_array, isend_array/irecv_array)
+    take turns in :data:`ROUNDS` rounds per measurement, after their warm-up. Iteration and warm-up counts
+    default to OSU's (:func:`~mpicomm.bench.metrics.latency_iterations`,
+    :func:`~mpicomm.bench.metrics.bandwidth_iterations`). Rank 0's numbers go
+    to every rank. Needs at least 2 ranks (ValueError otherwise); ranks beyond
+    the first two wait.
     """
     from mpi4py import MPI
 
@@ -98,21 +115,22 @@ def pingpong_rows(args: argparse.Namespace) -> list[dict]:
 
     comm = mpicomm.Comm()
     if comm.size < 2:
-        raise SystemExit("pingpong needs 2 ranks: mpiexec -n 2 python -m mpicomm.bench pingpong")
+        raise ValueError(f"pingpong needs at least 2 ranks, got {comm.size}: "
+                         "mpiexec -n 2 python -m mpicomm.bench pingpong")
     xp = array_module(getattr(args, "backend", "numpy"))
     if xp is not np:
         comm.bind_device()
     rank = comm.rank
     peer = 1 - rank if rank < 2 else -1  # ranks beyond the first two only wait
     window = getattr(args, "window", WINDOW)
-    progress = Progress(len(args.sizes), "pingpong", show=rank == 0 and args.progress)
+    progress = Progress(len(args.sizes), "pingpong", show=rank == 0 and not args.quiet)
     ack = np.zeros(1, np.uint8)  # host memory whatever the backend (OSU acknowledges from its buffers: 4 bytes)
     rows = []
     for size in args.sizes:
-        iters = _iterations(size, args.iters)
+        iters = latency_iterations(size, args.iters)
         warm = warmup_iterations(size, iters, args.warmup)
         windows = bandwidth_iterations(size, args.iters)
-        warm_windows = args.warmup if args.warmup is not None else max(1, windows // 10)  # osu_bw: 10 of 100
+        warm_windows = bandwidth_warmup(size, windows, args.warmup)
         x = xp.zeros(size, xp.uint8)
         y = xp.zeros(size, xp.uint8)
 
@@ -136,35 +154,46 @@ def pingpong_rows(args: argparse.Namespace) -> list[dict]:
             "mpicomm": burst(comm.isend_array, comm.irecv_array, mpicomm.Request.Waitall, comm.send_array,
                              comm.recv_array, x, y),
         }
-        rounds = max(1, min(args.rounds, iters))
-        bw_rounds = max(1, min(args.rounds, windows))
-        lat = {name: [0.0, math.inf, 0.0, 0] for name in latency}
-        bw = {name: [0.0, math.inf, 0.0, 0] for name in bandwidth}
+        rounds, bw_rounds = min(ROUNDS, iters), min(ROUNDS, windows)
+        per, bw_per = iters // rounds, windows // bw_rounds
+        lat = {name: [math.inf, 0.0, 0] for name in latency}  # [min s, max s, calls] of single round trips
+        lat_means: dict[str, list[float]] = {name: [] for name in latency}  # s per round trip, one per measurement
+        rates: dict[str, list[float]] = {name: [] for name in bandwidth}  # MB/s, one per measurement
         if rank < 2:
             for fn in latency.values():
                 for _ in range(warm):
                     fn()
-            for _ in range(rounds):
-                for name, fn in latency.items():
-                    _time_each(fn, max(1, iters // rounds), lat[name])
+            for _ in range(args.repeat):
+                took = dict.fromkeys(latency, 0.0)
+                for _ in range(rounds):
+                    for name, fn in latency.items():
+                        took[name] += _time_each(fn, per, lat[name])
+                for name in latency:
+                    lat_means[name].append(took[name] / (per * rounds))
             for fn in bandwidth.values():
                 for _ in range(warm_windows):
                     fn()
-            for _ in range(bw_rounds):
-                for name, fn in bandwidth.items():
-                    _time_each(fn, max(1, windows // bw_rounds), bw[name])
+            unused = [math.inf, 0.0, 0]
+            for _ in range(args.repeat):
+                took = dict.fromkeys(bandwidth, 0.0)
+                for _ in range(bw_rounds):
+                    for name, fn in bandwidth.items():
+                        took[name] += _time_each(fn, bw_per, unused)
+                for name in bandwidth:
+                    rates[name].append(size * window * bw_per * bw_rounds / took[name] / 1e6)
         row: dict[str, Any] = {"size": size}
         if rank == 0:
-            for name, (total, low, high, calls) in lat.items():  # one way: half a round trip, in µs
-                row.update({f"{name}_us": total / calls / 2 * 1e6, f"{name}_min_us": low / 2 * 1e6,
-                            f"{name}_max_us": high / 2 * 1e6})
+            for name, (low, high, _) in lat.items():  # one way: half a round trip, in µs
+                row.update({f"{name}_us": statistics.median(lat_means[name]) / 2 * 1e6,
+                            f"{name}_min_us": low / 2 * 1e6, f"{name}_max_us": high / 2 * 1e6})
             row["ratio"] = row["mpicomm_us"] / row["native_us"]
-            row["iterations"] = lat["native"][3]
+            row["iterations"] = per * rounds  # per measurement
             row["warmup"] = warm
-            for name, (total, _, _, calls) in bw.items():
-                row[f"{name}_MBps"] = size * window * calls / total / 1e6
+            row["repeat"] = args.repeat
+            for name in bandwidth:
+                row[f"{name}_MBps"] = statistics.median(rates[name])
             row["bw_ratio"] = row["mpicomm_MBps"] / row["native_MBps"]
-            row.update({"windows": bw["native"][3], "window": window, "warmup_windows": warm_windows})
+            row.update({"windows": bw_per * bw_rounds, "window": window, "warmup_windows": warm_windows})
         rows.append(comm.bcast(row, root=0))
         progress.step(f"{size} B: latency native {format_time(row['native_us'] * 1e-6)}, mpicomm "
                       f"{format_time(row['mpicomm_us'] * 1e-6)}; bandwidth native {row['native_MBps']:.1f} MB/s, "
@@ -283,8 +312,9 @@ def _persistent(spec: Collective, comm: Any, send: Any, recv: Any, op: str = "su
     return run, request
 
 
-def _auto_choice(comm: Any, spec: Collective, positional: tuple, op: str = "sum") -> tuple[str, str]:
-    """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for this call.
+def auto_choice(comm: Any, spec: Collective, positional: tuple, op: str = "sum") -> tuple[str, str]:
+    """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for ``comm.<Method>(*positional)``
+    of *spec*, op *op*, root 0 (*comm* an ``mpicomm.Comm``; not collective).
 
     Asks the dispatcher, from the call's arguments read as it reads them, so
     the answer uses the same facts (size, layout, fitted machine) as the call.
@@ -316,8 +346,9 @@ def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any
 
 def _rounds(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any],
             warmup: int | None = None) -> dict[str, list[float]]:
-    """Each variant's µs per call in each of *rounds* rounds on this rank, after *warmup* untimed calls each
-    (default: a tenth of *iters*, at least one); all variants in each round, keyed by :attr:`_Variant.key`.
+    """Each variant's mean µs per call in each of *rounds* interleaved rounds on this rank (*iters* / *rounds*
+    calls each), after *warmup* untimed calls each (default: a tenth of *iters*, at least one); all variants in
+    each round, keyed by :attr:`_Variant.key`.
 
     Each call, warm-up or timed, is followed by an untimed barrier (OSU). Data
     that grows in place (a sum repeated in place) may overflow: NumPy's
@@ -344,10 +375,17 @@ def _rounds(variants: list[_Variant], iters: int, rounds: int, barrier: Callable
     return times
 
 
-def _measure(variants: list[_Variant], iters: int, rounds: int, barrier: Callable[[], Any],
+def _measure(variants: list[_Variant], iters: int, repeats: int, barrier: Callable[[], Any],
              warmup: int | None = None) -> dict[str, float]:
-    """Each variant's mean µs per call on this rank over :func:`_rounds` (every round has as many calls)."""
-    return {key: sum(times) / len(times) for key, times in _rounds(variants, iters, rounds, barrier, warmup).items()}
+    """Each variant's µs per call on this rank: *repeats* measurements of *iters* calls each (the variants taking
+    turns in :data:`ROUNDS` rounds, :func:`_rounds`; *warmup* untimed calls before the first), the median of
+    their means."""
+    means: dict[str, list[float]] = {v.key: [] for v in variants}
+    for index in range(repeats):
+        measured = _rounds(variants, iters, min(ROUNDS, iters), barrier, warmup if index == 0 else 0)
+        for key, times in measured.items():
+            means[key].append(sum(times) / len(times))  # every round has as many calls: the mean of all
+    return {key: statistics.median(values) for key, values in means.items()}
 
 
 def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int,
@@ -413,9 +451,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     if xp is not np:
         comm.bind_device()
     names, notes = _resolve(spec, args.algorithms, comm)
-    if args.pool and "shm" not in names:
-        notes.append(f"--pool: {spec.name} has no usable 'shm' algorithm here; no shm+pool row")
-    use_pool = bool(args.pool and "shm" in names)
+    pool_wanted = getattr(args, "pool", False)
+    if pool_wanted and "shm" not in names:
+        notes.append(f"--pool: {spec.name}'s 'shm' algorithm cannot run on this layout; no shm+pool row")
+    use_pool = bool(pool_wanted and "shm" in names)
     in_place = bool(getattr(args, "inplace", False))
     if in_place and not spec.in_place:
         notes.append(f"--inplace: {spec.name} has no MPI.IN_PLACE form ("
@@ -439,7 +478,6 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     for index, size in enumerate(sizes):
         unit, nsend, nrecv, nbytes = layout(spec.name, size, p, item)
         iters = _iterations(nbytes, args.iters)
-        rounds = max(1, min(args.rounds, iters))
         warm = warmup_iterations(nbytes, iters, getattr(args, "warmup", None))
         out = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=False)
         send, recv = out.input, out.result
@@ -464,10 +502,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
                       for n in names]
         chosen = {}
         if "auto" in names:
-            chosen["auto"] = _auto_choice(comm, spec, out.args, op)
+            chosen["auto"] = auto_choice(comm, spec, out.args, op)
             if in_place:
-                chosen["auto" + IN_PLACE] = _auto_choice(comm, spec, buf.args, op)
-        mine = _measure(variants + inner, iters, rounds, world.Barrier, warm)
+                chosen["auto" + IN_PLACE] = auto_choice(comm, spec, buf.args, op)
+        mine = _measure(variants + inner, iters, args.repeat, world.Barrier, warm)
         every = world.gather(mine, root=0)
         verdicts: dict[str, str | None] = {}
         wrongs: dict[str, int] = {}
@@ -486,8 +524,8 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
                     counts.update({v.key: found.get(v.name, 0) for v in group})
             for key in keys:
                 if problems[key] is not None:
-                    print(f"validation failed: {spec.name} algorithm {key} size {nbytes} B rank {rank}: "
-                          f"{problems[key]}", file=sys.stderr, flush=True)
+                    print(error_line("python -m mpicomm.bench", f"validation failed: {spec.name} algorithm {key} "
+                                     f"size {nbytes} B: {problems[key]}", rank, p), file=sys.stderr, flush=True)
             flags = np.array([problems[key] is not None for key in keys], np.int32)
             world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
             verdicts = {key: "Fail" if flag else "Pass" for key, flag in zip(keys, flags)}
@@ -497,10 +535,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             failed = failed or bool(flags.any())
         if rank == 0:
             assert every is not None  # (rank 0: the gather's root)
-            here = _size_rows(spec, every, variants, unit, nbytes, p, rounds, iters, chosen.get("auto"), verdicts,
-                              machine, item)
+            here = _size_rows(spec, every, variants, unit, nbytes, p, iters, chosen.get("auto"), verdicts, machine,
+                              item)
             facts = {"type": type_name(spec.name, dtype), "redop": redop_name(spec.name, op),
-                     "root": root_of(spec.name), "warmup": warm}
+                     "root": root_of(spec.name), "warmup": warm, "repeat": args.repeat}
             for row in here:
                 row.update(facts)
                 row["wrong"] = wrongs.get(row["name"]) if args.validate else None
@@ -556,10 +594,11 @@ def _requested(spec: Collective, requested: str) -> list[str]:
 
 
 def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
-               rounds: int, iters: int, chosen: tuple[str, str] | None, verdicts: dict,
-               machine: Any, item: int = 8) -> list[dict]:
-    """The rows of one size on rank 0, from every rank's mean µs per variant (out of place)."""
-    per = max(1, iters // rounds)
+               iters: int, chosen: tuple[str, str] | None, verdicts: dict, machine: Any,
+               item: int = 8) -> list[dict]:
+    """The rows of one size on rank 0, from every rank's µs per call per variant (out of place)."""
+    rounds = min(ROUNDS, iters)
+    per = iters // rounds
     native = sum(r["native"] for r in every) / len(every)
     out = []
     for v in variants:
@@ -638,7 +677,7 @@ def _overhead(spec: Collective, rows: list[dict], world: Any, comm: Any, p: int)
         send, recv = rank_values(nsend, rank, p), np.zeros(nrecv)
         variants = [_Variant("native", None, send, recv, _bound(spec, world, send, recv, None)),
                     _Variant("auto", "auto", send, recv, _bound(spec, comm, send, recv, "auto"))]
-        every = world.gather(_measure(variants, 1000, 5, world.Barrier), root=0)
+        every = world.gather(_measure(variants, 1000, 1, world.Barrier), root=0)
         if rank != 0:
             return None
         auto, native = (sum(r[name] for r in every) / p for name in ("auto", "native"))
@@ -672,8 +711,9 @@ def time_algorithms(comm: Any, spec: Collective, names: Sequence[str], sizes: Se
     rounds them; sizes that round alike are measured once). Every algorithm
     runs in each of *rounds* interleaved rounds (:func:`_rounds`); an
     algorithm's time is the mean over ranks of each rank's **median** round, so
-    one noisy round does not decide. *iters(nbytes)* gives the calls per size
-    (default :func:`~mpicomm.bench.metrics.iterations`, OSU's).
+    one noisy round does not decide. *iters(nbytes)* gives the calls of each
+    algorithm per size, spread over the rounds (``iters / rounds`` a round;
+    default :func:`~mpicomm.bench.metrics.iterations`, OSU's).
 
     Returns, on every rank, one dict per size: ``size`` (the Size column),
     ``bytes`` (the selection size the dispatcher compares, see
@@ -695,7 +735,7 @@ def time_algorithms(comm: Any, spec: Collective, names: Sequence[str], sizes: Se
         if spec.name == "bcast":
             recv[...] = send
         variants = [_Variant(_label(n), n, send, recv, _bound(spec, comm, send, recv, n)) for n in names]
-        chosen = _auto_choice(comm, spec, _arguments(spec, send, recv)[0]) if "auto" in names else None
+        chosen = auto_choice(comm, spec, _arguments(spec, send, recv)[0]) if "auto" in names else None
         mine = {name: statistics.median(t) for name, t in _rounds(variants, calls, turns, plain.Barrier).items()}
         every = plain.allgather(mine)
         times = {n: sum(r[_label(n)] for r in every) / p for n in names}

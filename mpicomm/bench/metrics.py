@@ -16,8 +16,9 @@ import numpy as np
 from ..cli import sizes_arg
 
 __all__ = [
-    "parse_sizes", "iterations", "warmup_iterations", "bandwidth_iterations", "WINDOW", "Collective", "COLLECTIVES",
-    "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
+    "parse_sizes", "iterations", "latency_iterations", "warmup_iterations", "bandwidth_iterations",
+    "bandwidth_warmup", "OSU_COLLECTIVE", "OSU_LATENCY", "OSU_SKIP", "OSU_BANDWIDTH", "OSU_BANDWIDTH_SKIP", "WINDOW",
+    "Collective", "COLLECTIVES", "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
     "type_name", "redop_name", "root_of", "mpi_type_name",
 ]
 
@@ -37,30 +38,59 @@ def parse_sizes(text: str) -> list[int]:
 #: OSU's boundary between small and large messages: its iteration and warm-up counts change above it.
 LARGE = 8192
 
+#: OSU micro-benchmarks' default loop counts, ``(up to LARGE, above it)``: timed iterations and skipped
+#: (untimed) ones. Collectives (osu_allreduce, osu_bcast, ...): 1,000 and 100 timed, 100 and 10 skipped;
+#: osu_latency: 10,000 and 1,000 timed, 100 and 10 skipped; osu_bw: 100 and 20 windows, 10 and 2 skipped.
+OSU_COLLECTIVE = (1000, 100)
+OSU_LATENCY = (10_000, 1000)
+OSU_SKIP = (100, 10)
+OSU_BANDWIDTH = (100, 20)
+OSU_BANDWIDTH_SKIP = (10, 2)
+
+
+def _osu(size: int, counts: tuple[int, int]) -> int:
+    return counts[0] if size <= LARGE else counts[1]
+
 
 def _iterations(size: int, requested: int | None) -> int:
-    return requested if requested else (1000 if size <= LARGE else 100)  # OSU's defaults
+    return requested if requested else _osu(size, OSU_COLLECTIVE)
 
 
-#: The public name of the iteration rule (the measuring loops and tune use it).
+#: The public name of the iteration rule (the measuring loops and tune use it): *requested* (``--iters``), else
+#: OSU's collective benchmarks' 1,000 up to 8 KiB and 100 above.
 iterations = _iterations
 
 
-def warmup_iterations(size: int, iters: int, requested: int | None = None) -> int:
-    """Untimed calls before a size's timed ones: *requested* (``--warmup``), else OSU's proportion.
+def latency_iterations(size: int, requested: int | None) -> int:
+    """Round trips per size of the ping-pong latency test: *requested*, else osu_latency's (10,000 up to 8 KiB,
+    1,000 above)."""
+    return requested if requested else _osu(size, OSU_LATENCY)
 
-    OSU skips 200 of 1000 iterations up to 8 KiB and 10 of 100 above; the
-    default keeps that proportion for any *iters* (one fifth, one tenth, at
-    least one), so it is exactly OSU's at the default iteration counts.
+
+def warmup_iterations(size: int, iters: int, requested: int | None = None) -> int:
+    """Untimed calls before a size's timed ones: *requested* (``--warmup``), else OSU's skip count.
+
+    OSU skips 100 iterations up to 8 KiB and 10 above, in its collective
+    benchmarks and in osu_latency alike; the default is that, but never more
+    than the *iters* timed ones (a short run with ``--iters 4`` warms up 4
+    times, not 100).
     """
     if requested is not None:
         return requested
-    return max(1, iters // 5 if size <= LARGE else iters // 10)
+    return min(_osu(size, OSU_SKIP), iters)
 
 
 def bandwidth_iterations(size: int, requested: int | None) -> int:
     """Windows per size of the ping-pong bandwidth test: *requested*, else osu_bw's (100 up to 8 KiB, 20 above)."""
-    return requested if requested else (100 if size <= LARGE else 20)
+    return requested if requested else _osu(size, OSU_BANDWIDTH)
+
+
+def bandwidth_warmup(size: int, windows: int, requested: int | None = None) -> int:
+    """Untimed windows before the bandwidth test's timed ones: *requested*, else osu_bw's skip (10 up to 8 KiB,
+    2 above), never more than *windows*."""
+    if requested is not None:
+        return requested
+    return min(_osu(size, OSU_BANDWIDTH_SKIP), windows)
 
 
 #: osu_bw's window: non-blocking sends in flight before the receiver's acknowledgement.

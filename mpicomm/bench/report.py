@@ -1,8 +1,9 @@
 """What a benchmark shows: the Markdown table (or OSU's text), the notes around it, and the
 ``--out``/``--json``/``--plot`` files.
 
-Everything here runs on rank 0 after the measuring is done (and
-:func:`markdown_table` anywhere: ``jobs/collect.py`` builds its tables with it).
+Everything here runs on rank 0 after the measuring is done; the tables are
+:func:`mpicomm.cli.markdown_table`'s, as every command's (re-exported here for
+the callers that import it from :mod:`mpicomm.bench`).
 
 The collective table has OSU's columns (Size, Avg/Min/Max Latency, Iterations)
 and nccl-tests' (count, type, redop, root, algbw, busbw, #wrong; with
@@ -22,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import cli
-from ..cli import US
-from .measure import CollectiveRun
+from ..cli import US, markdown_table
+from .measure import ROUNDS, CollectiveRun
 from .metrics import _ALL_FACTOR, COLLECTIVES, Collective, mpi_type_name
 from .osu import collective_tables, pingpong_tables
 from .plot import plot_collective
 
-__all__ = ["Report", "markdown_table", "pingpong_report", "collective_report", "finish"]
+__all__ = ["Report", "markdown_table", "pingpong_report", "collective_report", "finish", "settings"]
 
 
 @dataclass
@@ -45,18 +46,6 @@ class Report:
     code: int = 0
     osu: list[str] = field(default_factory=list)  # the same results in OSU's layout (--format osu)
 
-
-
-def markdown_table(header: list[str], cells: list[list[str]]) -> str:
-    """A Markdown table, columns padded to line up; the first column left-aligned, the rest right-aligned."""
-    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(header)]
-
-    def line(values: list[str]) -> str:
-        return "| " + " | ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                                 for i, (v, w) in enumerate(zip(values, widths))) + " |"
-
-    rule = "|" + "|".join(":" + "-" * (w + 1) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule, *(line(row) for row in cells)])
 
 
 def _machine() -> str:
@@ -77,10 +66,14 @@ def _command(argv: list[str]) -> str:
     return cli.command_line(f"mpiexec -n {MPI.COMM_WORLD.Get_size()} python -m mpicomm.bench", argv)
 
 
-def _settings() -> str:
-    """The ``MPICOMM_*`` variables in effect (they change what is measured), or "" (the cache folder is not named:
-    it is a path of this machine)."""
-    found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("MPICOMM_") and k != "MPICOMM_CACHE_DIR")
+def settings() -> str:
+    """The ``MPICOMM_*`` and MPICH ``MPIR_CVAR_*`` variables in effect (they change what is measured), or "".
+
+    Not named: the cache folder (a path of this machine) and ``MPICOMM_TORCH_SET`` (the mark
+    :mod:`mpicomm.torch` leaves on the variables it set itself).
+    """
+    found = sorted(f"{k}={v}" for k, v in os.environ.items()
+                   if k.startswith(("MPICOMM_", "MPIR_CVAR_")) and k not in ("MPICOMM_CACHE_DIR", "MPICOMM_TORCH_SET"))
     return " ".join(found)
 
 
@@ -99,12 +92,12 @@ def pingpong_report(args: argparse.Namespace, rows: list[dict]) -> Report:
               _format(r["native_MBps"]), _format(r["mpicomm_MBps"]), _format(r["bw_ratio"]),
               str(r["iterations"]), str(r["windows"])] for r in rows]
     window = rows[0]["window"] if rows else 0
-    method = (f"Latency (osu_latency): one way, half a round trip; Avg over iterations, Min and Max of single round "
-              f"trips (halved); ratio = mpicomm Avg / native Avg. Bandwidth (osu_bw): windows of {window} "
-              f"non-blocking sends answered by a one-byte acknowledgement, MB/s = 10^6 B/s; bw ratio = mpicomm / "
-              f"native. Native (Send/Recv, Isend/Irecv) and mpicomm (send_array/recv_array, "
-              f"isend_array/irecv_array) interleaved in {args.rounds} rounds per size, after "
-              f"{_warmup_text(args)}; {_backend_text(args)}.")
+    method = (f"Latency (osu_latency): one way, half a round trip; Avg is {_repeat_text(args)} (a round trip's), "
+              f"Min and Max of single round trips (halved); ratio = mpicomm Avg / native Avg. Bandwidth (osu_bw): "
+              f"windows of {window} non-blocking sends answered by a one-byte acknowledgement, MB/s = 10^6 B/s; bw "
+              f"ratio = mpicomm / native. Native (Send/Recv, Isend/Irecv) and mpicomm (send_array/recv_array, "
+              f"isend_array/irecv_array) take turns in {_rounds_text(args)} per size, after {_warmup_text(args, 'pingpong')}; "
+              f"{_iterations_text(args, 'pingpong')}; {_backend_text(args)}.")
     report = Report("pingpong", header, cells, method=method, rows=rows,
                     extra={"p": _world_size(), "window": window})
     report.osu = pingpong_tables(rows, getattr(args, "backend", "numpy"))
@@ -117,10 +110,36 @@ def _world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
-def _warmup_text(args: argparse.Namespace) -> str:
+def _warmup_text(args: argparse.Namespace, benchmark: str = "") -> str:
     if getattr(args, "warmup", None) is not None:
         return f"{args.warmup} untimed warm-up calls per variant"
-    return "untimed warm-up calls per variant (OSU's: a fifth of the iterations up to 8 KiB, a tenth above)"
+    if benchmark == "pingpong":
+        return ("untimed warm-up calls per variant (OSU's: 100 round trips up to 8 KiB and 10 above, 10 and 2 "
+                "windows, never more than the timed ones)")
+    return "untimed warm-up calls per variant (OSU's: 100 up to 8 KiB and 10 above, never more than the timed ones)"
+
+
+def _iterations_text(args: argparse.Namespace, benchmark: str = "") -> str:
+    """Where the Iterations column's counts come from."""
+    if getattr(args, "iters", None) is not None:
+        return f"{args.iters} timed calls per variant and size (--iters)"
+    if benchmark == "pingpong":
+        return ("osu_latency's timed round trips per size (10000 up to 8 KiB, 1000 above) and osu_bw's windows "
+                "(100 and 20)")
+    return "OSU's timed calls per variant and size (1000 up to 8 KiB, 100 above)"
+
+
+def _rounds_text(args: argparse.Namespace) -> str:
+    """How many interleaved rounds a measurement has: ROUNDS, or --iters where that is fewer."""
+    iters: int | None = getattr(args, "iters", None)
+    rounds = min(ROUNDS, iters) if iters else ROUNDS
+    return "1 round" if rounds == 1 else f"{rounds} rounds"
+
+
+def _repeat_text(args: argparse.Namespace) -> str:
+    """What a row's time is: one measurement's mean, or the median of --repeat measurements' means."""
+    repeat: int = getattr(args, "repeat", 1)
+    return "its mean per call" if repeat == 1 else f"the median of {repeat} measurements' means per call"
 
 
 def _backend_text(args: argparse.Namespace) -> str:
@@ -190,9 +209,9 @@ def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes
               "empty where a row has no in-place form)." if in_place else "")
     method = (
         f"{data}{columns}Each iteration times one call, then an untimed barrier, after "
-        f"{_warmup_text(args)}; a rank's latency is its mean per call; Avg is the mean over ranks, Min/Max over "
-        f"ranks. native (mpi4py on MPI.COMM_WORLD) and every algorithm run interleaved in {args.rounds} rounds per "
-        f"size; {_backend_text(args)}. {bandwidth}"
+        f"{_warmup_text(args)}; {_iterations_text(args)}. native (mpi4py on MPI.COMM_WORLD) and every algorithm "
+        f"take turns in {_rounds_text(args)} per size; a rank's latency is {_repeat_text(args)}; Avg is the mean over ranks, "
+        f"Min/Max over ranks; {_backend_text(args)}. {bandwidth}"
         f"{model_label}: mpicomm.model's prediction ({'fitted machine' if machine is not None else 'nominal machine'}"
         f"); vs native = Avg / native Avg.{places}"
         + (" Validation: each algorithm's result on fresh data equals native MPI's (#wrong: elements that differ, "
@@ -228,11 +247,11 @@ def _bandwidth_text(spec: Collective) -> str:
 
 def _write_markdown(args: argparse.Namespace, report: Report, command: str, machine: str,
                     plot: str | None) -> None:
-    settings = _settings()
+    variables = settings()
     lines = [f"# {report.title}" if args.benchmark == "pingpong" else f"## {report.title}", "",
              f"Command: `{command}`", "", f"Machine: {machine}", ""]
-    if settings:
-        lines += [f"Settings: `{settings}`", ""]
+    if variables:
+        lines += [f"Settings: `{variables}`", ""]
     if report.method:
         lines += [report.method, ""]
     lines.append(markdown_table(report.header, report.cells))
@@ -265,7 +284,7 @@ def finish(args: argparse.Namespace, argv: list[str], report: Report) -> None:
     if args.out:
         _write_markdown(args, report, command, machine, plotted)
     if getattr(args, "json", None):
-        cli.write_json(args.json, command, report.rows, benchmark=args.benchmark, settings=_settings(),
-                       sizes_requested=args.sizes, iters=args.iters, rounds=args.rounds, warmup=args.warmup,
+        cli.write_json(args.json, command, report.rows, benchmark=args.benchmark, settings=settings(),
+                       sizes_requested=args.sizes, iters=args.iters, repeat=args.repeat, warmup=args.warmup,
                        backend=getattr(args, "backend", "numpy"), method=report.method, **report.extra,
                        rows=report.rows)

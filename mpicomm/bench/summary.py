@@ -68,11 +68,11 @@ def _load(paths: Iterable[str]) -> dict[int, list[dict]]:
             with open(path) as f:
                 document = json.load(f)
         except (OSError, ValueError) as exc:
-            raise SystemExit(f"{path}: not a benchmark JSON file ({exc}); write one with "
+            raise ValueError(f"{path}: not a benchmark JSON file ({exc}); write one with "
                              f"mpiexec -n N python -m mpicomm.bench COLLECTIVE --json {path}") from None
         rows = document.get("results", document.get("rows")) if isinstance(document, dict) else None
         if not isinstance(rows, list) or document.get("schema", SCHEMA) != SCHEMA or "p" not in document:
-            raise SystemExit(f"{path}: has no rows or p; is it from python -m mpicomm.bench --json?")
+            raise ValueError(f"{path}: has no rows or p; is it from python -m mpicomm.bench --json?")
         for row in rows:
             by_p[int(document["p"])].append(row)
     return by_p
@@ -161,7 +161,8 @@ def _section(p: int, rows: list[dict]) -> list[str]:
 
 
 def summarize(paths: Iterable[str]) -> str:
-    """The Markdown summary of the benchmark JSON files *paths* (see the module docstring)."""
+    """The Markdown summary of the benchmark JSON files *paths* (see the module docstring); ValueError naming a
+    file that is not one."""
     by_p = _load(paths)
     lines: list[str] = []
     for p in sorted(by_p):
@@ -170,12 +171,17 @@ def summarize(paths: Iterable[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0],
+                                     epilog="e.g. python -m mpicomm.bench.summary jobs/results/p*/bench-*.json "
+                                            "--out jobs/results/targets.md --force")
     parser.add_argument("files", nargs="+", metavar="RESULTS.json", help="files from python -m mpicomm.bench --json")
     add_out(parser, "the summary")
     args = parser.parse_args(argv)
     check_out(parser, args)
-    text = summarize(args.files)
+    try:
+        text = summarize(args.files)
+    except ValueError as exc:  # a file that is not a benchmark's: the command line named the wrong file
+        parser.error(str(exc))
     print(text)
     if args.out:
         with open(args.out, "a" if args.append else "w") as f:

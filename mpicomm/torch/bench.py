@@ -16,8 +16,10 @@ variant alike, at each size:
   the same call without PyTorch: the difference is the backend's overhead;
 * ``native`` - the MPI library's own ``MPI_Allreduce`` through mpi4py.
 
-Each variant's time is the median over ``--rounds`` rounds of the mean over
-the round's iterations; the slowest rank's time is reported (as OSU does).
+Each size's measurement times ``--iters`` calls of every variant in turn
+(after ``--warmup`` untimed calls): the slowest rank's mean per call. It runs
+``--repeat`` times (default 5), the variants interleaved repeat by repeat, and
+a variant's time is the median of its repeats.
 The table also gives mpicomm / passthrough (below 1: faster than the
 baseline) and gloo / mpicomm (above 1: faster than gloo) per size.
 The table, ``--out FILE.md`` (Markdown, never replacing a file without
@@ -38,7 +40,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import cli
-from ..bench.report import markdown_table
+from ..bench.report import settings
 from ..comm import Comm
 from ..config import describe_cpu
 
@@ -121,9 +123,11 @@ def _register_passthrough() -> None:
 
 
 def _iterations(size: int, requested: int | None) -> int:
+    """Timed calls of each variant in one measurement: *requested*, else 80 up to 8 KiB and, above it, as many
+    as 2 MiB / size, between 2 and 40."""
     if requested:
         return requested
-    return 400 if size <= 8192 else max(10, min(200, (8 << 20) // size))
+    return 80 if size <= 8192 else max(2, min(40, (2 << 20) // size))
 
 
 def _time(fn: Callable[[], object], iters: int, world: MPI.Intracomm) -> float:
@@ -136,9 +140,11 @@ def _time(fn: Callable[[], object], iters: int, world: MPI.Intracomm) -> float:
     return slowest
 
 
-def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None,
-            progress: cli.Progress, baseline: str = PASSTHROUGH) -> list[dict[str, float]]:
-    """One row per size: the median seconds of each variant, and the checks that they agree."""
+def measure(sizes: list[int], dtype: torch.dtype, repeat: int, iters: int | None,
+            progress: cli.Progress, baseline: str = PASSTHROUGH, warmup: int | None = None) -> list[dict[str, float]]:
+    """One row per size: the median seconds of each variant over *repeat* measurements of *iters* calls, the
+    variants interleaved measurement by measurement, and the checks that they agree. *warmup*: untimed calls of
+    each variant first (default: a tenth of *iters*, at least 2)."""
     world = MPI.COMM_WORLD
     gloo = dist.new_group(backend="gloo")
     passthrough = None
@@ -161,14 +167,13 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
         if passthrough is not None:
             variants["passthrough"] = lambda t=t: dist.all_reduce(t, group=passthrough)
         count = _iterations(n * itemsize, iters)
-        per_round = max(1, count // rounds)
         times: dict[str, list[float]] = {k: [] for k in variants}
         for fn in variants.values():  # warm-up: plans, scratch, connections
-            for _ in range(max(2, per_round // 10)):
+            for _ in range(max(2, count // 10) if warmup is None else warmup):
                 fn()
-        for _ in range(rounds):
+        for _ in range(repeat):
             for name, fn in variants.items():
-                times[name].append(_time(fn, per_round, world))
+                times[name].append(_time(fn, count, world))
         # correctness on data that depends on rank and index: the backend against gloo
         x = (torch.arange(n, dtype=torch.float64) % 1000 + 1000 * world.Get_rank()).to(dtype)
         y = x.clone()
@@ -179,7 +184,8 @@ def measure(sizes: list[int], dtype: torch.dtype, rounds: int, iters: int | None
             z = (torch.arange(n, dtype=torch.float64) % 1000 + 1000 * world.Get_rank()).to(dtype)
             dist.all_reduce(z, group=passthrough)
             wrong += int((z != y).sum())
-        row: dict[str, float] = {"bytes": n * itemsize, "count": n, "iterations": per_round * rounds, "wrong": wrong}
+        row: dict[str, float] = {"bytes": n * itemsize, "count": n, "iterations": count,
+                                 "repeat": repeat, "wrong": wrong}
         row.update({k: statistics.median(v) for k, v in times.items()})
         rows.append(row)
         progress.step(f"{cli.format_size(n * itemsize)}: mpicomm {cli.format_time(row['mpicomm'])}, "
@@ -214,7 +220,19 @@ def table(rows: list[dict[str, float]]) -> str:
         row += [f"{r['gloo'] / r['mpicomm']:.1f}", f"{r['Comm.Allreduce'] * 1e6:.1f}",
                 f"{(r['mpicomm'] - r['Comm.Allreduce']) * 1e6:.1f}", f"{r['native'] * 1e6:.1f}", str(r["wrong"])]
         cells.append(row)
-    return markdown_table(header, cells)
+    return cli.markdown_table(header, cells)
+
+
+def _method(args: argparse.Namespace) -> str:
+    """How the table was measured, in words (for --out and --json)."""
+    calls = f"{args.iters} calls" if args.iters else "80 calls up to 8 KiB, 2 MiB / size (2 to 40) above"
+    warm = args.warmup if args.warmup is not None else "a tenth as many (at least 2)"
+    return (f"A measurement times {calls} of each variant, the slowest rank's mean per call; every size is "
+            f"measured {args.repeat} times, the variants taking turns measurement by measurement, after {warm} "
+            "untimed calls; a time is the median of the measurements. gloo / mpicomm above 1: the "
+            "mpicomm backend is faster; backend overhead = mpicomm - Comm.Allreduce; #wrong: elements of the "
+            "backend's (and the pass-through's) result that differ from gloo's on rank- and index-dependent data (rank "
+            "0's count; a difference on any rank makes the exit status 1).")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -224,13 +242,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", type=cli.sizes_arg, default=cli.parse_sizes("8:16M"),
                         help="message sizes in bytes: LOW:HIGH (doubling) or a list (default: 8:16M)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default: 5)")
-    parser.add_argument("--iters", type=int, default=None,
-                        help="calls per variant and size over all rounds (default: 400 up to 8 KiB, fewer above)")
+    parser.add_argument("--iters", type=int, default=None, metavar="N",
+                        help="timed calls of each variant per size, in each measurement (default: 80 up to 8 KiB, "
+                             "above it 2 MiB / size, between 2 and 40)")
+    parser.add_argument("--warmup", type=int, default=None, metavar="N",
+                        help="untimed calls of each variant before each size's timed ones (default: a tenth of "
+                             "--iters, at least 2)")
+    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+                        help="run each size's measurement N times, the variants taking turns measurement by "
+                             "measurement, and report the median (default: 5)")
+    cli.renamed(parser, "--rounds", "--repeat N", "N measurements per size, interleaved, and their median")
     parser.add_argument("--baseline", choices=(PASSTHROUGH, "none"), default=PASSTHROUGH,
                         help="passthrough (the default): also time the pass-through backend over mpi4py "
                              "(PassThrough), the floor a Python backend starts from; none: leave it out")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr (shown by default)")
     cli.add_out(parser, "the table")
     cli.add_json(parser)
     return parser
@@ -240,17 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: must be >= 1")
-    if args.iters is not None and args.iters < args.rounds:
-        parser.error(f"--iters {args.iters}: must be >= --rounds ({args.rounds})")
+    cli.at_least(parser, args, 1, "--repeat", "--iters")
+    cli.at_least(parser, args, 0, "--warmup")
     cli.check_out(parser, args)
+    variables = settings()
     if not dist.is_initialized():
         dist.init_process_group("mpicomm")
     world = MPI.COMM_WORLD
     rank, p = world.Get_rank(), world.Get_size()
     progress = cli.Progress(len(args.sizes), "torch.bench", show=rank == 0 and not args.quiet)
-    rows = measure(args.sizes, DTYPES[args.dtype], args.rounds, args.iters, progress, args.baseline)
+    rows = measure(args.sizes, DTYPES[args.dtype], args.repeat, args.iters, progress, args.baseline, args.warmup)
     code = 1 if any(r["wrong"] for r in rows) else 0
     if rank == 0:
         command = f"mpiexec -n {p} {cli.command_line(PROG, argv)}"
@@ -259,12 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         title = f"dist.all_reduce, {args.dtype}, {p} ranks: mpicomm backend against {against} (torch {torch.__version__})"
         print(f"# {title}\n{text}")
         if args.out:
-            body = [f"## {title}", "", f"Command: `{command}`", "", f"Machine: {describe_cpu()}, {MPI.Get_library_version().splitlines()[0].strip()}",
-                    "", text, ""]
+            library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+            body = [f"## {title}", "", f"Command: `{command}`", "", f"Machine: {describe_cpu()}, {library}", ""]
+            if variables:
+                body += [f"Settings: `{variables}`", ""]
+            body += [_method(args), "", text, ""]
             with open(args.out, "a" if args.append else "w") as f:
                 f.write("\n".join(body) + "\n")
         if args.json:
-            cli.write_json(args.json, command, rows, ranks=p, dtype=args.dtype, torch=torch.__version__)
+            cli.write_json(args.json, command, rows, ranks=p, dtype=args.dtype, torch=torch.__version__,
+                           iters=args.iters, warmup=args.warmup, repeat=args.repeat, method=_method(args),
+                           settings=variables)
     dist.destroy_process_group()
     worst: int = world.allreduce(code, op=MPI.MAX)
     return worst
