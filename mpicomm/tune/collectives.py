@@ -51,8 +51,10 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
                         rounds: int = 5, show: bool = True) -> tuple[rules.Rules, list[str]]:
     """Time every usable algorithm of each of *collectives* (``python -m mpicomm.bench`` names) at *sizes* and
     write the fastest per size as rules (:func:`mpicomm.rules.decide`, host buffers); COLLECTIVE over *comm* (an
-    ``mpicomm.Comm``). Returns the rules of this layout, with the measurements (the same on every rank), and
-    lines of text describing what was measured (on rank 0; empty elsewhere)."""
+    ``mpicomm.Comm``). *iters*: timed calls of each algorithm per size in each of the *rounds* interleaved
+    measurements (default: :func:`collective_iterations` in all, spread over the rounds). Returns the rules of
+    this layout, with the measurements (the same on every rank), and lines of text describing what was
+    measured (on rank 0; empty elsewhere)."""
     from mpi4py import MPI
 
     from ..bench import measure as bench_measure
@@ -72,7 +74,7 @@ def measure_collectives(comm: Any, collectives: Sequence[str], sizes: Sequence[i
         names, notes = bench_measure.usable_algorithms(spec, comm)
         progress.note(f"{name}: {', '.join(names)}" + "".join(f"; {n}" for n in notes))
         rows = bench_measure.time_algorithms(
-            comm, spec, names + ["auto"], sizes, iters=lambda n: collective_iterations(n, iters), rounds=rounds,
+            comm, spec, names + ["auto"], sizes, iters=lambda n: collective_iterations(n, iters * rounds if iters else None), rounds=rounds,
             progress=progress.note if show else None)
         points = [{"bytes": r["bytes"], "us": {n: round(t, 3) for n, t in r["us"].items() if n != "auto"}}
                   for r in rows]
