@@ -58,7 +58,7 @@ from .config import describe_cpu
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "US", "parse_size", "size_arg", "parse_sizes", "sizes_arg",
            "format_size", "format_time", "Progress", "add_json", "add_out", "add_output", "check_out", "write_out",
            "markdown_table", "add_repeat", "renamed", "at_least", "subparser", "error_line", "command_line", "versions",
-           "document", "write_json", "pyplot"]
+           "document", "write_json", "pyplot", "run_main"]
 
 #: The ``schema`` field of every ``--json`` document, and its version (raised when a field changes meaning).
 SCHEMA = "mpicomm-results"
@@ -280,6 +280,35 @@ def markdown_table(header: list[str], cells: list[list[str]]) -> str:
 
     rule = "|" + "|".join(":" + "-" * (w + 1) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule, *(line(row) for row in cells)])
+
+
+def run_main(target: str, argv: Sequence[str]) -> tuple[int, str, str]:
+    """Run a command in this process as ``python -m TARGET ARGV...`` (or ``python TARGET.py ARGV...``) runs it:
+    ``(exit status, stdout, stderr)``. An uncaught exception is status 1 with its traceback on stderr. For
+    tools that run many commands' ``--help`` without starting Python (and NumPy, mpi4py, PyTorch) for each."""
+    import contextlib
+    import io
+    import runpy
+    import traceback
+
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    saved = sys.argv[:]
+    sys.argv = [target, *argv]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                if target.endswith(".py"):
+                    runpy.run_path(target, run_name="__main__")
+                else:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:  # noqa: BLE001 - the command's failure, reported as its exit would be
+                code = 1
+                stderr.write(traceback.format_exc())
+    finally:
+        sys.argv = saved
+    return code, stdout.getvalue(), stderr.getvalue()
 
 
 def add_repeat(parser: argparse.ArgumentParser, default: int, what: str = "the whole measurement",

@@ -589,3 +589,16 @@ def test_jobs_collect_reads_documents_with_rows_under_results_or_at_the_top(tmp_
         json.dump(other, f)
     with pytest.raises(ValueError, match="schema_version"):
         collect.load([str(tmp_path)])
+
+
+@pytest.mark.serial
+def test_run_main_runs_a_command_in_this_process_and_keeps_its_exit(tmp_path):
+    argv = sys.argv[:]
+    code, out, err = cli.run_main("mpicomm.bench.summary", ["--help"])
+    assert code == 0 and "RESULTS.json" in out and sys.argv == argv
+    code, out, err = cli.run_main("mpicomm.bench.summary", ["--no-such-option"])
+    assert code == 2 and "error:" in err
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('before')\nraise RuntimeError('on purpose ' + sys.argv[1])\n")
+    code, out, err = cli.run_main(str(script), ["x"])
+    assert (code, out) == (1, "before\n") and "RuntimeError: on purpose x" in err and sys.argv == argv

@@ -107,25 +107,11 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 # ---------------------------------------------------------------- running every command in one child
 
 _CHILD = textwrap.dedent('''
-    import contextlib, io, json, os, runpy, sys, warnings
+    import json, sys, warnings
+    from mpicomm.cli import run_main
     warnings.simplefilter("ignore")
     for line in sys.stdin:
-        out = []
-        for target, argv in json.loads(line):
-            stdout, stderr, code = io.StringIO(), io.StringIO(), 0
-            sys.argv = [target, *argv]
-            try:
-                with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                    if target.endswith(".py"):
-                        runpy.run_path(target, run_name="__main__")
-                    else:
-                        runpy.run_module(target, run_name="__main__", alter_sys=True)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException as exc:
-                code = -1
-                stderr.write(f"{type(exc).__name__}: {exc}")
-            out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+        out = [dict(zip(("code", "stdout", "stderr"), run_main(target, argv))) for target, argv in json.loads(line)]
         sys.__stdout__.write("@@RESULTS " + json.dumps(out) + "\\n")
         sys.__stdout__.flush()
 ''')

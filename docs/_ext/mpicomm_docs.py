@@ -31,18 +31,14 @@ from a letter that follows it (````put``s``).
 from __future__ import annotations
 
 import configparser
-import contextlib
 import importlib
-import io
 import json
 import os
 import re
-import runpy
 import shlex
 import subprocess
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -234,29 +230,16 @@ _MARK = "\n--- mpicomm-docs help ---\n"
 
 
 def collect_help(commands: list[str]) -> dict[str, tuple[int, str]]:
-    """``COMMAND --help`` of each ``python -m MODULE [SUB]`` or ``python SCRIPT`` in this process: the module run as
-    ``__main__`` (as ``python -m`` runs it), its output captured, its exit status kept."""
+    """``COMMAND --help`` of each ``python -m MODULE [SUB]`` or ``python SCRIPT`` in this process
+    (:func:`mpicomm.cli.run_main`): its exit status and its output."""
+    from mpicomm.cli import run_main
+
     results: dict[str, tuple[int, str]] = {}
-    saved = sys.argv[:]
     for command in commands:
         argv = shlex.split(command)[1:]
-        out = io.StringIO()
-        code = 0
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            try:
-                if argv[0] == "-m":
-                    sys.argv = [argv[1], *argv[2:], "--help"]
-                    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = [*argv, "--help"]
-                    runpy.run_path(argv[0], run_name="__main__")
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except Exception:  # noqa: BLE001 - reported as the command's failure
-                code = 1
-                out.write(traceback.format_exc())
-        results[command] = (code, out.getvalue())
-    sys.argv = saved
+        target, rest = (argv[1], argv[2:]) if argv[0] == "-m" else (argv[0], argv[1:])
+        code, out, err = run_main(target, [*rest, "--help"])
+        results[command] = (code, out + err)
     return results
 
 
