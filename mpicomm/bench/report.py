@@ -25,7 +25,18 @@ from typing import Any
 from .. import cli
 from ..cli import US, markdown_table
 from .measure import ROUNDS, CollectiveRun
-from .metrics import _ALL_FACTOR, COLLECTIVES, Collective, mpi_type_name
+from .metrics import (
+    _ALL_FACTOR,
+    COLLECTIVES,
+    LARGE,
+    OSU_BANDWIDTH,
+    OSU_BANDWIDTH_SKIP,
+    OSU_COLLECTIVE,
+    OSU_LATENCY,
+    OSU_SKIP,
+    Collective,
+    mpi_type_name,
+)
 from .osu import collective_tables, pingpong_tables
 from .plot import plot_collective
 
@@ -104,6 +115,9 @@ def pingpong_report(args: argparse.Namespace, rows: list[dict]) -> Report:
     return report
 
 
+_LARGE_TEXT = cli.format_size(LARGE)
+
+
 def _world_size() -> int:
     from mpi4py import MPI
 
@@ -113,10 +127,12 @@ def _world_size() -> int:
 def _warmup_text(args: argparse.Namespace, benchmark: str = "") -> str:
     if getattr(args, "warmup", None) is not None:
         return f"{args.warmup} untimed warm-up calls per variant"
+    small, large = OSU_SKIP
     if benchmark == "pingpong":
-        return ("untimed warm-up calls per variant (OSU's: 100 round trips up to 8 KiB and 10 above, 10 and 2 "
-                "windows, never more than the timed ones)")
-    return "untimed warm-up calls per variant (OSU's: 100 up to 8 KiB and 10 above, never more than the timed ones)"
+        return (f"untimed warm-up calls per variant (OSU's: {small} round trips up to {_LARGE_TEXT} and {large} "
+                f"above, {OSU_BANDWIDTH_SKIP[0]} and {OSU_BANDWIDTH_SKIP[1]} windows, never more than the timed ones)")
+    return (f"untimed warm-up calls per variant (OSU's: {small} up to {_LARGE_TEXT} and {large} above, never more "
+            f"than the timed ones)")
 
 
 def _iterations_text(args: argparse.Namespace, benchmark: str = "") -> str:
@@ -124,9 +140,10 @@ def _iterations_text(args: argparse.Namespace, benchmark: str = "") -> str:
     if getattr(args, "iters", None) is not None:
         return f"{args.iters} timed calls per variant and size (--iters)"
     if benchmark == "pingpong":
-        return ("osu_latency's timed round trips per size (10000 up to 8 KiB, 1000 above) and osu_bw's windows "
-                "(100 and 20)")
-    return "OSU's timed calls per variant and size (1000 up to 8 KiB, 100 above)"
+        return (f"osu_latency's timed round trips per size ({OSU_LATENCY[0]} up to {_LARGE_TEXT}, {OSU_LATENCY[1]} "
+                f"above) and osu_bw's windows ({OSU_BANDWIDTH[0]} and {OSU_BANDWIDTH[1]})")
+    return (f"OSU's timed calls per variant and size ({OSU_COLLECTIVE[0]} up to {_LARGE_TEXT}, {OSU_COLLECTIVE[1]} "
+            f"above)")
 
 
 def _rounds_text(args: argparse.Namespace) -> str:
