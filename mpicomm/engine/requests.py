@@ -548,8 +548,7 @@ def _status_at(statuses: list[MPI.Status] | None, k: int) -> MPI.Status | None:
     """The status for the k-th completion reported (mpi4py grows a shorter list)."""
     if statuses is None:
         return None
-    if k >= len(statuses):
-        statuses.append(MPI.Status())
+    _grow(statuses, k + 1)
     return statuses[k]
 
 

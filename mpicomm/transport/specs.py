@@ -302,7 +302,6 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
     else:
         buf = spec
     flat, xp = _typed(buf, datatype, name)
-    counts, displs = _scalar(counts), _scalar(displs)
     if counts is None:
         counts_t = block_counts(flat.size, p, name)
     elif not _is_sequence(counts):
