@@ -19,14 +19,20 @@ The size rules (``Collective.size``):
 * ``"gathered"`` - everything gathered (all p blocks): allgather(v);
 * ``"send"`` - each rank's whole send buffer: alltoall(v);
 * ``"input"`` - the whole input of one rank: reduce_scatter(_block);
+* ``"edge"`` - one neighbour's block: the neighbourhood collectives, whose
+  ranks talk to their topology's neighbours only (a call touches d blocks,
+  d the rank's degree; their cost formulas read p as d);
 * ``"none"`` - barrier moves no data.
+
+The neighbourhood collectives (``neighbor=True``) are methods of mpi4py's
+topology communicators (``MPI.Topocomm``), not of every intracommunicator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Collective", "CATALOGUE", "COLLECTIVES", "ROOTED", "REDUCING", "VECTORED", "row", "family",
+__all__ = ["Collective", "CATALOGUE", "COLLECTIVES", "ROOTED", "REDUCING", "VECTORED", "NEIGHBORHOOD", "row", "family",
            "SIGNATURES", "SIZE_RULES"]
 
 
@@ -43,6 +49,7 @@ SIGNATURES = {
     "allgather": "(call, send, recv, counts, displs)",
     "alltoall": "(call, send, sendcounts, senddispls, recv, recvcounts, recvdispls)",
     "reduce_scatter": "(call, send, recv, counts)",
+    "neighbor": "(call, send, sendcounts, senddispls, recv, recvcounts, recvdispls, sources, destinations)",
 }
 
 #: What n means, per size rule (see the module docstring).
@@ -52,6 +59,7 @@ SIZE_RULES = {
     "gathered": "everything gathered (all p blocks)",
     "send": "each rank's whole send buffer",
     "input": "each rank's whole input",
+    "edge": "one neighbour's block (p in the cost: the rank's degree)",
     "none": "no data",
 }
 
@@ -68,6 +76,7 @@ class Collective:
     vector: bool = False  #: takes per-rank counts (gatherv, scatterv, allgatherv, alltoallv, reduce_scatter)
     size: str = "vector"  #: the size rule, a key of :data:`SIZE_RULES`
     equal_blocks: bool = True  #: every rank gives the same count (the count is part of the agreement)
+    neighbor: bool = False  #: a neighbourhood collective (a topology communicator's neighbours, not all ranks)
 
     @property
     def nonblocking(self) -> str:
@@ -85,8 +94,8 @@ class Collective:
 
     @property
     def blockwise(self) -> bool:
-        """n is one rank's block, so a call's working set is n·p."""
-        return self.size == "block"
+        """n is one rank's (or one neighbour's) block, so a call's working set is n·p (n·d)."""
+        return self.size in ("block", "edge")
 
 
 def _rows() -> tuple[Collective, ...]:
@@ -109,6 +118,12 @@ def _rows() -> tuple[Collective, ...]:
         C("reduce_scatter_block", "reduce_scatter", "Reduce_scatter_block", reducing=True, size="input"),
         C("scan", "scan", "Scan", reducing=True),
         C("exscan", "exscan", "Exscan", reducing=True),
+        C("neighbor_allgather", "neighbor", "Neighbor_allgather", size="edge", equal_blocks=False, neighbor=True),
+        C("neighbor_allgatherv", "neighbor", "Neighbor_allgatherv", vector=True, size="edge", equal_blocks=False,
+          neighbor=True),
+        C("neighbor_alltoall", "neighbor", "Neighbor_alltoall", size="edge", equal_blocks=False, neighbor=True),
+        C("neighbor_alltoallv", "neighbor", "Neighbor_alltoallv", vector=True, size="edge", equal_blocks=False,
+          neighbor=True),
     )
 
 
@@ -117,6 +132,7 @@ COLLECTIVES: tuple[str, ...] = tuple(CATALOGUE)
 ROOTED = frozenset(c.name for c in CATALOGUE.values() if c.rooted)
 REDUCING = frozenset(c.name for c in CATALOGUE.values() if c.reducing)
 VECTORED = frozenset(c.name for c in CATALOGUE.values() if c.vector)
+NEIGHBORHOOD = frozenset(c.name for c in CATALOGUE.values() if c.neighbor)
 
 
 def row(collective: str) -> Collective:

@@ -768,7 +768,71 @@ class Comm(MPI.Intracomm):
 # ---------------------------------------------------------------- the topology classes
 
 
-class CartComm(Comm, MPI.Cartcomm):
+class _Neighborhood(Comm):
+    """The neighbourhood collectives of the topology classes, on mpicomm's algorithms (``mpicomm.coll.neighbor``):
+    mpi4py's signatures plus ``algorithm=`` (``"direct"``, ``"combined"`` or ``"auto"``). Each rank exchanges
+    blocks with its topology's neighbours only (``inedges``/``outedges``, in MPI's order)."""
+
+    def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Send *sendbuf* to every out-neighbour; receive one block from each in-neighbour, in order."""
+        key = ("neighbor_allgather", id(sendbuf), id(recvbuf), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("neighbor_allgather", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+
+    def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Neighbor_allgather`."""
+        return self._collective("neighbor_allgather", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """:meth:`Neighbor_allgather` with per-neighbour receive counts and displacements."""
+        self._collective("neighbor_allgatherv", True, algorithm, sendbuf, recvbuf)
+
+    def Ineighbor_allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Neighbor_allgatherv`."""
+        return self._collective("neighbor_allgatherv", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Send block k of *sendbuf* to out-neighbour k; receive block k of *recvbuf* from in-neighbour k."""
+        key = ("neighbor_alltoall", id(sendbuf), id(recvbuf), algorithm)
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(sendbuf, recvbuf):
+            self._collective("neighbor_alltoall", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+
+    def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoall`."""
+        return self._collective("neighbor_alltoall", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """:meth:`Neighbor_alltoall` with per-neighbour counts and displacements on both sides."""
+        self._collective("neighbor_alltoallv", True, algorithm, sendbuf, recvbuf)
+
+    def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoallv`."""
+        return self._collective("neighbor_alltoallv", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_allgather_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                                algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Neighbor_allgather`."""
+        return self._persistent("neighbor_allgather", algorithm, info, sendbuf, recvbuf)
+
+    def Neighbor_allgatherv_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                                 algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Neighbor_allgatherv`."""
+        return self._persistent("neighbor_allgatherv", algorithm, info, sendbuf, recvbuf)
+
+    def Neighbor_alltoall_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                               algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Neighbor_alltoall`."""
+        return self._persistent("neighbor_alltoall", algorithm, info, sendbuf, recvbuf)
+
+    def Neighbor_alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                                algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Neighbor_alltoallv`."""
+        return self._persistent("neighbor_alltoallv", algorithm, info, sendbuf, recvbuf)
+
+
+class CartComm(_Neighborhood, MPI.Cartcomm):  # type: ignore[misc]  # (mpicomm's neighbourhood methods first, as [override] above)
     """A :class:`Comm` over a Cartesian communicator: also an ``MPI.Cartcomm`` (``Shift``, ``Get_coords``,
     ``Get_topo``, ``Get_cart_rank``, ``Sub``, the neighbour collectives...). Made by ``comm.Create_cart(...)``,
     or ``CartComm(cart)`` / ``Comm(cart)`` of an mpi4py one (collective the first time, as ``Comm``)."""
@@ -781,14 +845,14 @@ class CartComm(Comm, MPI.Cartcomm):
         return _made(CartComm, MPI.Cartcomm.Sub(self, remain_dims))
 
 
-class GraphComm(Comm, MPI.Graphcomm):
+class GraphComm(_Neighborhood, MPI.Graphcomm):  # type: ignore[misc]  # (as CartComm)
     """A :class:`Comm` over a graph communicator (``comm.Create_graph``): also an ``MPI.Graphcomm``."""
 
     _topology = MPI.GRAPH
     _kind = "GraphComm"
 
 
-class DistGraphComm(Comm, MPI.Distgraphcomm):
+class DistGraphComm(_Neighborhood, MPI.Distgraphcomm):  # type: ignore[misc]  # (as CartComm)
     """A :class:`Comm` over a distributed-graph communicator (``comm.Create_dist_graph``,
     ``comm.Create_dist_graph_adjacent``): also an ``MPI.Distgraphcomm``."""
 

@@ -11,8 +11,10 @@ from mpicomm import catalogue, registry
 def test_every_collective_has_a_row_and_mpi4py_has_its_methods():
     for name, row in catalogue.CATALOGUE.items():
         assert row.name == name
-        assert hasattr(MPI.Intracomm, row.method), row.method
-        assert hasattr(MPI.Intracomm, row.nonblocking), row.nonblocking
+        where = MPI.Topocomm if row.neighbor else MPI.Intracomm
+        assert hasattr(where, row.method), row.method
+        assert hasattr(where, row.nonblocking), row.nonblocking
+        assert hasattr(where, row.persistent), row.persistent
         assert row.size in catalogue.SIZE_RULES
         assert row.family in catalogue.SIGNATURES
     assert catalogue.row("allreduce").persistent == "Allreduce_init"
@@ -22,9 +24,14 @@ def test_every_collective_has_a_row_and_mpi4py_has_its_methods():
 def test_rows_say_the_facts_mpi_defines():
     assert {"bcast", "reduce", "gather", "gatherv", "scatter", "scatterv"} == catalogue.ROOTED
     assert {"reduce", "allreduce", "reduce_scatter", "reduce_scatter_block", "scan", "exscan"} == catalogue.REDUCING
-    assert {"gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter"} == catalogue.VECTORED
+    assert {"gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter", "neighbor_allgatherv",
+            "neighbor_alltoallv"} == catalogue.VECTORED
+    neighborhood = {"neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv"}
+    assert neighborhood == catalogue.NEIGHBORHOOD
     assert {c for c in catalogue.COLLECTIVES if catalogue.family(c) != c} == {
-        "gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter_block"}
+        "gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter_block"} | neighborhood
+    assert {catalogue.family(c) for c in neighborhood} == {"neighbor"}
+    assert all(catalogue.row(c).size == "edge" and catalogue.row(c).blockwise for c in neighborhood)
 
 
 def test_every_family_has_registered_algorithms_and_every_algorithm_a_cost():

@@ -13,8 +13,10 @@ Cartesian communicator's neighbours, so the same buffers serve every mode:
   no ghost while they are in flight (:meth:`HaloExchange.start` then
   :meth:`HaloExchange.finish`), and the boundary strips after;
 * ``neighbor`` — one persistent neighbourhood collective
-  (``MPI_Neighbor_alltoallv_init``, MPI-4; the blocking call where the library
-  lacks it) on the Cartesian communicator, for comparison.
+  (``Neighbor_alltoallv_init``) on mpicomm's view of the Cartesian
+  communicator (``mpicomm.Comm(grid.cart)``, a ``CartComm``): mpicomm's own
+  neighbourhood algorithms (``MPICOMM_NEIGHBOR_ALLTOALLV_ALGORITHM`` picks
+  one), for comparison.
 
 Device arrays: the faces are packed on the device; where MPI is CUDA-aware the
 buffers go to MPI directly after a stream synchronization, otherwise through
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+import mpicomm
 from mpicomm.transport import buffers
 
 from .grid import Box, Grid, cells
@@ -86,17 +89,11 @@ class HaloExchange:
         mpi_type = buffers.mpi_datatype(dtype)
         cart = grid.cart
         self.requests: list[MPI.Prequest] = []
-        self.collective: MPI.Request | None = None
+        self.collective: mpicomm.Prequest | None = None
         if mode == "neighbor":
             sendspec = [self.send_host, (counts, displs), mpi_type]
             recvspec = [self.recv_host, (counts, displs), mpi_type]
-            self._neighbor_args = (sendspec, recvspec)
-            init = getattr(cart, "Neighbor_alltoallv_init", None)
-            if init is not None:
-                try:
-                    self.collective = init(sendspec, recvspec)
-                except (NotImplementedError, MPI.Exception):
-                    self.collective = None
+            self.collective = mpicomm.Comm(cart).Neighbor_alltoallv_init(sendspec, recvspec)
         else:
             for i in self.active:
                 k, side = divmod(i, 2)
@@ -116,11 +113,8 @@ class HaloExchange:
             self.ops.to_host(self.send, self.send_host)
         else:
             self.ops.synchronize(self.send)
-        if self.mode == "neighbor":
-            if self.collective is not None:
-                self.collective.Start()
-            else:
-                self.grid.cart.Neighbor_alltoallv(*self._neighbor_args)
+        if self.collective is not None:
+            self.collective.Start()
         elif self.requests:
             MPI.Prequest.Startall(self.requests)
         self._in_flight = True
@@ -129,9 +123,8 @@ class HaloExchange:
         """Wait for the transfers :meth:`start` began and unpack the ghosts into *u*."""
         if not self._in_flight:
             raise RuntimeError("HaloExchange.finish() without start(): call start(u) first")
-        if self.mode == "neighbor":
-            if self.collective is not None:
-                self.collective.Wait()
+        if self.collective is not None:
+            self.collective.Wait()
         elif self.requests:
             MPI.Prequest.Waitall(self.requests)
         self._in_flight = False
@@ -149,9 +142,8 @@ class HaloExchange:
         """
         if not self._in_flight:
             return
-        if self.mode == "neighbor":
-            if self.collective is not None:
-                self.collective.Test()
+        if self.collective is not None:
+            self.collective.Test()
         elif self.requests:
             MPI.Prequest.Testall(self.requests)
 

@@ -37,7 +37,8 @@ def block_of(buf: Any, counts: Any, displs: Any, r: int) -> Any:
 def read(collective: str, comm: Comm, *positional: Any, **keywords: Any) -> Args:
     """Read one call's mpi4py-style arguments; never raises (see the module docstring)."""
     args = Args(collective)
-    method = getattr(MPI.Intracomm, row(collective).nonblocking)
+    spec = row(collective)
+    method = getattr(MPI.Topocomm if spec.neighbor else MPI.Intracomm, spec.nonblocking)
     args.native = lambda: method(comm, *positional, **_native_keywords(keywords))
     try:
         _READERS[collective](args, comm, *positional, **keywords)
@@ -287,6 +288,41 @@ def _scan(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM)
     _reduction(args, sendbuf, recvbuf, op)
 
 
+def edges(comm: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A topology communicator's (sources, destinations) in MPI's order, read once per communicator object."""
+    known = getattr(comm, "_edges", None)
+    if known is None:
+        known = tuple(comm.inedges), tuple(comm.outedges)
+        try:
+            comm._edges = known
+        except AttributeError:  # (an object that takes no attributes: read each time)
+            pass
+    return known
+
+
+def _neighbor(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, gather: bool, v: bool) -> None:
+    """A neighbourhood collective: *gather* - the same block to every destination (``Neighbor_allgather(v)``),
+    else one block per destination (``Neighbor_alltoall(v)``); *v*: per-neighbour counts and displacements."""
+    sources, destinations = edges(comm)
+    args.sources, args.destinations = sources, destinations
+    args.cartesian = comm.Get_topology() == MPI.CART
+    indegree, outdegree = len(sources), len(destinations)
+    if specs.is_in_place(sendbuf) or specs.is_in_place(recvbuf):
+        raise ValueError(f"{args.collective} has no in-place form (MPI defines none): give a send and a receive "
+                         f"buffer")
+    recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", indegree, v, receive=True)
+    _take(args, specs.writable(recv, "recvbuf"))
+    args.recv, args.recvcounts, args.recvdispls = recv.array, rcounts, rdispls
+    if gather:
+        send = _take(args, specs.simple(sendbuf, "sendbuf"))
+        args.send = send.array
+        args.sendcounts, args.senddispls = (send.count,) * outdegree, (0,) * outdegree
+    else:
+        send, scounts, sdispls = _layout(sendbuf, "sendbuf", outdegree, v)
+        _take(args, send)
+        args.send, args.sendcounts, args.senddispls = send.array, scounts, sdispls
+
+
 _READERS: dict[str, Callable[..., None]] = {
     "bcast": _bcast,
     "reduce": _reduce,
@@ -303,4 +339,8 @@ _READERS: dict[str, Callable[..., None]] = {
     "reduce_scatter": _reduce_scatter,
     "scan": _scan,
     "exscan": _scan,
+    "neighbor_allgather": lambda a, c, s, r: _neighbor(a, c, s, r, gather=True, v=False),
+    "neighbor_allgatherv": lambda a, c, s, r: _neighbor(a, c, s, r, gather=True, v=True),
+    "neighbor_alltoall": lambda a, c, s, r: _neighbor(a, c, s, r, gather=False, v=False),
+    "neighbor_alltoallv": lambda a, c, s, r: _neighbor(a, c, s, r, gather=False, v=True),
 }

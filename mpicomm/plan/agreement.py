@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from ..catalogue import COLLECTIVES, REDUCING, ROOTED
-from .args import Args, ArgumentError
+from ..catalogue import COLLECTIVES, NEIGHBORHOOD, REDUCING, ROOTED
+from .args import Args, ArgumentError, sending_order
 
 __all__ = ["WORDS", "digest", "butterfly", "agrees", "describe", "disagreements", "cross_sum", "settle", "combiner"]
 
 WORDS = 4  #: int64 words of the agreement
 _INDEX = {c: i for i, c in enumerate(COLLECTIVES)}
-_CROSS = frozenset({"gatherv", "scatterv", "alltoallv"})  # per-rank counts that must fit across ranks
+_CROSS = frozenset({"gatherv", "scatterv", "alltoallv"}) | NEIGHBORHOOD  # per-rank counts that must fit across ranks
 _MASK = (1 << 64) - 1
 _DIGESTS: dict[tuple, int] = {}
 
@@ -74,6 +74,25 @@ def _h(sender: int, receiver: int, count: int) -> int:
     return _mix(_mix(_mix(sender) ^ receiver) ^ count)
 
 
+def _edge_counts(args: Args) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """A neighbourhood collective's edges as ``(peer, k, count)``: the k-th block to (from) that peer, for the
+    blocks sent and received (MPI.PROC_NULL edges move nothing and are left out)."""
+
+    def numbered(peers: tuple[int, ...], counts: tuple[int, ...] | None) -> list[tuple[int, int, int]]:
+        if counts is None or len(counts) != len(peers):
+            return []
+        seen: dict[int, int] = {}
+        out = []
+        for peer, n in zip(peers, counts):
+            if peer >= 0:
+                k = seen[peer] = seen.get(peer, -1) + 1
+                out.append((peer, k, int(n)))
+        return out
+
+    destinations, sendcounts, _ = sending_order(args)
+    return numbered(destinations, sendcounts), numbered(args.sources, args.recvcounts)
+
+
 def cross_sum(args: Args, p: int, rank: int) -> int:
     """This rank's share of the cross word (see the module docstring), as a signed int64."""
     c = args.collective
@@ -88,6 +107,10 @@ def cross_sum(args: Args, p: int, rank: int) -> int:
             total -= _h(args.root, rank, int(args.recv.size))
         if rank == args.root and args.sendcounts is not None and len(args.sendcounts) == p:
             total += sum(_h(rank, r, int(n)) for r, n in enumerate(args.sendcounts))
+    elif c in NEIGHBORHOOD:  # the k-th block from s to r: + on s, − on r (its k-th from s), same count
+        out, into = _edge_counts(args)
+        total += sum(_h(rank, _mix(peer) ^ k, n) for peer, k, n in out)
+        total -= sum(_h(peer, _mix(rank) ^ k, n) for peer, k, n in into)
     elif c == "alltoallv":
         if args.sendcounts is not None and len(args.sendcounts) == p:
             total += sum(_h(rank, s, int(n)) for s, n in enumerate(args.sendcounts))
@@ -243,6 +266,9 @@ def _vector(args: Args, p: int, rank: int) -> list[int]:
         return mine(args.sendcounts) + mine(args.recvcounts)
     if c == "reduce_scatter":
         return mine(args.recvcounts)
+    if c in NEIGHBORHOOD:  # [peer, k, count] of each block sent, then -1, then of each block received
+        out, into = _edge_counts(args)
+        return [x for e in out for x in e] + [-1] + [x for e in into for x in e]
     return []
 
 
@@ -342,12 +368,40 @@ def _check_vectors(c: str, vectors: list[np.ndarray], root: int) -> list[str]:
             for s in range(p):
                 if vectors[r][s] != vectors[s][p + r]:
                     bad.append(f"rank {r} sends {vectors[r][s]} elements to rank {s}, which expects {vectors[s][p + r]}")
+    elif c in NEIGHBORHOOD:
+        bad.extend(_check_edges(vectors))
     elif c == "reduce_scatter":
         for r in range(p):
             if not np.array_equal(vectors[r], vectors[0]):
                 bad.append(f"rank {r}'s receive counts {vectors[r].tolist()} differ from rank 0's {vectors[0].tolist()}")
     if len(bad) > 6:
         bad = bad[:6] + [f"and {len(bad) - 6} more"]
+    return bad
+
+
+def _check_edges(vectors: list[np.ndarray]) -> list[str]:
+    """Each rank's blocks sent against what their receivers expect (see :func:`_vector`), named."""
+    sent: dict[tuple[int, int, int], int] = {}
+    expected: dict[tuple[int, int, int], int] = {}
+    for r, vector in enumerate(vectors):
+        values = vector.tolist()
+        cut = values.index(-1)
+        for i in range(0, cut, 3):
+            peer, k, n = values[i : i + 3]
+            sent[(r, peer, k)] = n
+        for i in range(cut + 1, len(values), 3):
+            peer, k, n = values[i : i + 3]
+            expected[(peer, r, k)] = n
+    bad = []
+    for (r, q, k), n in sorted(sent.items()):
+        if (r, q, k) not in expected:
+            bad.append(f"rank {r} sends rank {q} a block #{k + 1}, which rank {q} does not expect (its topology has "
+                       f"fewer edges from rank {r})")
+        elif expected[(r, q, k)] != n:
+            bad.append(f"rank {r} sends rank {q} {n} elements (its block #{k + 1} for it), which expects "
+                       f"{expected[(r, q, k)]}")
+    for (r, q, k) in sorted(set(expected) - set(sent)):
+        bad.append(f"rank {q} expects a block #{k + 1} from rank {r}, which sends it none")
     return bad
 
 

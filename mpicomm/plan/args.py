@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -20,7 +20,7 @@ from ..catalogue import CATALOGUE
 from ..ops import Op
 from ..transport.buffers import overlap
 
-__all__ = ["ArgumentError", "Args", "selection_bytes"]
+__all__ = ["ArgumentError", "Args", "selection_bytes", "sending_order"]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -85,6 +85,15 @@ def library_request(args: Args, comm: MPI.Intracomm) -> MPI.Request:
         return comm.Ireduce_scatter(place if args.in_place else send, recv, list(args.recvcounts or ()), op)
     if c == "barrier":
         return comm.Ibarrier()
+    if c.startswith("neighbor_"):  # (mpi4py's methods of the topology class: ours would take the call back)
+        topo = cast(MPI.Topocomm, comm)
+        sendspec = [send, (args.sendcounts, args.senddispls)]
+        recvspec = [recv, (args.recvcounts, args.recvdispls)]
+        if c == "neighbor_allgather":
+            return MPI.Topocomm.Ineighbor_allgather(topo, send, recv)  # (the reader cut recv to its blocks)
+        if c == "neighbor_allgatherv":
+            return MPI.Topocomm.Ineighbor_allgatherv(topo, send, recvspec)
+        return MPI.Topocomm.Ineighbor_alltoallv(topo, sendspec, recvspec)
     raise ValueError(f"no library form for collective {c!r}")
 
 
@@ -108,6 +117,9 @@ class Args:
     senddispls: tuple[int, ...] | None = None
     recvcounts: tuple[int, ...] | None = None
     recvdispls: tuple[int, ...] | None = None
+    sources: tuple[int, ...] = ()  # a neighbourhood collective's in-edges (the topology's order; PROC_NULL kept)
+    destinations: tuple[int, ...] = ()  # and its out-edges
+    cartesian: bool = False  # the topology is Cartesian (see sending_order)
     problem: BaseException | None = None  # what is wrong with this rank's arguments
     unsupported: str | None = None  # why the MPI library must run this call instead
     native: Callable[[], MPI.Request] | None = None  # start the library's own collective
@@ -183,6 +195,24 @@ class Args:
 _NO_SEND = frozenset({"bcast", "barrier"})  # one buffer only
 _OP_FITS: set[tuple[Op, np.dtype]] = set()  # (op, dtype) pairs already found defined
 
+
+
+def sending_order(args: Args) -> tuple[tuple[int, ...], tuple[int, ...] | None, tuple[int, ...] | None]:
+    """A neighbourhood collective's out-edges in the order their blocks leave: ``(destinations, sendcounts,
+    senddispls)``. A receiver takes the k-th block a peer sends it into its k-th block from that peer, so the
+    order decides where a block lands when a peer is a neighbour twice. On a graph it is the topology's order. On
+    a Cartesian communicator each dimension's pair goes out as (above, below): the block sent up lands in the
+    receiver's block from below, also where both neighbours are one rank (a periodic dimension of size 2 or 1) -
+    what MPI specifies and MPICH does."""
+    order = list(range(len(args.destinations)))
+    if args.cartesian:
+        for i in range(0, len(order) - 1, 2):
+            order[i], order[i + 1] = order[i + 1], order[i]
+
+    def taken(values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if values is None or len(values) != len(order) else tuple(values[i] for i in order)
+
+    return tuple(args.destinations[i] for i in order), taken(args.sendcounts), taken(args.senddispls)
 
 
 def selection_bytes(args: Args, p: int) -> int | None:

@@ -37,7 +37,7 @@ from ..engine.executor import AgreeStep, Program, Run, Step
 from ..schedule import RECV, SEND, Builder, Combine, Copy, Local, Round, Schedule, View, early
 from ..transport import buffers
 from . import agreement
-from .args import Args, library_request, selection_bytes
+from .args import Args, library_request, selection_bytes, sending_order
 
 __all__ = ["Plan", "build", "agreement_only", "library_plan", "library_program", "traced", "schedule_of",
            "call_algorithm", "FUSE_BYTES", "describe_call"]
@@ -206,6 +206,9 @@ def call_algorithm(b: Builder, fn: Callable, args: Args) -> None:
         fn(b, send, args.sendcounts, args.senddispls, recv, args.recvcounts, args.recvdispls)
     elif f == "reduce_scatter":
         fn(b, send, recv, args.recvcounts)
+    elif f == "neighbor":
+        destinations, sendcounts, senddispls = sending_order(args)
+        fn(b, send, sendcounts, senddispls, recv, args.recvcounts, args.recvdispls, args.sources, destinations)
     else:
         fn(b)
 

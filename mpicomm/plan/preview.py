@@ -20,6 +20,7 @@ from .. import registry
 from ..catalogue import family
 from ..ops import BUILTIN, resolve
 from ..schedule import Builder, Schedule
+from .args import Args, sending_order
 
 __all__ = ["Layout", "schedule_for", "schedules_for"]
 
@@ -69,7 +70,8 @@ def schedule_for(collective: str, algorithm: str, p: int, rank: int, count: int 
     *count*: elements per rank (per block for gather/scatter/allgather/alltoall
     and reduce_scatter_block; the whole vector otherwise); *counts*: per-rank
     counts of a v-form (default: *count* for every rank; alltoallv: every rank
-    sends ``counts[s]`` elements to rank s).
+    sends ``counts[s]`` elements to rank s; the neighbourhood collectives run on a periodic ring, rank r
+    sending ``counts[r]`` elements to each neighbour).
     """
     fn = registry.lookup(collective, algorithm).steps
     fam = family(collective)
@@ -107,6 +109,16 @@ def schedule_for(collective: str, algorithm: str, p: int, rank: int, count: int 
         b = Builder(collective, algorithm, rank, p, dtype, op=red, count=-1 if v else count, state=state,
                     send_count=total, recv_count=blocks[rank])
         fn(b, b.input, b.output, blocks)
+    elif fam == "neighbor":  # on a periodic ring (a 1-D periodic Cartesian topology): rank r sends counts[r]
+        below, above = (rank - 1) % p, (rank + 1) % p
+        arriving = (blocks[below], blocks[above])
+        gather = not collective.startswith("neighbor_alltoall")
+        call = Args(collective, sources=(below, above), destinations=(below, above), cartesian=True,
+                    sendcounts=(blocks[rank],) * 2, senddispls=(0, 0) if gather else (0, blocks[rank]))
+        destinations, sendcounts, senddispls = sending_order(call)
+        b = Builder(collective, algorithm, rank, p, dtype, state=state,
+                    send_count=blocks[rank] * (1 if gather else 2), recv_count=sum(arriving))
+        fn(b, b.input, sendcounts, senddispls, b.output, arriving, (0, arriving[0]), (below, above), destinations)
     else:
         b = Builder(collective, algorithm, rank, p, dtype, state=state)
         fn(b)

@@ -44,9 +44,11 @@ def as_python(text: str) -> str:
 
 def _cases() -> list[tuple[str, str]]:
     cases = []
+    families = set()
     for collective in COLLECTIVES:
-        if family(collective) != collective:
-            continue  # the v-forms share the line, and add their terms in the remark
+        if family(collective) in families or (family(collective) != collective and family(collective) in COLLECTIVES):
+            continue  # the v-forms share the line, and add their terms in the remark (a family of its own: its first)
+        families.add(family(collective))
         for name in registry.algorithms(collective):
             cases.append((collective, name))
     return cases
