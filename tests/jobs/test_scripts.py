@@ -10,6 +10,7 @@ same launch block in every script (so a fix to one is a fix to all), requeue.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -127,7 +128,8 @@ def test_scripts_pass_only_options_their_commands_have():
     assert {name for _, name, _ in invocations} >= {"python -m apps.stencil", "python -m apps.torchddp train",
                                                     "python -m apps.pipeline train", "python -m apps.pipeline bench",
                                                     "python -m apps.mapreduce wordcount",
-                                                    "python -m apps.mapreduce corpus"}
+                                                    "python -m apps.mapreduce corpus", "python -m apps.sgd train",
+                                                    "python -m apps.sgd bench"}
     names = sorted({name for _, name, _ in invocations if not BY_NAME[name].needs or _importable(BY_NAME[name].needs)})
     children = {"torch": Child(), "rest": Child()}
     try:
@@ -185,6 +187,48 @@ def test_stencil_outside_slurm_resumes_its_run_directory(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert re.search(r"resumed at 20", again.stdout), again.stdout
     assert re.search(r"verification\s+PASS", again.stdout), again.stdout
+
+
+def sgd_digest(log: str) -> str:
+    """The parameter digest an apps.sgd run prints last (equal digests: bit-identical models); test_slurm.py's too."""
+    found = re.findall(r"^parameter digest ([0-9a-f]{32})$", log, re.M)
+    assert found, f"no parameter digest in:\n{log}"
+    return found[-1]
+
+
+@pytest.mark.launches
+def test_sgd_outside_slurm_resumes_its_run_directory_bit_for_bit(tmp_path):
+    # The script always passes --restart: a run on a run directory whose newest checkpoints are gone (as if killed
+    # after step 6) continues from step 6 and ends with the parameters of the uninterrupted run.
+    env = {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run", "SGD_CHECKPOINT_EVERY": "3"}
+    args = ["--steps", "10", "--keep", "4", "--quiet"]
+    whole = _bash("sgd.sbatch", args, str(tmp_path), env)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "launch: mpiexec -n 2" in whole.stdout and "resumed" not in whole.stdout, whole.stdout
+    checkpoints = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in checkpoints.iterdir())
+    assert names == [f"sgd-{step:08d}.{ext}" for step in (3, 6, 9, 10) for ext in ("bin", "json")]
+    for name in names[4:]:
+        (checkpoints / name).unlink()
+    again = _bash("sgd.sbatch", args, str(tmp_path), env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed from step 6 in run/checkpoints" in again.stdout, again.stdout
+    assert sgd_digest(again.stdout) == sgd_digest(whole.stdout)
+    with open(tmp_path / "run" / "train.json") as f:
+        doc = json.load(f)
+    assert (doc["results"]["report"]["start_step"], doc["results"]["report"]["steps"]) == (6, 10)
+    assert doc["results"]["digest"] == sgd_digest(again.stdout)
+
+
+@pytest.mark.launches
+def test_sgd_parameter_server_mode_outside_slurm_gets_no_checkpoint_options(tmp_path):
+    # apps.sgd refuses --checkpoint-every and --restart for the ps modes; the script leaves them out.
+    out = _bash("sgd.sbatch", ["--mode", "ps-sync", "--servers", "1", "--steps", "2", "--quiet"], str(tmp_path),
+                {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--mode ps-sync: the parameter-server modes do not checkpoint" in out.stdout, out.stdout
+    assert "apps.sgd: ps-sync on 2 ranks" in out.stdout and sgd_digest(out.stdout)
+    assert not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
 @pytest.mark.launches
