@@ -197,7 +197,6 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         "params | grads | optimizer | total | formula (fp32 Adam) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    formulas = {"zero1": (8 + 8 / p, f"8Ψ + 8Ψ/{p}"), "zero2": (4 + 12 / p, f"4Ψ + 12Ψ/{p}")}
     for name, _ in runs:
         reps = results[name]
         steps = reps[0].steps
@@ -211,16 +210,14 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         total = sum(mem.values())
         n_bytes = grad_bytes / 2 if name == "fp16" else grad_bytes
         sent = reps[0].bytes_per_step if name.startswith("ps") else _collective_bytes(name, n_bytes, p, args.algorithm)
-        factor, text = formulas.get(name, (16.0, "16Ψ"))
-        if name.startswith("ps"):
-            factor, text = None, "server-side state"
+        formula = "server-side state" if reps[0].memory_formula is None else \
+            f"{reps[0].memory_formula[0]} = {_fmt_bytes(reps[0].memory_formula[2])}"
         lines.append(
             f"| {name} | {step_ms:.1f} | {compute:.1f} | {exposed:.1f} | {hidden_ms:.1f} | "
             f"{'' if frac is None else f'{frac:.0%}'} | {'' if sent is None else _fmt_bytes(sent)} | "
-            f"{_fmt_bytes(mem.get('params', 0))} | {_fmt_bytes(mem.get('grads', 0) + mem.get('grads_scratch', 0))}"
-            f"{' (' + _fmt_bytes(mem['grads_scratch']) + ' scratch)' if mem.get('grads_scratch') else ''} | "
-            f"{_fmt_bytes(mem.get('optimizer', 0))} | {_fmt_bytes(total)} | "
-            f"{text}{'' if factor is None else ' = ' + _fmt_bytes(factor * psi)} |")
+            f"{_fmt_bytes(mem.get('params', 0))} | {_fmt_bytes(mem.get('grads', 0) + mem.get('grad_buckets', 0))}"
+            f"{' (' + _fmt_bytes(mem['grad_buckets']) + ' buckets)' if mem.get('grad_buckets') else ''} | "
+            f"{_fmt_bytes(mem.get('optimizer', 0))} | {_fmt_bytes(total)} | {formula} |")
         data["modes"].append({"mode": name, "step_ms": step_ms, "compute_ms": compute, "exposed_ms": exposed,
                               "hidden_ms": hidden_ms, "hidden_fraction": frac, "bytes_per_rank_per_step": sent,
                               "memory": dict(mem), "memory_total": total})

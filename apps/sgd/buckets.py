@@ -16,6 +16,17 @@ A bucket is *ready* when the backward hook of the lowest layer owning one of its
 parameters has fired (hooks fire for layers n−1 … 0). Buckets become ready in index
 order, which is also the order every rank launches them in: launching out of order
 on different ranks would pair different buckets in one collective.
+
+ZeRO-2 keeps no full gradient buffer: bucket b's gradients live in one of a few
+reused buffers, buffer ``b % S`` (:func:`in_flight` gives S, :func:`buffer_sizes`
+their sizes). Backward writes into bucket b from the backward of its highest layer
+(``written_from``) down to that of ``ready_after``; its collective then starts, and
+the buffer is free again once that collective has completed. With one bucket per
+layer and S = 2::
+
+    backward of layer    3            2            1
+    buffer 0             bucket 0  →  (reducing)   bucket 2 (once bucket 0 is done)
+    buffer 1                          bucket 1  →  (reducing)
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bucket", "Parameter", "FIRST_CAP_BYTES", "DEFAULT_CAP_MB", "plan", "ready_at"]
+__all__ = ["Bucket", "Parameter", "FIRST_CAP_BYTES", "DEFAULT_CAP_MB", "plan", "ready_at", "in_flight", "buffer_sizes"]
 
 #: DDP's first bucket: small, so the first all-reduce starts as early as possible.
 FIRST_CAP_BYTES = 1 << 20
@@ -43,13 +54,15 @@ class Parameter:
 
 @dataclass(frozen=True)
 class Bucket:
-    """Elements ``[start, stop)`` of the flat gradient buffer; ready after layer ``ready_after``'s backward."""
+    """Elements ``[start, stop)`` of the flat gradient buffer, written by the backward of layers
+    ``written_from`` down to ``ready_after``; ready after layer ``ready_after``'s backward."""
 
     index: int
     start: int
     stop: int
     ready_after: int
     names: tuple[str, ...]
+    written_from: int
 
     @property
     def size(self) -> int:
@@ -76,7 +89,8 @@ def plan(parameters: Sequence[Parameter], itemsize: int, *, cap_mb: float = DEFA
     def close() -> None:
         if members:
             buckets.append(Bucket(len(buckets), members[-1].start, members[0].stop,
-                                  min(p.layer for p in members), tuple(p.name for p in members)))
+                                  min(p.layer for p in members), tuple(p.name for p in members),
+                                  max(p.layer for p in members)))
             members.clear()
 
     for param in reversed(ordered):
@@ -94,3 +108,31 @@ def ready_at(buckets: Sequence[Bucket], layers: int) -> list[list[int]]:
     for b in buckets:
         table[b.ready_after].append(b.index)
     return table
+
+
+def in_flight(buckets: Sequence[Bucket], *, overlap: bool = True) -> int:
+    """S, the number of reused gradient buffers backward cycles through (ZeRO-2): bucket b uses buffer b % S.
+
+    Bucket b takes over the buffer of bucket b − S, which is free once that
+    bucket's collective has completed. That collective must at least have
+    started when backward first writes into b - ``ready_after(b − S) >
+    written_from(b)`` - or backward would wait for a collective that cannot
+    start. The smallest such S is the number of buckets backward writes into at
+    once (one, or two where a layer's parameters straddle two buckets); one
+    buffer more lets a bucket's collective run while backward fills the next
+    (double buffering, as DeepSpeed's ZeRO-2 does). Without *overlap* every
+    collective starts after backward, so every bucket needs its own buffer.
+    Never more than there are buckets.
+    """
+    n = len(buckets)
+    if not overlap:
+        return n
+    s = 1
+    while s < n and any(buckets[b - s].ready_after <= buckets[b].written_from for b in range(s, n)):
+        s += 1
+    return min(n, s + 1)
+
+
+def buffer_sizes(buckets: Sequence[Bucket], slots: int) -> list[int]:
+    """Elements of each of the *slots* reused buffers: buffer s holds buckets s, s + slots, …, sized for the largest."""
+    return [max(b.size for b in buckets[s::slots]) for s in range(slots)]

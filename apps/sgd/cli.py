@@ -261,7 +261,11 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
             f"compute {cli.format_time(report.compute_s)}")
     say(f"parameter digest {_digest(report.model.params)}")
     mem = report.memory
-    say("memory per rank: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in mem.items()))
+    say("memory per rank: " + ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in mem.items())
+        + f"; total {sum(mem.values()):,} B")
+    if report.memory_formula is not None:
+        text, where, value = report.memory_formula
+        say(f"memory formula: {text} = {value:,} B ({where})")
     if args.json:
         from dataclasses import asdict
 

@@ -106,7 +106,15 @@ class Reducer:
 
     A plan object: buckets, their readiness table and the compression scratch are
     built once; each step only launches and waits.
+
+    What a subclass changes: where a bucket's gradients live (:meth:`bucket_grad`),
+    its collective (:meth:`_start`), what completing it does (:meth:`_done`), and
+    whether every micro-batch of an accumulated step is reduced
+    (:attr:`every_micro_batch`).
     """
+
+    #: Reduce after every micro-batch of ``--accumulate`` (True), or only after the last (``no_sync``).
+    every_micro_batch = False
 
     def __init__(self, comm: Any, model: Any, *, algorithm: str = "auto", cap_mb: float = DEFAULT_CAP_MB,
                  per_parameter: bool = False, overlap: bool = True, compress: str | None = None):
@@ -126,6 +134,7 @@ class Reducer:
         self._launched = 0
         self._scale = 1.0
         self._since = 0.0
+        self.stalled = 0.0  # seconds backward waited for a bucket's collective (reused buffers) this micro-batch
         self.timings: list[tuple[int, float, float]] = []  # (bucket, launched, completed) of the last step
 
     @property
@@ -133,12 +142,17 @@ class Reducer:
         """Bytes of one all-reduce input over all buckets (what each step reduces)."""
         return sum(b.size for b in self.buckets) * self.wire_dtype.itemsize
 
-    def begin(self, divisor: int) -> None:
-        """Start a synchronizing backward: gradients will be divided by *divisor* (ranks taking part)."""
+    def begin(self, divisor: int, add: bool = False) -> None:
+        """Start a synchronizing backward: gradients will be divided by *divisor* (ranks taking part).
+
+        *add*: this backward's reduced gradients add to those reduced earlier in
+        the step (a later micro-batch, where :attr:`every_micro_batch`).
+        """
         self._scale = 1.0 / divisor
         self._launched = 0
         self._pending.clear()
         self.timings = []
+        self.stalled = 0.0
 
     def backward_starts(self) -> None:
         """Mark the start of the synchronizing backward (the first layer's trace event begins here)."""
@@ -163,7 +177,7 @@ class Reducer:
     def _launch(self, bucket: Bucket) -> None:
         if bucket.index != self._launched:  # never out of order: every rank must pair the same buckets
             raise RuntimeError(f"bucket {bucket.index} ready before bucket {self._launched}")
-        grad = self.model.grads[bucket.start:bucket.stop]
+        grad = self.bucket_grad(bucket)
         wire = self._scratch[bucket.index]
         if wire is None:
             if self._scale != 1.0:
@@ -177,6 +191,10 @@ class Reducer:
         self._pending.append((bucket, self._start(bucket, wire), start))
         self._launched += 1
 
+    def bucket_grad(self, bucket: Bucket) -> Any:
+        """The bucket's gradients (here: its slice of the model's flat gradient buffer)."""
+        return self.model.grads[bucket.start:bucket.stop]
+
     def _start(self, bucket: Bucket, wire: Any) -> Any:
         """Start the bucket's collective (here: the in-place all-reduce of the averaged gradients)."""
         return mpicomm.iallreduce(wire, out=wire, algorithm=self.algorithm, comm=self.comm)
@@ -189,22 +207,24 @@ class Reducer:
         """
         for bucket in self.buckets[self._launched:]:
             self._launch(bucket)
-        waited = 0.0
-        for bucket, request, start in self._pending:
-            t0 = time.perf_counter()
-            done_before = request.Test()
-            if not done_before:
-                if wait is None:
-                    request.Wait()
-                else:
-                    wait(request)
-            t1 = time.perf_counter()
-            waited += t1 - t0
-            self.timings.append((bucket.index, start, t1))
-            self._done(bucket)
-        self._pending.clear()
+        waited = self.stalled
+        while self._pending:
+            waited += self._complete_oldest(wait)
         return waited
 
+    def _complete_oldest(self, wait: Any = None) -> float:
+        """Wait for the oldest bucket in flight (launch order) and complete it; return the seconds waited."""
+        bucket, request, start = self._pending.pop(0)
+        t0 = time.perf_counter()
+        if not request.Test():
+            if wait is None:
+                request.Wait()
+            else:
+                wait(request)
+        t1 = time.perf_counter()
+        self.timings.append((bucket.index, start, t1))
+        self._done(bucket)
+        return t1 - t0
 
     def _done(self, bucket: Bucket) -> None:
         """A bucket's collective completed: cast a compressed bucket back into the gradients."""
@@ -263,6 +283,22 @@ class DDP:
                 "grads": int(self.model.grads.nbytes) + self.reducer.scratch_bytes,
                 "optimizer": _state_bytes(self.state)}
 
+    def memory_formula(self) -> tuple[str, str, int]:
+        """ZeRO's formula for this rank's :meth:`memory` total, the values of its symbols, and that total in bytes.
+
+        Computed from Ψ, p, the dtype, the optimizer's number of state vectors
+        and the bucket plan - not from the buffers - so a run can print it next
+        to the measured total (the terms: :mod:`apps.sgd.zero`). Here (2 + k)sΨ:
+        fp32 Adam 16Ψ, plus the compressed copy of every bucket with ``--compress``.
+        """
+        s, k, psi = self.model.params.itemsize, len(self.optimizer.state_names), self.model.num_params
+        text, where, value = f"{(2 + k) * s}Ψ", f"Ψ = {psi:,}", (2 + k) * s * psi
+        if self.reducer.scratch_bytes:
+            w = self.reducer.wire_dtype.itemsize
+            text, where = text + f" + {w}Ψ", where + f"; {w}Ψ: the {self.reducer.wire_dtype.name} bucket copies"
+            value += w * psi
+        return text, where, value
+
     def full_state(self) -> dict[str, Any]:
         """The whole optimizer state, on every rank (collective where it is sharded)."""
         return self.state
@@ -291,32 +327,33 @@ class DDP:
         result = StepResult()
         denominator = global_count / self.world
         model.zero_grad()
-        t0 = time.perf_counter()
         for k in range(self.accumulate):
             a, b = block(len(y), self.accumulate, k)
-            last = k == self.accumulate - 1
-            if last:
-                reducer.begin(self.world if divisor is None else divisor)
+            sync = k == self.accumulate - 1 or reducer.every_micro_batch
+            t0 = time.perf_counter()
+            if sync:
+                reducer.begin(self.world if divisor is None else divisor, add=k > 0)
             logits = model.forward(x[a:b], train=True)
             loss, dlogits = softmax_cross_entropy(logits, y[a:b], denominator)
             result.loss_sum += loss * (b - a)
             result.correct += correct(logits, y[a:b])
-            if last:
+            if sync:
                 reducer.backward_starts()
-            model.backward(dlogits, hook=reducer.hook if last else None)
-        t1 = time.perf_counter()
-        result.exposed = reducer.finish()
+            model.backward(dlogits, hook=reducer.hook if sync else None)
+            result.compute += time.perf_counter() - t0 - (reducer.stalled if sync else 0.0)
+            if sync:
+                result.exposed += reducer.finish()
+                result.comm_total += sum(done - start for _, start, done in reducer.timings)
         result.exposed += self.update()
         result.samples = len(y)
-        result.compute = t1 - t0
-        result.comm_total = sum(done - start for _, start, done in reducer.timings)
         return result
 
     def idle_step(self, divisor: int) -> None:
         """A joined rank's step: zero gradients through every bucket, then the same optimizer step."""
         self.model.zero_grad()
-        self.reducer.begin(divisor)
-        self.reducer.finish()
+        for k in range(self.accumulate if self.reducer.every_micro_batch else 1):
+            self.reducer.begin(divisor, add=k > 0)
+            self.reducer.finish()
         self.update()
 
 

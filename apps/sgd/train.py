@@ -120,6 +120,7 @@ class Report:
     test_accuracy: float
     params: int
     memory: dict[str, int]
+    memory_formula: tuple[str, str, int] | None = None  # memory's total: (formula, its symbols, bytes); not ps
     step_s: float = 0.0  # time in optimizer steps (no evaluation, logging or checkpoints)
     compute_s: float = 0.0  # forward + backward, summed over steps
     exposed_s: float = 0.0  # waiting for communication after backward
@@ -712,6 +713,8 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
     report.samples = samples_processed(source.n_train, cfg.batch, workers, start_step, total, cfg.uneven)
     report.samples_per_s = report.samples / report.step_s if report.step_s > 0 else 0.0
     report.memory = strategy.memory()
+    formula = getattr(strategy, "memory_formula", None)
+    report.memory_formula = formula() if formula is not None else None
     report.model = model
     if rank == 0:
         report.test_loss, report.test_accuracy = evaluate(model, *source.test)

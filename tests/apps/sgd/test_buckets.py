@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.sgd.buckets import Parameter, plan, ready_at
+from apps.sgd.buckets import Parameter, buffer_sizes, in_flight, plan, ready_at
 
 pytestmark = pytest.mark.serial
 
@@ -54,6 +54,29 @@ def test_a_bucket_is_ready_after_its_lowest_layer():
     assert table == [[2, 3], [], [0, 1]]
     whole = plan(params, 8)
     assert ready_at(whole, 3) == [[0], [], []]
+
+
+def test_a_bucket_is_written_from_its_highest_layer():
+    params = _params([[4, 2], [], [3, 1]])
+    assert [b.written_from for b in plan(params, 8, per_parameter=True)] == [2, 2, 0, 0]
+    assert [(b.written_from, b.ready_after) for b in plan(params, 8)] == [(2, 0)]
+
+
+def test_zero2_reuses_a_buffer_once_its_previous_bucket_has_launched():
+    params = _params([[100, 10], [], [300, 30], [50, 5]])
+    # One bucket per layer: backward writes one bucket at a time, so two buffers alternate;
+    # each is sized for the largest of its buckets (0 and 2: 55 and 110; 1: 330).
+    per_layer = plan(params, 4, cap_mb=31 * 4 / (1 << 20))
+    assert [b.size for b in per_layer] == [55, 330, 110]
+    assert in_flight(per_layer) == 2 and buffer_sizes(per_layer, 2) == [110, 330]
+    # One bucket per tensor: a layer's b and W are written by the same backward, so two are open at once
+    # and a third buffer takes the overlap.
+    per_tensor = plan(params, 4, per_parameter=True)
+    assert in_flight(per_tensor) == 3 and buffer_sizes(per_tensor, 3) == [300, 50, 100]
+    # Without overlap every collective starts after backward: a buffer per bucket, the whole gradient.
+    assert in_flight(per_tensor, overlap=False) == 6 and sum(buffer_sizes(per_tensor, 6)) == 495
+    whole = plan(params, 4)
+    assert in_flight(whole) == 1 and buffer_sizes(whole, 1) == [495]
 
 
 def test_bad_caps_and_gaps_are_refused():

@@ -1,12 +1,14 @@
 """apps.sgd.ddp and apps.sgd.zero: N ranks with global batch B end where one rank with batch B ends.
 
 Each test trains on the pass's COMM_WORLD (1-4 ranks; 3 splits batches of 20 as 7/7/6)
-and compares the parameters with the same run on this rank alone (COMM_SELF), which is
-the single-rank training on the same data, in float64 to 1e-12 relative.
+and compares the parameters with the same run, in mode ddp, on this rank alone
+(COMM_SELF), which is the single-rank training on the same data, in float64 to 1e-12
+relative.
 """
 
 from __future__ import annotations
 
+import tracemalloc
 from dataclasses import replace
 
 import numpy as np
@@ -14,14 +16,20 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
+from apps.blocks import block, blocks
 from apps.nn import mlp, softmax_cross_entropy
 from apps.nn.optim import make
 from apps.sgd.data import Sampler, load_digits
 from apps.sgd.train import Config, train
+from apps.sgd.zero import Zero
 
-# 1,210 float64 parameters (9.7 KB); a 2 KB cap makes 5 buckets, some splitting a layer's W and b.
+# 1,210 float64 parameters (9.7 KB), one bucket under a 2 KB cap (the 1,024-element W of layer 0 closes it).
 BASE = Config(data="digits", hidden=(16,), dtype="float64", batch=20, steps=7, optimizer="adam", lr=1e-2,
               bucket_mb=2048 / (1 << 20), progress=False, eval_every=10 ** 9)
+# 7,690 float64 parameters in 7 Linear layers; a 1 KB cap makes one bucket per Linear (330, 5 × 1,056 and
+# 2,080 elements), so ZeRO-2 alternates two bucket buffers of 2,080 + 1,056 elements instead of holding 7,690.
+MANY = replace(BASE, hidden=(32,) * 6, bucket_mb=1024 / (1 << 20))
+MANY_PSI, MANY_BUFFERS = 7690, 2080 + 1056
 
 
 def _params(comm, cfg):
@@ -53,7 +61,11 @@ def _close(a, b, rtol=1e-12):
     dict(mode="zero2"),
     dict(mode="zero2", accumulate=2, algorithm="ring"),
     dict(mode="zero1", optimizer="adamw"),
-], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+    dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb),
+    dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, accumulate=3),
+    dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, per_parameter=True),
+    dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, overlap=False),
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items() if k != "hidden") or "default")
 def test_n_ranks_equal_one_rank(setting):
     comm = mpicomm.Comm()
     cfg = replace(BASE, **setting)
@@ -61,7 +73,7 @@ def test_n_ranks_equal_one_rank(setting):
     everyone = comm.allgather(mine)
     for other in everyone:
         np.testing.assert_array_equal(other, everyone[0])  # identical on every rank, bit for bit
-    _close(mine, _alone(replace(cfg, algorithm="auto")))
+    _close(mine, _alone(replace(cfg, algorithm="auto", mode="ddp")))  # ZeRO too: against plain one-rank training
     assert report.steps == 7
 
 
@@ -115,10 +127,12 @@ def _reference_uneven(cfg, world):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode", ["ddp", "zero2"])
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero2-buckets"])
 def test_uneven_inputs_join_with_zeros_and_divide_by_the_active_ranks(mode):
     comm = mpicomm.Comm()
     cfg = replace(BASE, uneven=True, mode=mode, steps=6)
+    if mode == "zero2-buckets":  # joined ranks reduce zeros through every reused bucket buffer
+        cfg = replace(MANY, uneven=True, mode="zero2", steps=6, accumulate=2)
     mine, report = _params(comm, cfg)
     everyone = comm.allgather(mine)
     for other in everyone:
@@ -139,3 +153,49 @@ def test_zero_shards_optimizer_state_and_gradients():
     assert sizes["zero1"]["optimizer"] <= 16 * shard and sizes["zero2"]["optimizer"] <= 16 * shard
     assert sizes["zero1"]["grads"] == 8 * psi + 8 * (sizes["zero1"]["optimizer"] // 16)
     assert sizes["zero2"]["grads"] == 8 * (sizes["zero2"]["optimizer"] // 16)  # only the kept shard
+    assert sizes["zero2"]["grad_buckets"] == 8 * psi  # BASE's one bucket: its buffer is the whole gradient
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_zero2_holds_its_gradient_shard_and_the_buckets_in_flight_as_the_formula_says(accumulate):
+    """Memory per rank = 8Ψ + 24Ψ/p + 8B (+ 8A) for float64 Adam, from the report and from the formula."""
+    comm = mpicomm.Comm()
+    p, rank = comm.Get_size(), comm.Get_rank()
+    report = _params(comm, replace(MANY, mode="zero2", steps=2, accumulate=accumulate))[1]
+    shard = blocks(MANY_PSI, p)[0][rank]
+    parts = 0
+    if accumulate > 1:  # this rank's largest share of the buckets 0, 2, 4, 6 and of 1, 3, 5
+        sizes = [330, 1056, 1056, 1056, 1056, 1056, 2080]
+        starts = [MANY_PSI - int(c) for c in np.cumsum(sizes)]  # the buckets tile the buffer from the end
+        lo, hi = block(MANY_PSI, p, rank)
+        share = [max(0, min(hi, start + n) - max(lo, start)) for start, n in zip(starts, sizes)]
+        parts = max(share[0::2]) + max(share[1::2])
+    assert report.memory == {"params": 8 * MANY_PSI, "grads": 8 * shard, "grad_buckets": 8 * (MANY_BUFFERS + parts),
+                             "optimizer": 16 * shard}
+    text, _, value = report.memory_formula
+    assert text == "8Ψ + 24Ψ/p + 8B" + (" + 8A" if accumulate > 1 else "") and value == sum(report.memory.values())
+    assert report.model.grads.size == 0  # the model's flat gradient buffer is gone
+
+
+@pytest.mark.mpi
+def test_zero2_allocates_no_array_the_size_of_the_gradient():
+    """Live NumPy blocks of 8Ψ bytes after two steps, outside mpicomm's plan cache: the parameters only (at p = 1
+    also the shard and the two Adam moments, which are whole there); keeping the flat gradient would add one."""
+    comm = mpicomm.Comm()
+    p, rank = comm.Get_size(), comm.Get_rank()
+    data = load_digits(np.float64)
+    a, b = block(20, p, rank)
+    tracemalloc.start()
+    try:
+        model = mlp([64, *MANY.hidden, 10], dtype=np.float64)
+        strategy = Zero(comm, model, make("adam", lr=1e-2), stage=2, cap_mb=MANY.bucket_mb)
+        for _ in range(2):
+            strategy.step(data.x_train[a:b], data.y_train[a:b], 20)
+        live = tracemalloc.take_snapshot().filter_traces([
+            tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain),
+            tracemalloc.Filter(False, "*/mpicomm/*", all_frames=True)]).traces
+    finally:
+        tracemalloc.stop()
+    whole = [t.size for t in live if t.size >= 8 * MANY_PSI]
+    assert whole == [8 * MANY_PSI] * (4 if p == 1 else 1)
