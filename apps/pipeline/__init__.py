@@ -6,11 +6,13 @@ Modules, from the bottom up (each imports only those above it in this list):
   naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1, printed as ``"2F0"``;
 * :mod:`~apps.pipeline.timeline` - the validator (static rules and a simulated
   run that must not deadlock), planned timetables, the bubble formulas;
-* :mod:`~apps.pipeline.tensor` - Megatron's column- and row-parallel Linear;
+* :mod:`~apps.pipeline.tensor` - Megatron's column- and row-parallel Linear, and
+  the scatter-gather of activations between stages;
 * :mod:`~apps.pipeline.model` - the MLP of blocks, its balanced split, its initial values;
 * :mod:`~apps.pipeline.stage` - a stage's layers and the activations of
   micro-batches in flight (store, recompute, offload), with the rank's memory meter;
-* :mod:`~apps.pipeline.offload` - activations parked in another rank's RMA window;
+* :mod:`~apps.pipeline.offload` - activations parked in another rank's RMA window
+  or node-shared window, and fetched back ahead of their backward;
 * :mod:`~apps.pipeline.config` - the options, checked once, and the T x S x D layout;
 * :mod:`~apps.pipeline.data` - the data each rank makes, micro-batches, the
   single-process reference;
@@ -23,5 +25,8 @@ Modules, from the bottom up (each imports only those above it in this list):
   :mod:`~apps.pipeline.cli` - charts, the benchmark table, the command line.
 
 The layers are :mod:`apps.nn`'s (which knows no MPI); communication is
-mpicomm's public API only.
+mpicomm's public API, except two things it does not offer yet, done with mpi4py
+in :mod:`~apps.pipeline.offload` and :mod:`~apps.pipeline.train`: a
+nonblocking get (``MPI_Rget`` on the window of ``comm.expose``) and a
+node-shared window whose peer pieces a rank maps (``MPI_Win_allocate_shared``).
 """

@@ -7,8 +7,10 @@ same model, global batch and M micro-batches:
   and ZB-H1, activations stored: the measured bubble (idle share of the step
   on each rank, averaged over ranks), the planned one (the simulated timetable)
   and the formula, and the first rank's peak activation memory;
-* 1F1B with activations recomputed and offloaded: their memory and step time
-  against store;
+* 1F1B with activations recomputed and offloaded (parked in the next rank's
+  node-shared window where it shares the node, its RMA window otherwise;
+  fetched back ahead of each backward): their memory and step time against
+  store, side by side in one line under the table;
 * the same model and batch on ONE rank (a sub-communicator of rank 0; the other
   ranks wait sleeping): the throughput ratio of S stages against one rank.
 
@@ -50,7 +52,7 @@ def _config(args: argparse.Namespace, stages: int, schedule: str, chunks: int, a
                      classes=args.classes, activation=args.activation)
     return Config(stages=stages, micro=args.micro, schedule=schedule, chunks=chunks, activations=activations,
                   spec=spec, batch=args.batch, steps=args.steps, optimizer=args.optimizer, lr=args.lr,
-                  dtype=args.dtype, seed=args.seed, progress=False)
+                  dtype=args.dtype, seed=args.seed, backend=args.backend, progress=False)
 
 
 def _runnable(cfg: Config, world: int) -> str | None:
@@ -91,7 +93,8 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
             rows.append({"schedule": schedule, "S": world, "M": cfg.micro, "V": chunks, "activations": activations,
                          "bubble": summ["bubble"], "planned": summ["planned"], "formula": summ["formula"],
                          "peak_bytes": first["peak_bytes"], "peak_micro": first["peak_micro"],
-                         "offload_bytes": first["offload_bytes"], "step_s": summ["step_s"],
+                         "offload_bytes": first["offload_bytes"], "offload_window": first["offload_window"],
+                         "step_s": summ["step_s"],
                          "samples_per_s": summ["samples_per_s"]})
             if schedule == "1f1b" and activations == "store":
                 chart = (cfg, result.ranks, summ)
@@ -158,6 +161,13 @@ def _table(args: argparse.Namespace, world: int, rows: list[dict[str, Any]], ski
             f"| {r['schedule']} | {r['V']} | {r['activations']} | {r['bubble']:.1%} | {r['planned']:.1%} | "
             f"{r['formula']:.1%} `{formula}` | {off:+.0%} | {r['peak_bytes'] / 1024:,.0f} KiB | {r['peak_micro']} | "
             f"{cli.format_time(r['step_s'])} | {r['samples_per_s']:,.0f} | {ratio:.2f}× time |")
+    strategies = {r["activations"]: r for r in rows if r["schedule"] == "1f1b"}
+    if len(strategies) > 1:
+        lines += ["", "Activations at 1F1B, side by side (step time, and the first rank's peak activations): " + "; ".join(
+            f"{name}" + (f" ({r['offload_window']} window, prefetched)" if r.get("offload_window") else "")
+            + f" {cli.format_time(r['step_s'])}"
+            + (f" ({r['step_s'] / store['step_s']:.2f}× store)" if store and store["step_s"] and name != "store" else "")
+            + f", {r['peak_bytes'] / 1024:,.0f} KiB" for name, r in strategies.items()) + "."]
     if one and store:
         lines += ["", f"Throughput of S = {world} stages against one rank on the same model and global batch: "
                       f"{store['samples_per_s'] / one['samples_per_s']:.2f}× ({store['samples_per_s']:,.0f} against "

@@ -18,10 +18,9 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
 from apps import checkpoint as ck
 from apps.agree import agree, verdict
+from apps.nn.xp import to_host
 
 __all__ = ["PREFIX", "signature", "save", "load", "saved_bounds"]
 
@@ -46,8 +45,8 @@ def save(comm: Any, run: Any, step: int) -> None:
     try:
         if run.d == 0:
             for st, stage in run.stages.items():
-                arrays = {"params": np.asarray(stage.model.params)}
-                arrays.update({f"optimizer.{k}": np.asarray(v) for k, v in run.state[st].items()})
+                arrays = {"params": to_host(stage.model.params)}
+                arrays.update({f"optimizer.{k}": to_host(v) for k, v in run.state[st].items()})
                 path = ck.data_path(cfg.checkpoint_dir, PREFIX, step, _part(st, run.t))
                 record, entries = ck.write_arrays(path, arrays)
                 records.append((_part(st, run.t), record, entries))
@@ -133,11 +132,11 @@ def load(comm: Any, run: Any) -> int:
             if params is None or params.shape != stage.model.params.shape:
                 raise ck.CheckpointError(f"{path}: params do not fit stage {st}")
             stage.model.load_params(params)
-            for k in run.state[st]:
+            for k, into in run.state[st].items():
                 saved = arrays.get(f"optimizer.{k}")
-                if saved is None or saved.size != np.size(run.state[st][k]):
+                if saved is None or saved.size != into.size:
                     raise ck.CheckpointError(f"{path}: optimizer.{k} missing or of the wrong size")
-                run.state[st][k][...] = saved.reshape(np.shape(run.state[st][k]))
+                into[...] = run.xp.asarray(saved.reshape(into.shape))  # to the device with --backend cupy
     except (ck.CheckpointError, OSError) as exc:
         problem = str(exc)
     agree(comm, problem, ck.CheckpointError)

@@ -66,6 +66,8 @@ def add_model_options(p: argparse.ArgumentParser, **defaults: Any) -> None:
     g.add_argument("--lr", type=float, default=c.lr, help=f"learning rate (default: {c.lr:g})")
     g.add_argument("--dtype", choices=("float32", "float64"), default=c.dtype, help=f"(default: {c.dtype})")
     g.add_argument("--seed", type=int, default=c.seed, help="initialisation and data (default: 0)")
+    g.add_argument("--backend", choices=options.BACKENDS, default=c.backend,
+                   help="array module: cupy keeps parameters, activations and messages on the GPU (default: numpy)")
 
 
 def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False) -> None:
@@ -91,7 +93,13 @@ def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False
                         "default: 1)")
     g.add_argument("--activations", choices=STRATEGIES, default=c.activations,
                    help="store: keep them; recompute: keep the stage input, run the forward again in backward; "
-                        "offload: park them in the next rank's RMA window (default: store)")
+                        "offload: park them in the next rank's memory (default: store)")
+    from apps.pipeline.offload import WINDOWS
+
+    g.add_argument("--offload-window", choices=WINDOWS, default=c.offload_window,
+                   help="offload: where the next rank holds them - shared: a node-shared window (both ranks on one "
+                        "node; parking and fetching are memory copies); rma: its RMA window (passive-target put and "
+                        "get); auto: shared where the two ranks share a node, else rma (default: auto)")
     g.add_argument("--balance", choices=("params", "time"), default=c.balance,
                    help="split blocks by parameter count, or by each block's measured time (default: params)")
 
@@ -253,7 +261,8 @@ def config_from(args: argparse.Namespace) -> Any:
     spec = ModelSpec(features=args.features, width=args.width, hidden=args.hidden, blocks=args.blocks,
                      classes=args.classes, activation=args.activation)
     return Config(stages=args.stages, micro=args.micro, schedule=args.schedule, chunks=args.chunks,
-                  tensor=args.tensor, activations=args.activations, balance=args.balance, spec=spec,
+                  tensor=args.tensor, activations=args.activations, offload_window=args.offload_window,
+                  backend=args.backend, balance=args.balance, spec=spec,
                   batch=args.batch, steps=args.steps, optimizer=args.optimizer, lr=args.lr, dtype=args.dtype,
                   seed=args.seed, log=args.log, checkpoint_every=args.checkpoint_every,
                   checkpoint_dir=args.checkpoint_dir, keep=args.keep, restart=args.restart,
@@ -263,19 +272,22 @@ def config_from(args: argparse.Namespace) -> Any:
 def stage_table(summary: dict[str, Any]) -> list[str]:
     """The per-rank lines of a run's summary (see :func:`apps.pipeline.train.summary`)."""
     lines = [f"{'rank':>4}  {'stages':<8} {'busy/step':>10}  {'bubble':>7}  {'planned':>7}  {'formula':>7}  "
-             f"{'peak activations':>17}  {'in flight (plan)':>16}  {'hosts for a peer':>16}"]
+             f"{'peak activations':>17}  {'in flight (plan)':>16}  {'hosts for a peer':>16}  "
+             f"{'sent to stages/step':>19}  {'all-gathered/step':>17}"]
     for r in summary["per_rank"]:
         stages = ",".join(map(str, r["stages"]))
         lines.append(f"{r['rank']:>4}  {stages:<8} {cli.format_time(r['busy_s'] / max(summary['steps'], 1)):>10}  "
                      f"{r['bubble']:>7.1%}  {r['planned']:>7.1%}  {summary['formula']:>7.1%}  "
                      f"{r['peak_bytes'] / 1024:>13.1f} KiB  {r['peak_micro']:>8} ({r['planned_peak']})  "
-                     f"{r['hosted_bytes'] / 1024:>12.1f} KiB")
+                     f"{r['hosted_bytes'] / 1024:>12.1f} KiB  {r['sent_bytes'] / 1024:>15.1f} KiB  "
+                     f"{r['gathered_bytes'] / 1024:>13.1f} KiB")
     return lines
 
 
 def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
     import numpy as np
 
+    from apps.pipeline.config import array_module
     from apps.pipeline.data import reference
     from apps.pipeline.measure import summary
     from apps.pipeline.timeline import FORMULAS
@@ -283,6 +295,7 @@ def _train(comm: Any, args: argparse.Namespace, say: Any) -> int:
 
     cfg = config_from(args)
     topo = cfg.check(comm.Get_size())
+    array_module(comm, cfg.backend)  # a missing CuPy is refused on every rank before anything is printed
     say(f"apps.pipeline: {cfg.schedule} on {comm.Get_size()} ranks = T {topo.T} x S {topo.S} x D {topo.D}"
         + (f", {cfg.chunks} chunks per rank" if cfg.chunks > 1 else "")
         + f"; {cfg.micro} micro-batches of a global batch of {cfg.batch}; activations {cfg.activations}; "

@@ -17,12 +17,15 @@ from typing import Any
 import numpy as np
 
 from apps import memory
+from apps.agree import agree
+from apps.options import BACKENDS
 
 from .model import ModelError, ModelSpec, block_ranges
+from .offload import WINDOWS
 from .schedules import SCHEDULES, ScheduleError, check_shape
 from .stage import STRATEGIES
 
-__all__ = ["Config", "ConfigError", "Topology", "memory_need", "check_memory"]
+__all__ = ["Config", "ConfigError", "Topology", "memory_need", "check_memory", "array_module"]
 
 
 class ConfigError(ValueError):
@@ -39,6 +42,8 @@ class Config:
     chunks: int = 1
     tensor: int = 1
     activations: str = "store"
+    offload_window: str = "auto"  # auto | rma | shared: where offloaded activations are parked
+    backend: str = "numpy"  # numpy | cupy: the array module of parameters, activations and messages
     balance: str = "params"  # params | time
     spec: ModelSpec = field(default_factory=ModelSpec)
     batch: int = 256
@@ -61,6 +66,10 @@ class Config:
             raise ConfigError(f"--schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
         if self.activations not in STRATEGIES:
             raise ConfigError(f"--activations {self.activations!r}: choose one of {', '.join(STRATEGIES)}")
+        if self.offload_window not in WINDOWS:
+            raise ConfigError(f"--offload-window {self.offload_window!r}: choose one of {', '.join(WINDOWS)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.balance not in ("params", "time"):
             raise ConfigError(f"--balance {self.balance!r}: choose params or time")
         for name in ("stages", "micro", "chunks", "tensor", "batch"):
@@ -159,7 +168,7 @@ def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: in
     mask or values; with ``recompute`` only the stage input, plus one
     micro-batch rebuilt; with ``zb-h1`` also the output gradients kept for W;
     with ``offload`` they sit in this rank's window for its neighbour
-    instead); one micro-batch's working arrays and messages; and on the
+    instead, plus two micro-batches fetched back); one micro-batch's working arrays and messages; and on the
     first and last stage's ranks the whole global batch each step makes
     (float64 inputs, teacher logits, labels).
     """
@@ -202,8 +211,8 @@ def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: in
         model = params * itemsize * (2 + states + (1 if D > 1 else 0))
         if cfg.activations == "recompute":
             held = peaks[s] * rows * keep_input + rows * keep
-        elif cfg.activations == "offload":
-            held = peaks[(s - 1) % S] * rows * keep + rows * keep  # a neighbour's, parked here; one fetched back
+        elif cfg.activations == "offload":  # a neighbour's, parked here; one fetched back and one prefetched
+            held = peaks[(s - 1) % S] * rows * keep + 2 * rows * keep
         else:
             held = peaks[s] * rows * keep
         if cfg.schedule == "zb-h1":
@@ -240,3 +249,22 @@ def check_memory(comm: Any, cfg: Config, topo: Topology) -> None:
         return memory_need(changed, topo, batch=v["--batch"], micro=v.get("--micro", cfg.micro), bounds=bounds)
 
     memory.check(comm, need, knobs, otherwise="spread the run over more nodes")
+
+
+def array_module(comm: Any, backend: str) -> Any:
+    """The array module of ``--backend`` on every rank (collective): ConfigError naming the fix on every rank when
+    any rank cannot import it."""
+    module, problem = None, None
+    if backend == "numpy":
+        module = np
+    elif backend == "cupy":
+        try:
+            import cupy
+
+            module = cupy
+        except ImportError:
+            problem = "--backend cupy needs CuPy: pip install -e '.[cuda12]' (or cuda13), or use --backend numpy"
+    else:
+        problem = f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}"
+    agree(comm, problem, ConfigError)
+    return module

@@ -11,7 +11,15 @@ every message and the tags are fixed once; each training step then runs
   completed when the step ends. So a rank only ever waits for data, and
   :func:`apps.pipeline.timeline.validate` proves no two ranks wait for each other;
 * every message has its own tag ``(kind, stage, micro-batch)`` on the pipeline
-  communicator, so the order in which neighbours post them does not matter.
+  communicator, so the order in which neighbours post them does not matter;
+* with tensor parallelism (T > 1) a message is this tensor rank's block of the
+  activation or gradient, and the stage all-gathers the blocks when it has
+  received its own (:class:`apps.pipeline.tensor.ScatterGather`): the bytes
+  sent between stages are counted per step (``StepRecord.sent_bytes``);
+* with offloaded activations, before each compute action the stage of the next
+  backward (B or I) in the row starts fetching that micro-batch's activations
+  (:meth:`apps.pipeline.stage.Stage.prefetch`), so the fetch overlaps the
+  computation in between instead of waiting at the backward's start.
 
 Waiting sleeps instead of spinning: a rank that waits polls its request with
 ``Test`` and sleeps between polls (20 µs, then 40, then 50 µs), so with
@@ -36,6 +44,7 @@ from mpicomm import trace
 
 from .schedules import Action
 from .stage import Stage
+from .tensor import ScatterGather
 
 __all__ = ["Executor", "Event", "StepRecord", "wait_sleeping"]
 
@@ -61,6 +70,8 @@ class StepRecord:
     peak_bytes: int = 0
     peak_micro: int = 0
     elapsed: float = 0.0
+    sent_bytes: int = 0  # bytes this rank sent to other stages (activations and gradients)
+    gathered_bytes: int = 0  # bytes it received from its tensor group completing them (T > 1)
 
     @property
     def busy(self) -> float:
@@ -84,7 +95,8 @@ class Executor:
     def __init__(self, comm: Any, row: list[Action], stages: dict[int, Stage], last_stage: int,
                  shapes: Callable[[str, int, int], tuple[int, ...]], dtype: Any, *, split: bool,
                  lookahead: int = 2, hooks: dict[int, Callable[[int], None]] | None = None,
-                 on_last_backward: Callable[[int], None] | None = None) -> None:
+                 on_last_backward: Callable[[int], None] | None = None, link: ScatterGather | None = None,
+                 xp: Any = np) -> None:
         if lookahead < 0:
             raise ValueError(f"lookahead {lookahead}: must be >= 0 (compute actions ahead of which receives are posted)")
         meters = {id(st.meter) for st in stages.values()}
@@ -97,6 +109,8 @@ class Executor:
         self.last_stage = last_stage
         self.shapes = shapes  # (kind "F"/"B", stage, mb) -> shape of the array that arrives
         self.dtype = np.dtype(dtype)
+        self.link = link  # tensor parallelism: send a block, all-gather on arrival
+        self.xp = xp  # the array module of the messages' buffers
         self.split = split
         self.lookahead = lookahead
         self.hooks = hooks or {}
@@ -109,6 +123,16 @@ class Executor:
             if a.op == ("W" if split else "B"):
                 final[a.stage] = i
         self._final = set(final.values())
+        # Before compute action i: the (stage, mb) of the next backward (B or I) after it, to prefetch.
+        self._ahead: dict[int, tuple[int, int]] = {}
+        upcoming = None
+        for i in range(len(self.row) - 1, -1, -1):
+            a = self.row[i]
+            if a.is_compute:
+                if upcoming is not None:
+                    self._ahead[i] = upcoming
+                if a.op in ("B", "I"):
+                    upcoming = (a.stage, a.mb)
         # Receives to post before each position (lookahead over compute actions).
         self._post_at: list[list[int]] = [[] for _ in self.row]
         computes = [i for i, a in enumerate(self.row) if a.is_compute]
@@ -147,7 +171,11 @@ class Executor:
             for j in self._post_at[i]:
                 r = self.row[j]
                 kind = r.op[-1]
-                buf = np.empty(self.shapes(kind, r.stage, r.mb), self.dtype)
+                shape = self.shapes(kind, r.stage, r.mb)
+                if self.link is not None:
+                    lo, hi = self.link.part(int(np.prod(shape)))
+                    shape = (hi - lo,)
+                buf = self.xp.empty(shape, self.dtype)
                 posted[j] = self.comm.irecv_array(buf, r.peer, self._tag(kind, r.stage, r.mb))
             op = a.op
             if op.startswith("RECV"):
@@ -155,19 +183,30 @@ class Executor:
                 request = posted.pop(i)
                 start = time.perf_counter()
                 if not request.Test():
-                    arrived[(kind, a.stage, a.mb)] = wait_sleeping(request)
+                    got = wait_sleeping(request)
                     note("wait", a.mb, a.stage, start, time.perf_counter())
                 else:
-                    arrived[(kind, a.stage, a.mb)] = request.wait()
+                    got = request.wait()
+                if self.link is not None:  # this rank's block: the tensor group completes it
+                    own = got.nbytes
+                    got = self.link.gather(got, self.shapes(kind, a.stage, a.mb))
+                    rec.gathered_bytes += got.nbytes - own
+                arrived[(kind, a.stage, a.mb)] = got
                 continue
             if op.startswith("SEND"):
                 kind = op[-1]
                 data = outputs.pop((a.stage, a.mb))
+                if self.link is not None:
+                    data = self.link.scatter(data)
+                rec.sent_bytes += data.nbytes
                 source_stage = a.stage + 1 if kind == "F" else a.stage - 1
                 sends.append(self.comm.isend_array(data, a.peer, self._tag(kind, source_stage, a.mb)))
                 continue
             stage = self.stages[a.stage]
             hook = self.hooks.get(a.stage) if i in self._final else None
+            if i in self._ahead:
+                ahead_stage, ahead_mb = self._ahead[i]
+                self.stages[ahead_stage].prefetch(ahead_mb)
             start = time.perf_counter()
             if op == "F":
                 x = inputs(a.mb) if a.stage == 0 else arrived.pop(("F", a.stage, a.mb))

@@ -6,6 +6,11 @@ start (the ranks start each step together); the run reports the median over
 its steps (after the first), and the step time is the median makespan. Busy is the sum of the rank's
 compute actions (F, B, I, W); everything else - waits, the messages'
 bookkeeping - is bubble, as the formula counts it.
+
+Communication per step and rank: ``sent_bytes``, what it sent to other stages
+(with T > 1 its block of each activation and gradient: 1/T of it), and
+``gathered_bytes``, what its tensor group's all-gathers completed those blocks
+with; ``offload_bytes``, what offloading moved (parked and fetched back).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ def local_stats(run: Any, records: list[StepRecord]) -> dict[str, Any]:
         "peak_micro": max((r.peak_micro for r in use), default=0),
         "planned_bubble": run.plan.bubble(run.s), "planned_peak": run.plan.peak_in_flight(run.s),
         "offload_bytes": getattr(getattr(run, "offload", None), "bytes_moved", 0) / max(len(records), 1),
+        "prefetched": getattr(getattr(run, "offload", None), "prefetched", 0),
+        "offload_window": getattr(getattr(getattr(run, "offload", None), "target", None), "kind", None),
+        "sent_bytes": sum(r.sent_bytes for r in use) / max(len(use), 1),
+        "gathered_bytes": sum(r.gathered_bytes for r in use) / max(len(use), 1),
         "hosted_bytes": getattr(run, "hosted_bytes", 0),
         "events": [[e.op, e.mb, e.stage, e.start, e.end] for e in (use[-1].events if use else [])],
     }
@@ -66,6 +75,8 @@ def summary(cfg: Any, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "bubble_total": 1.0 - r["busy"] / total if total else 0.0, "planned": r["planned_bubble"],
             "peak_bytes": r["peak_bytes"], "peak_micro": r["peak_micro"], "planned_peak": r["planned_peak"],
             "offload_bytes": r["offload_bytes"], "hosted_bytes": r["hosted_bytes"],
+            "sent_bytes": r["sent_bytes"], "gathered_bytes": r["gathered_bytes"],
+            "offload_window": r["offload_window"], "prefetched": r["prefetched"],
         })
     step_bubbles = [1.0 - sum(r["busy_steps"][i] for r in rows) / (len(rows) * makespans[i])
                     for i in range(steps) if makespans[i] > 0]

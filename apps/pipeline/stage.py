@@ -14,11 +14,14 @@ memory):
     them (about one more forward per micro-batch, least memory; torchgpipe's
     checkpointing, Megatron's full recompute);
 ``offload``
-    pack them into one byte buffer and ``put`` it into a slot of another rank's
-    RMA window (:meth:`mpicomm.Comm.expose`), ``get`` it back for the backward:
-    this rank holds none of them in between (:mod:`apps.pipeline.offload`: the
-    partner is the next rank of the pipeline, and the parking rank's planned
-    peak in flight sets the number of slots).
+    pack them into one byte buffer and write it into a slot of another rank's
+    memory (its RMA window, or its piece of a node-shared window when both
+    ranks share a node), read it back for the backward: this rank holds none
+    of them in between (:mod:`apps.pipeline.offload`: the partner is the next
+    rank of the pipeline, and the parking rank's planned peak in flight sets
+    the number of slots). :meth:`Stage.prefetch` starts reading a parked
+    micro-batch back before its backward (the executor calls it for the next
+    backward of its row).
 
 For the zero-bubble split, I keeps, per parameter layer, its saved input and
 the gradient of its output until W has used them.
@@ -26,7 +29,8 @@ the gradient of its output until W has used them.
 Memory is accounted, per rank in a :class:`Meter` all its stages report to, as
 the bytes of the arrays each strategy holds for micro-batches in flight, with
 its peak (for recompute: the inputs kept plus the rebuilt activations of the
-micro-batch whose backward runs; for offload: the micro-batch fetched back),
+micro-batch whose backward runs; for offload: the micro-batches fetched back
+or being prefetched, from the moment their fetch starts),
 and the peak number of micro-batches in flight.
 """
 
@@ -87,7 +91,8 @@ class Stage:
     """Stage *index*: *layers* (global layer numbers *numbers*) with their own flat parameter and gradient buffers."""
 
     def __init__(self, index: int, layers: list[Layer], numbers: list[int], values: dict[int, dict[str, np.ndarray]],
-                 *, dtype: Any = np.float64, seed: int = 0, strategy: str = "store", meter: Meter | None = None) -> None:
+                 *, dtype: Any = np.float64, seed: int = 0, strategy: str = "store", meter: Meter | None = None,
+                 xp: Any = np) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--activations {strategy!r}: choose one of {', '.join(STRATEGIES)}")
         if not layers or len(numbers) != len(layers):
@@ -97,7 +102,8 @@ class Stage:
         self.index = index
         self.numbers = list(numbers)
         self.first_layer = self.numbers[0] == 0
-        self.model = Sequential(layers, dtype=dtype, seed=seed)
+        self.model = Sequential(layers, dtype=dtype, seed=seed, xp=xp)
+        self.xp = xp
         self.layers = self.model.layers
         flat = np.concatenate([np.asarray(values[n][name], dtype=np.float64).reshape(-1)
                                for n, layer in zip(self.numbers, self.layers) for name in layer.param_shapes()]
@@ -165,6 +171,13 @@ class Stage:
         for layer, values in zip(self.layers, stash):
             layer.unstash(values)
 
+    def prefetch(self, mb: int) -> None:
+        """Start reading micro-batch *mb*'s offloaded activations back, if parked (a no-op for store, recompute)."""
+        if self.strategy == "offload" and self.offload is not None:
+            started = self.offload.prefetch((self.index, mb))
+            if started:
+                self._account(mb, started)  # held from now on: the buffer the fetch fills
+
     def forward(self, mb: int, x: Any, key: tuple[int, ...]) -> Any:
         """The stage's output for micro-batch *mb*; its activations are kept by the strategy."""
         y = self._run_forward(x, key)
@@ -229,7 +242,7 @@ class Stage:
 
     def stash_bytes(self, rows: int, key: tuple[int, ...] = (0,)) -> int:
         """Bytes of the activations one micro-batch of *rows* rows leaves here (a dry forward; collective with T > 1)."""
-        x = np.zeros((rows, self._in_features()), dtype=self.model.dtype)
+        x = self.xp.zeros((rows, self._in_features()), dtype=self.model.dtype)
         self._run_forward(x, key)
         return _nbytes(self._stash())
 

@@ -15,6 +15,21 @@ and each rank holds 1/T of the block's weights and of its hidden activations.
 The bias of the row-parallel layer is added once, after the all-reduce, and
 every rank keeps it whole (its gradient is the same on every rank).
 
+Between pipeline stages (:class:`ScatterGather`, Megatron's scatter-gather
+optimisation): the activation leaving a stage, and the gradient coming back,
+is whole and identical on the stage's T tensor ranks, so sending it whole from
+each of them to its counterpart moves it T times. Instead tensor rank t sends
+only block t of the flattened array (:func:`apps.blocks.block`: sizes that T
+does not divide give the first blocks one element more) and the receiving
+stage's T ranks all-gather the blocks over their tensor group::
+
+    stage s, ranks t = 0..T-1          stage s+1, ranks t = 0..T-1
+    x (whole) ─ block t ─ send ──────▶ block t ─ allgatherv(tensor group) ─▶ x (whole)
+
+Between stages each rank then sends n/T elements instead of n; the
+all-gather runs inside the receiving stage's tensor group (in Megatron, over
+the node's fast links).
+
 Initialisation draws the WHOLE weight matrix from the generator, exactly as
 :class:`apps.nn.Linear` would, and keeps this rank's slice: a model built with
 these layers has, slice for slice, the parameters of the unsplit model built
@@ -31,9 +46,11 @@ from typing import Any
 import numpy as np
 
 import mpicomm
+from apps.blocks import block, blocks
 from apps.nn import Layer
+from apps.nn.xp import array_module
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ScatterGather", "shard"]
 
 
 def shard(n: int, comm: Any, what: str) -> tuple[int, int]:
@@ -128,3 +145,35 @@ class RowParallelLinear(Layer):
 
     def __repr__(self) -> str:
         return f"RowParallelLinear({self.in_features}, {self.out_features}, rows {self.lo}:{self.hi})"
+
+
+class ScatterGather:
+    """Send 1/T of a stage's output between stages, all-gather it on arrival (see the module docstring).
+
+    *comm*: the stage's tensor group (any mpicomm communicator of its T ranks);
+    with T = 1 both directions hand the array through unchanged.
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.T, self.t = comm.Get_size(), comm.Get_rank()
+
+    def part(self, count: int) -> tuple[int, int]:
+        """``(start, stop)`` of this rank's block of a flattened array of *count* elements."""
+        return block(count, self.T, self.t)
+
+    def scatter(self, x: Any) -> Any:
+        """This rank's block of *x*, flattened (a view when *x* is contiguous): what it sends to the next stage."""
+        if self.T == 1:
+            return x
+        lo, hi = self.part(x.size)
+        return x.reshape(-1)[lo:hi]
+
+    def gather(self, mine: Any, shape: tuple[int, ...]) -> Any:
+        """The whole array of *shape* from every tensor rank's block (collective over the tensor group)."""
+        if self.T == 1:
+            return mine.reshape(shape)
+        counts, displs = blocks(math.prod(shape), self.T)
+        whole = array_module(mine).empty(shape, mine.dtype)
+        self.comm.Allgatherv(mine, [whole, counts, displs])  # counts known: no size exchange first
+        return whole

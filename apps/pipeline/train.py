@@ -8,6 +8,12 @@ with mpicomm's all-reduce through :class:`apps.sgd.ddp.Reducer`, bucketed,
 launched from the last gradient pass of each stage so the buckets overlap the
 other stages' work, and waited for - sleeping - before the optimizer step).
 
+With T > 1 the stages exchange activations and gradients by Megatron's
+scatter-gather (:class:`apps.pipeline.tensor.ScatterGather`): each tensor rank
+sends 1/T of them, and the receiving stage all-gathers over *tensor*.
+``--backend cupy`` puts parameters, activations and messages on the GPU: the
+same code, with the array module ``xp``.
+
 A step: every rank makes the same global batch from the step number
 (:mod:`apps.pipeline.data`), replica d takes its share in M micro-batches, the
 schedule runs (:class:`apps.pipeline.engine.Executor`), the loss gradient is
@@ -29,24 +35,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 import mpicomm
 from apps import checkpoint as ck
-from apps.agree import verdict
+from apps.agree import agree, verdict
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
+from apps.nn.xp import to_host
 from apps.sgd.ddp import Reducer
 from mpicomm import cli
 
 from . import checkpoints
-from .config import Config, ConfigError, Topology, check_memory
+from .config import Config, ConfigError, Topology, array_module, check_memory
 from .data import batch, micro_slices
 from .engine import Executor, StepRecord, wait_sleeping
 from .measure import local_stats
 from .model import block_ranges, initial_values, stage_layers
-from .offload import Offload
+from .offload import Offload, RmaSlots, SharedSlots
 from .schedules import actions, splits_backward
 from .stage import Meter, Stage
+from .tensor import ScatterGather
 from .timeline import plan
 
 __all__ = ["train", "RunResult", "measure_costs"]
@@ -70,8 +79,8 @@ class _Run:
     """This rank's part of the run: sub-communicators, stages, executor, optimizer, reducers (a plan object)."""
 
     def __init__(self, comm: Any, cfg: Config, topo: Topology, costs: list[float] | None,
-                 bounds: list[tuple[int, int]] | None = None) -> None:
-        self.cfg, self.topo = cfg, topo
+                 bounds: list[tuple[int, int]] | None = None, xp: Any = np) -> None:
+        self.cfg, self.topo, self.xp = cfg, topo, xp
         rank = comm.Get_rank()
         self.t, self.s, self.d = topo.coords(rank)
         self.tensor = mpicomm.Comm(comm.Split(self.d * topo.S + self.s, self.t))
@@ -90,7 +99,7 @@ class _Run:
         values = initial_values(spec, wanted, cfg.seed, self.tensor)
         self.meter = Meter()
         self.stages = {st: Stage(st, lay, numbers, values, dtype=self.dtype, seed=cfg.seed, strategy=cfg.activations,
-                                 meter=self.meter) for st, (lay, numbers) in built.items()}
+                                 meter=self.meter, xp=xp) for st, (lay, numbers) in built.items()}
         self.widths = {}  # stage -> (in, out) features
         for st in range(self.P):
             lo, hi = self.bounds[st]
@@ -99,15 +108,23 @@ class _Run:
         self.row = list(actions(cfg.schedule, S, cfg.micro, V, self.s))
         self.plan = plan(cfg.schedule, S, cfg.micro, V)
         self.opt = make_optimizer(cfg.optimizer, lr=cfg.lr)
-        self.state = {st: self.opt.init_state(stage.model.num_params, np, self.dtype) for st, stage in self.stages.items()}
+        self.state = {st: self.opt.init_state(stage.model.num_params, xp, self.dtype) for st, stage in self.stages.items()}
         self.reducers = {st: Reducer(self.data, stage.model) for st, stage in self.stages.items()} if topo.D > 1 else {}
         hooks = {st: r.hook for st, r in self.reducers.items()}
         self.executor = Executor(self.pipe, self.row, self.stages, self.P - 1, self._shape, self.dtype,
-                                 split=splits_backward(cfg.schedule), hooks=hooks)
-        self.offload_window = None
+                                 split=splits_backward(cfg.schedule), hooks=hooks,
+                                 link=ScatterGather(self.tensor) if topo.T > 1 else None, xp=xp)
+        self.offload_window: Any = None
+        self.shared_window: Any = None
+        self.node: Any = None
+        self.offload: Any = None
         self.hosted_bytes = 0
         if cfg.activations == "offload":
-            self._setup_offload()
+            try:
+                self._setup_offload()
+            except ConfigError:  # every rank together (agreed): free collectively
+                self.free()
+                raise
 
     def _shape(self, kind: str, stage: int, mb: int) -> tuple[int, int]:
         lo, hi = self.slices[mb]
@@ -116,16 +133,38 @@ class _Run:
         return hi - lo, self.widths[stage][1]  # the gradient of *stage*'s output, from stage+1
 
     def _setup_offload(self) -> None:
-        """Windows for parked activations: slots = the planned peak in flight here, slot = the largest stash."""
+        """Slots for parked activations: slots = the planned peak in flight here, slot = the largest stash.
+
+        The next pipeline rank hosts them: in its piece of a node-shared window
+        when it shares this rank's node (``--offload-window auto`` or
+        ``shared``), else in its RMA window. Both windows are created on every
+        rank (collective), the unused one with one byte.
+        """
         rows = max(hi - lo for lo, hi in self.slices)
         slot = max(stage.stash_bytes(rows) for stage in self.stages.values())
         slots = max(1, self.plan.peak_in_flight(self.s))
         need = self.pipe.allgather(slot * slots)
-        S = self.topo.S
-        hosted = need[(self.s - 1) % S]  # what the previous rank parks here
+        S, where = self.topo.S, self.cfg.offload_window
+        partner, parker = (self.s + 1) % S, (self.s - 1) % S
+        self.node = mpicomm.Comm(self.pipe.Split_type(MPI.COMM_TYPE_SHARED, self.s))
+        members = self.node.allgather(self.s)  # the pipeline ranks on this node, in node order
+        problem = None
+        if where == "shared" and partner not in members:
+            problem = (f"--offload-window shared: pipeline rank {self.s} parks on rank {partner}, which is on another "
+                       f"node; use --offload-window auto (shared memory where ranks share a node) or rma")
+        agree(self.pipe, problem, ConfigError)
+        shared_out = where != "rma" and partner in members
+        shared_in = where != "rma" and parker in members
+        hosted = need[parker]  # what the previous rank parks here
         self.hosted_bytes = hosted
-        self.offload_window = self.pipe.expose(np.zeros(max(hosted, 1), np.uint8))
-        off = Offload(self.offload_window, (self.s + 1) % S, slot, slots)
+        self.shared_window = MPI.Win.Allocate_shared(max(hosted, 1) if shared_in else 1, 1, comm=self.node)
+        self.offload_window = self.pipe.expose(np.zeros(1 if shared_in else max(hosted, 1), np.uint8))
+        if shared_out:
+            buf, _ = self.shared_window.Shared_query(members.index(partner))
+            target: RmaSlots | SharedSlots = SharedSlots(np.frombuffer(buf, np.uint8))
+        else:
+            target = RmaSlots(self.offload_window, partner, wait_sleeping)
+        off = Offload(target, slot, slots, self.xp)
         for stage in self.stages.values():
             stage.offload = off
         self.offload = off
@@ -144,14 +183,17 @@ class _Run:
             x, y = batch(cfg.spec, cfg.batch, step, cfg.seed)
         dt = self.dtype
 
+        xp = self.xp
+
         def inputs(mb: int) -> Any:
             lo, hi = self.slices[mb]
-            return np.ascontiguousarray(x[lo:hi], dtype=dt)
+            return xp.asarray(np.ascontiguousarray(x[lo:hi], dtype=dt))
 
         def loss(mb: int, logits: Any) -> tuple[float, int, Any]:
             lo, hi = self.slices[mb]
-            value, dlogits = softmax_cross_entropy(logits, y[lo:hi], denominator=cfg.batch)
-            return value * (hi - lo), correct(logits, y[lo:hi]), dlogits
+            labels = xp.asarray(y[lo:hi])
+            value, dlogits = softmax_cross_entropy(logits, labels, denominator=cfg.batch)
+            return value * (hi - lo), correct(logits, labels), dlogits
 
         rec = self.executor.step(inputs, loss, lambda mb: (step, self.d, mb))
         for r in self.reducers.values():
@@ -171,7 +213,7 @@ class _Run:
         if self.d == 0:
             for stage in self.stages.values():
                 for n, layer in zip(stage.numbers, stage.layers):
-                    mine[n] = (type(layer).__name__, {k: np.asarray(v) for k, v in layer.params.items()})
+                    mine[n] = (type(layer).__name__, {k: to_host(v) for k, v in layer.params.items()})
         pieces = self.tensor.gather(mine, root=0)
         whole = None
         if self.t == 0 and self.d == 0:
@@ -194,13 +236,19 @@ class _Run:
         return np.concatenate([a.reshape(-1) for n in sorted(merged) for a in merged[n].values()] or [np.empty(0)])
 
     def free(self) -> None:
+        self.offload = None  # drop every view of the shared window before freeing it
+        for stage in self.stages.values():
+            stage.offload = None
         if self.offload_window is not None:
             self.offload_window.Free()
-        for c in (self.tensor, self.pipe, self.data):
-            c.Free()
+        if self.shared_window is not None:
+            self.shared_window.Free()
+        for c in (self.node, self.tensor, self.pipe, self.data):
+            if c is not None:
+                c.Free()
 
 
-def measure_costs(comm: Any, cfg: Config, rows: int, repeat: int = 3) -> list[float]:
+def measure_costs(comm: Any, cfg: Config, rows: int, repeat: int = 3, xp: Any = np) -> list[float]:
     """Seconds of forward + backward of each block on one micro-batch (rank 0 measures, every rank gets them)."""
     costs = None
     if comm.Get_rank() == 0:
@@ -209,8 +257,8 @@ def measure_costs(comm: Any, cfg: Config, rows: int, repeat: int = 3) -> list[fl
         for u in range(1, spec.blocks + 1):
             lay, numbers = stage_layers(spec, u - 1, u)
             values = initial_values(spec, set(numbers), cfg.seed)
-            st = Stage(u, lay, numbers, values, dtype=np.dtype(cfg.dtype), seed=cfg.seed)
-            x = np.random.default_rng(0).standard_normal((rows, st.in_features)).astype(cfg.dtype)
+            st = Stage(u, lay, numbers, values, dtype=np.dtype(cfg.dtype), seed=cfg.seed, xp=xp)
+            x = xp.asarray(np.random.default_rng(0).standard_normal((rows, st.in_features)).astype(cfg.dtype))
             best = float("inf")
             for _ in range(repeat):
                 t0 = time.perf_counter()
@@ -246,15 +294,16 @@ def train(comm: Any, cfg: Config, *, on_step: Callable[[int, float, float], None
     CheckpointError on every rank otherwise.
     """
     topo = cfg.check(comm.Get_size())
+    xp = array_module(comm, cfg.backend)
     check_memory(comm, cfg, topo)
     if cfg.checkpoint_every:
         ck.prepare_directory(comm, cfg.checkpoint_dir)
     bounds = checkpoints.saved_bounds(comm, cfg) if cfg.restart and cfg.balance == "time" else None
     costs = None
     if cfg.balance == "time" and bounds is None:
-        costs = measure_costs(comm, cfg, max(1, cfg.batch // topo.D // cfg.micro))
+        costs = measure_costs(comm, cfg, max(1, cfg.batch // topo.D // cfg.micro), xp=xp)
     logf = _open_log(comm, cfg, append=cfg.restart)
-    run = _Run(comm, cfg, topo, costs, bounds)
+    run = _Run(comm, cfg, topo, costs, bounds, xp)
     result = RunResult()
     rank = comm.Get_rank()
     finished = False
@@ -283,7 +332,7 @@ def train(comm: Any, cfg: Config, *, on_step: Callable[[int, float, float], None
             progress.step(f"step {step + 1}/{cfg.steps}  loss {loss_value:.4f}  {seconds * 1e3:.1f} ms")
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 checkpoints.save(comm, run, step + 1)
-        result.params = {st: stage.model.params.copy() for st, stage in run.stages.items()}
+        result.params = {st: np.array(to_host(stage.model.params)) for st, stage in run.stages.items()}
         result.full = run.assemble()
         result.stats = local_stats(run, result.records)
         result.ranks = comm.gather(result.stats, root=0) or []

@@ -7,7 +7,7 @@ import pytest
 
 import mpicomm
 from apps.nn import Linear, ReLU, Sequential
-from apps.pipeline.tensor import ColumnParallelLinear, RowParallelLinear, shard
+from apps.pipeline.tensor import ColumnParallelLinear, RowParallelLinear, ScatterGather, shard
 
 
 @pytest.mark.mpi
@@ -68,3 +68,17 @@ def test_size_not_divisible_names_the_fix():
     n = comm.Get_size() * 3 + 1
     with pytest.raises(ValueError, match=f"= {n} is not divisible by the tensor-parallel size {comm.Get_size()}"):
         shard(n, comm, "the column-parallel layer's output size")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("shape", [(5, 7), (3, 4), (1, 2)])  # 35 (uneven at 2-4 ranks), 12, 2 (< ranks: empty blocks)
+def test_scatter_gather_sends_one_block_and_rebuilds_the_whole(shape):
+    comm = mpicomm.Comm()
+    T, t = comm.Get_size(), comm.Get_rank()
+    x = np.random.default_rng(1).standard_normal(shape) * (1 + np.arange(shape[-1]))  # whole, alike on every rank
+    link = ScatterGather(comm)
+    mine = link.scatter(x)
+    n = x.size
+    assert mine.size == n // T + (1 if t < n % T else 0)  # the first n mod T ranks carry one element more
+    np.testing.assert_array_equal(mine.reshape(-1), x.reshape(-1)[t * (n // T) + min(t, n % T):][:mine.size])
+    np.testing.assert_array_equal(link.gather(mine.copy(), shape), x)
