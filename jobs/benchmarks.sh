@@ -10,7 +10,7 @@
 # own cache is read or changed; then run every collective benchmark (native and every
 # algorithm interleaved, validated against the library) and the ping-pong, and judge the speed
 # targets from the JSON (python -m mpicomm.bench.summary).
-# Writes jobs/results/p<N>/: tune.txt, collectives.md, bench-<collective>.json/.png, and
+# Writes jobs/results/p<N>/: tune.txt, collectives.md, neighbors.md, bench-<collective>.json/.png, and
 # jobs/results/targets.md (the summary BENCHMARKS.md quotes), replacing what an earlier run wrote
 # there (--force). Iterations and warm-ups are the benchmarks' defaults, OSU's (python -m
 # mpicomm.bench BENCHMARK --help). On 2 cores it took 1 minute at p = 2 and 5 at p = 4. With more
@@ -53,6 +53,15 @@ for p in "${ranks[@]}"; do
     if [[ $p == 2 ]]; then
         "${run[@]}" -m mpicomm.bench pingpong --sizes 8:1M --quiet "${report[@]}" >/dev/null
     fi
+    # The neighbourhood collectives, on a periodic ring (their own table: the library's topology calls beside
+    # mpicomm's algorithms; the persistent form is the stencil's halo exchange)
+    neighbors=(--out "$out/neighbors.md" --force)
+    for c in neighbor_allgather neighbor_alltoall; do
+        echo "[p=$p] $c ($((SECONDS - started)) s elapsed)"
+        "${run[@]}" -m mpicomm.bench "$c" --sizes 8:1M --persistent --validate --quiet \
+            --json "$out/bench-$c.json" --plot "$out/bench-$c.png" "${neighbors[@]}" >/dev/null
+        neighbors=(--out "$out/neighbors.md" --append)
+    done
 done
 "$python" -m mpicomm.bench.summary "${json[@]}" --out jobs/results/targets.md --force >/dev/null
 echo "done in $((SECONDS - started)) s: jobs/results/targets.md, jobs/results/p*/"

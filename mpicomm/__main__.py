@@ -227,7 +227,7 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     algorithm allowed or why not, the model's prediction, the measured time where the measured rules have one,
     and the rule that chose."""
     from mpicomm import model, registry, rules
-    from mpicomm.bench.metrics import COLLECTIVES, layout
+    from mpicomm.bench.metrics import COLLECTIVES, layout, model_bytes
 
     known = registry.table()
     if collective not in known and collective in COLLECTIVES:  # a benchmark name (reduce_scatter_block's)
@@ -242,7 +242,7 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     spec = next((s for s in COLLECTIVES.values() if s.registry == collective), None)
     if spec is not None and spec.name != "barrier":
         count = layout(spec.name, size, p)[0]
-        nbytes: int | None = count * 8 * (1 if spec.whole or spec.name in ("gather", "scatter") else p)
+        nbytes: int | None = None if spec.neighbors else model_bytes(spec.name, count, 8, p)  # (neighbours: no size)
         op = "sum" if spec.op else None
     else:
         count, nbytes = (max(1, size // 8), size) if collective != "barrier" else (0, None)

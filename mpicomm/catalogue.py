@@ -26,6 +26,9 @@ The size rules (``Collective.size``):
 
 The neighbourhood collectives (``neighbor=True``) are methods of mpi4py's
 topology communicators (``MPI.Topocomm``), not of every intracommunicator.
+The w-forms (``alltoallw``, ``neighbor_alltoallw``: a datatype per block,
+displacements in bytes) run their family's algorithms on bytes: their
+element type is ``uint8`` and their counts are byte counts.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def _rows() -> tuple[Collective, ...]:
         C("allgatherv", "allgather", "Allgatherv", vector=True, size="gathered", equal_blocks=False),
         C("alltoall", "alltoall", "Alltoall", size="send"),
         C("alltoallv", "alltoall", "Alltoallv", vector=True, size="send", equal_blocks=False),
+        C("alltoallw", "alltoall", "Alltoallw", vector=True, size="send", equal_blocks=False),
         C("reduce_scatter", "reduce_scatter", "Reduce_scatter", reducing=True, vector=True, size="input",
           equal_blocks=False),
         C("reduce_scatter_block", "reduce_scatter", "Reduce_scatter_block", reducing=True, size="input"),
@@ -123,6 +127,8 @@ def _rows() -> tuple[Collective, ...]:
           neighbor=True),
         C("neighbor_alltoall", "neighbor", "Neighbor_alltoall", size="edge", equal_blocks=False, neighbor=True),
         C("neighbor_alltoallv", "neighbor", "Neighbor_alltoallv", vector=True, size="edge", equal_blocks=False,
+          neighbor=True),
+        C("neighbor_alltoallw", "neighbor", "Neighbor_alltoallw", vector=True, size="edge", equal_blocks=False,
           neighbor=True),
     )
 

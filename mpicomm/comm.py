@@ -502,6 +502,16 @@ class Comm(MPI.Intracomm):
         """Nonblocking :meth:`Alltoallv`."""
         return self._collective("alltoallv", False, algorithm, sendbuf, recvbuf)
 
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """:meth:`Alltoallv` with a datatype per block and displacements in bytes (``[buf, (counts, displs),
+        datatypes]``): mpicomm's alltoall algorithms move each block's bytes (contiguous datatypes; a derived
+        datatype with gaps, or MPI.BOTTOM, goes to the MPI library's own Alltoallw)."""
+        self._collective("alltoallw", True, algorithm, sendbuf, recvbuf)
+
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Alltoallw`."""
+        return self._collective("alltoallw", False, algorithm, sendbuf, recvbuf)
+
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce p equal blocks with *op*; rank r receives reduced block r."""
@@ -628,6 +638,11 @@ class Comm(MPI.Intracomm):
                        algorithm: str | None = None) -> persistent.Prequest:
         """Persistent :meth:`Alltoallv`."""
         return self._persistent("alltoallv", algorithm, info, sendbuf, recvbuf)
+
+    def Alltoallw_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                       algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Alltoallw`."""
+        return self._persistent("alltoallw", algorithm, info, sendbuf, recvbuf)
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                   info: MPI.Info | None = None, *,
@@ -810,6 +825,20 @@ class _Neighborhood(Comm):
     def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Neighbor_alltoallv`."""
         return self._collective("neighbor_alltoallv", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """:meth:`Neighbor_alltoallv` with a datatype per neighbour and displacements in bytes (as
+        :meth:`Comm.Alltoallw`)."""
+        self._collective("neighbor_alltoallw", True, algorithm, sendbuf, recvbuf)
+
+    def Ineighbor_alltoallw(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoallw`."""
+        return self._collective("neighbor_alltoallw", False, algorithm, sendbuf, recvbuf)
+
+    def Neighbor_alltoallw_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
+                                algorithm: str | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Neighbor_alltoallw`."""
+        return self._persistent("neighbor_alltoallw", algorithm, info, sendbuf, recvbuf)
 
     def Neighbor_allgather_init(self, sendbuf: Any, recvbuf: Any, info: MPI.Info | None = None, *,
                                 algorithm: str | None = None) -> persistent.Prequest:

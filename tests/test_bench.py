@@ -74,7 +74,7 @@ def test_algbw_counts_what_nccl_tests_counts(p):
     assert nccl_bytes("barrier", 0, 8, p) == 0
 
 
-@pytest.mark.parametrize("collective", [c for c in COLLECTIVES if c != "barrier"])
+@pytest.mark.parametrize("collective", [c for c in COLLECTIVES if c != "barrier" and not COLLECTIVES[c].neighbors])
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_model_bytes_are_the_dispatchers_selection_bytes(collective, p):
     from mpicomm.front import dispatch
@@ -83,6 +83,20 @@ def test_model_bytes_are_the_dispatchers_selection_bytes(collective, p):
     for unit in (1, 5, 4096):
         args = dispatch.Args(spec.registry, dtype=np.dtype(np.float64), count=unit)
         assert model_bytes(collective, unit, 8, p) == dispatch.selection_bytes(args, p), (collective, unit)
+
+
+@pytest.mark.parametrize("collective", [c for c in COLLECTIVES if COLLECTIVES[c].neighbors])
+def test_a_neighbourhood_collective_is_sized_by_one_neighbours_block(collective):
+    from mpicomm.front import dispatch
+
+    spec = COLLECTIVES[collective]
+    for p in (1, 2, 5):
+        unit, send, recv, size = layout(collective, 4096, p)
+        assert (unit, size, recv) == (512, 4096, 1024)  # a block from each of the ring's 2 neighbours, whatever p
+        assert send == (1024 if collective == "neighbor_alltoall" else 512)
+        assert model_bytes(collective, unit, 8, p) == 4096 and nccl_bytes(collective, unit, 8, p) == 8192
+        # a rank's blocks may differ from its neighbours': the selection has no size, so no rule can split on one
+        assert dispatch.selection_bytes(dispatch.Args(spec.registry, dtype=np.dtype(np.float64), count=unit), p) is None
 
 
 def test_layout_rounds_to_float64_elements_and_reports_osu_size():
@@ -220,6 +234,23 @@ def test_pingpong_writes_its_table(tmp_path):
     text = out.read_text()
     assert "Command: `mpiexec -n 2 python -m mpicomm.bench pingpong --sizes 8,20000,65536" in text
     assert "| 65536 " in text and "native Avg (µs)" in text and "osu_bw" in text
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("collective", ["neighbor_allgather", "neighbor_alltoall"])
+def test_a_neighbourhood_collective_is_measured_and_checked_on_a_ring(tmp_path, collective):
+    data = tmp_path / "rows.json"
+    result = _bench(3, collective, "--sizes", "8,4K", "--iters", "4", "--repeat", "1", "--warmup", "1", "--persistent",
+                    "--validate",
+                    "--json", str(data), "--quiet")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(data.read_text())["results"]
+    names = {"native", "direct", "combined", "auto", "persistent"}
+    assert {r["name"] for r in rows} == names and len(rows) == 2 * len(names)
+    for r in rows:  # every variant's result equals the library's on every rank
+        assert r["validation"] == "Pass" and r["wrong"] == 0, r
+    assert {r["chose"] for r in rows if r["name"] == "auto"} == {"direct"}
+    assert f"{collective}, 3 ranks" in result.stdout or f"# {collective}" in result.stdout
 
 
 @pytest.mark.launches

@@ -24,12 +24,13 @@ def test_every_collective_has_a_row_and_mpi4py_has_its_methods():
 def test_rows_say_the_facts_mpi_defines():
     assert {"bcast", "reduce", "gather", "gatherv", "scatter", "scatterv"} == catalogue.ROOTED
     assert {"reduce", "allreduce", "reduce_scatter", "reduce_scatter_block", "scan", "exscan"} == catalogue.REDUCING
-    assert {"gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter", "neighbor_allgatherv",
-            "neighbor_alltoallv"} == catalogue.VECTORED
-    neighborhood = {"neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv"}
+    assert {"gatherv", "scatterv", "allgatherv", "alltoallv", "alltoallw", "reduce_scatter", "neighbor_allgatherv",
+            "neighbor_alltoallv", "neighbor_alltoallw"} == catalogue.VECTORED
+    neighborhood = {"neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv",
+                    "neighbor_alltoallw"}
     assert neighborhood == catalogue.NEIGHBORHOOD
     assert {c for c in catalogue.COLLECTIVES if catalogue.family(c) != c} == {
-        "gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter_block"} | neighborhood
+        "gatherv", "scatterv", "allgatherv", "alltoallv", "alltoallw", "reduce_scatter_block"} | neighborhood
     assert {catalogue.family(c) for c in neighborhood} == {"neighbor"}
     assert all(catalogue.row(c).size == "edge" and catalogue.row(c).blockwise for c in neighborhood)
 

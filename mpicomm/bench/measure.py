@@ -445,6 +445,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
 
     world = MPI.COMM_WORLD
     comm = mpicomm.Comm()
+    library: Any = world  # what the native rows call: the library's communicator
+    if spec.neighbors:  # a periodic ring, the same for mpicomm and the library
+        ring = comm.Get_size()
+        library, comm = world.Create_cart([ring], periods=[True]), comm.Create_cart([ring], periods=[True])
     p, rank = comm.Get_size(), comm.Get_rank()
     loud = rank == 0 and not args.quiet
     xp = array_module(getattr(args, "backend", "numpy"))
@@ -481,7 +485,7 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         warm = warmup_iterations(nbytes, iters, getattr(args, "warmup", None))
         out = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=False)
         send, recv = out.input, out.result
-        variants = [_Variant("native", None, send, recv, _bind(spec, world, out.args, None, op))]
+        variants = [_Variant("native", None, send, recv, _bind(spec, library, out.args, None, op))]
         variants += [_Variant(_label(n), n, send, recv, _bind(spec, comm, out.args, n, op)) for n in names]
         pool = None
         if use_pool:
@@ -497,7 +501,7 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         inner: list[_Variant] = []
         if in_place:
             buf = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=True)
-            inner = [_Variant("native", None, buf.input, buf.result, _bind(spec, world, buf.args, None, op), True)]
+            inner = [_Variant("native", None, buf.input, buf.result, _bind(spec, library, buf.args, None, op), True)]
             inner += [_Variant(_label(n), n, buf.input, buf.result, _bind(spec, comm, buf.args, n, op), True)
                       for n in names]
         chosen = {}
@@ -556,8 +560,12 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
             pool.free()
         if failed:
             break
-    overhead = _overhead(spec, rows, world, comm, p) if not failed else None
-    return CollectiveRun(rows, notes, overhead, p, comm.nodes, machine, failed, in_place)
+    overhead = _overhead(spec, rows, library, comm, p) if not failed else None
+    nodes = comm.nodes
+    if spec.neighbors:
+        comm.Free()
+        library.Free()
+    return CollectiveRun(rows, notes, overhead, p, nodes, machine, failed, in_place)
 
 
 def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], list[str]]:
@@ -606,8 +614,8 @@ def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], un
         avg = sum(lat) / len(lat)
         bw = bandwidths(spec.name, unit, item, p, avg * 1e-6)
         algorithm = chosen[0] if v.name == "auto" and chosen else v.algorithm
-        predicted = _predict(spec, algorithm, model_bytes(spec.name, unit, item, p), p, machine) \
-            if algorithm is not None else None
+        predicted = _predict(spec, algorithm, model_bytes(spec.name, unit, item, p), spec.degree(p), machine) \
+            if algorithm is not None else None  # (a neighbourhood collective's cost reads p as its degree)
         out.append({
             "collective": spec.name, "size": nbytes, "count": unit, "name": v.name, "algorithm": v.algorithm,
             "chose": chosen[0] if v.name == "auto" and chosen else None,

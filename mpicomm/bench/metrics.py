@@ -18,7 +18,7 @@ from ..cli import sizes_arg
 __all__ = [
     "parse_sizes", "iterations", "latency_iterations", "warmup_iterations", "bandwidth_iterations",
     "bandwidth_warmup", "OSU_COLLECTIVE", "OSU_LATENCY", "OSU_SKIP", "OSU_BANDWIDTH", "OSU_BANDWIDTH_SKIP", "WINDOW",
-    "Collective", "COLLECTIVES", "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
+    "Collective", "COLLECTIVES", "WORLD", "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
     "type_name", "redop_name", "root_of", "mpi_type_name",
 ]
 
@@ -122,6 +122,11 @@ class Collective:
     root_only: bool = False  # only the root has a result
     size_is_all: bool = False  # OSU's Size is unit·p (reduce_scatter: the whole vector)
     in_place: bool = True  # has an MPI.IN_PLACE form (bcast is in place by nature; barrier moves nothing)
+    neighbors: int = 0  # a neighbourhood collective, measured on a periodic ring: each rank's neighbours (2)
+
+    def degree(self, p: int) -> int:
+        """The blocks a rank's buffers hold ``unit·degree`` of: p, or a neighbourhood collective's neighbours."""
+        return self.neighbors or p
 
     def describe_size(self) -> str:
         """What the Size column measures, in words."""
@@ -131,6 +136,9 @@ class Collective:
             return "the whole vector, in bytes"
         if self.name == "alltoall":
             return "the block each rank sends to each peer, in bytes"
+        if self.neighbors:
+            return (f"the block each rank sends to each of its {self.neighbors} neighbours on a periodic ring (a 1-D "
+                    f"periodic Cartesian communicator), in bytes")
         return "one rank's block, in bytes"
 
 
@@ -146,7 +154,15 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("scatter", "Scatter", "scatter", False, True, False, root=True),
     Collective("scan", "Scan", "scan", True, False, False, op=True),
     Collective("barrier", "Barrier", "barrier", True, False, False, in_place=False),
+    Collective("neighbor_allgather", "Neighbor_allgather", "neighbor_allgather", False, False, True, in_place=False,
+               neighbors=2),
+    Collective("neighbor_alltoall", "Neighbor_alltoall", "neighbor_alltoall", False, True, True, in_place=False,
+               neighbors=2),
 )}
+
+#: The collectives the world communicator runs (``python -m mpicomm.tune`` decides rules for these): all but the
+#: neighbourhood ones, which need a topology.
+WORLD = tuple(name for name, spec in COLLECTIVES.items() if not spec.neighbors)
 
 _ALL_FACTOR = ("reduce_scatter", "allgather", "alltoall", "gather", "scatter")  # nccl-tests: S = count·typesize·p
 
@@ -160,6 +176,9 @@ def nccl_bytes(collective: str, count: int, itemsize: int, p: int) -> int:
     """
     if collective == "barrier":
         return 0
+    neighbors = COLLECTIVES[collective].neighbors if collective in COLLECTIVES else 0
+    if neighbors:  # what a rank receives: a block from each neighbour
+        return count * itemsize * neighbors
     return count * itemsize * (p if collective in _ALL_FACTOR else 1)
 
 
@@ -190,12 +209,13 @@ def model_bytes(collective: str, count: int, itemsize: int, p: int) -> int:
 
     Whole vector for allreduce, bcast, reduce, scan; the block for gather and
     scatter; everything gathered for allgather; each rank's whole send for
-    alltoall; the whole input for reduce_scatter.
+    alltoall; the whole input for reduce_scatter; one neighbour's block for the neighbourhood collectives (their
+    selection has no size: a rank's blocks may differ from its neighbours').
     """
     if collective == "barrier":
         return 0
     spec = COLLECTIVES[collective]
-    return count * itemsize * (1 if spec.whole or collective in ("gather", "scatter") else p)
+    return count * itemsize * (1 if spec.whole or spec.neighbors or collective in ("gather", "scatter") else p)
 
 
 def layout(collective: str, size: int, p: int, itemsize: int = 8) -> tuple[int, int, int, int]:
@@ -208,8 +228,8 @@ def layout(collective: str, size: int, p: int, itemsize: int = 8) -> tuple[int, 
     if collective == "barrier":
         return 0, 0, 0, 0
     unit = max(1, size // (itemsize * (p if spec.size_is_all else 1)))
-    send = unit * (p if spec.send_p else 1)
-    recv = unit * (p if spec.recv_p else 1)
+    send = unit * (spec.degree(p) if spec.send_p else 1)
+    recv = unit * (spec.degree(p) if spec.recv_p else 1)
     return unit, send, recv, unit * itemsize * (p if spec.size_is_all else 1)
 
 

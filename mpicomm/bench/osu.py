@@ -38,11 +38,13 @@ from .metrics import Collective
 
 __all__ = ["TITLES", "title", "collective_tables", "pingpong_tables"]
 
-#: OSU's name of each collective's test (scan, which OSU lacks, by analogy).
+#: OSU's name of each collective's test (scan, which OSU lacks, by analogy; the neighbourhood ones as OSU 7 names
+#: its osu_neighb_* tests).
 TITLES = {
     "allreduce": "Allreduce", "bcast": "Broadcast", "reduce": "Reduce", "allgather": "Allgather",
     "alltoall": "All-to-All Personalized Exchange", "reduce_scatter": "Reduce_scatter_block", "gather": "Gather",
     "scatter": "Scatter", "scan": "Scan", "barrier": "Barrier",
+    "neighbor_allgather": "Neighborhood Allgather", "neighbor_alltoall": "Neighborhood All-to-All",
 }
 
 _LATENCY = "# Size       Avg Latency(us)" + "".join(f"{h:>18}" for h in ("Min Latency(us)", "Max Latency(us)"))

@@ -8,7 +8,8 @@ describes its rounds to; rank r sends ``send[senddispls[s]:]``
 views of the call's buffers. One function serves alltoall and alltoallv.
 Every algorithm is registered ``in_place=False``: for ``MPI.IN_PLACE`` the
 plan copies *recv* to a fresh *send* first, so *send* and *recv* never
-share memory here. n = bytes each rank sends in total, p = ranks.
+share memory here. n = bytes each rank sends in total, p = ranks. alltoallw
+runs them on bytes (a datatype per block: counts and displacements in bytes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def _block(buf: View, counts: Sequence[int], displs: Sequence[int], r: int) -> V
 
 @register("alltoall", "linear", in_place=False)
 @register("alltoallv", "linear", in_place=False)
+@register("alltoallw", "linear", in_place=False)
 def linear(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[int],
            recv: View, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> None:
     """Linear (scattered nonblocking): all p − 1 receives and p − 1 sends posted in one round.
@@ -59,6 +61,7 @@ def linear(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequen
 
 @register("alltoall", "pairwise", in_place=False)
 @register("alltoallv", "pairwise", in_place=False)
+@register("alltoallw", "pairwise", in_place=False)
 def pairwise(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[int],
              recv: View, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> None:
     """Pairwise exchange: p − 1 rounds, one send and one receive each.
@@ -184,6 +187,7 @@ def _check(s: Builder, mismatched: list[str]) -> None:
 
 @register("alltoall", "bruck", in_place=False)
 @register("alltoallv", "bruck", in_place=False)
+@register("alltoallw", "bruck", in_place=False)
 def bruck(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[int],
           recv: View, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> None:
     """Bruck et al. (1997): ⌈lg p⌉ rounds, each forwarding about half the blocks 2^k ranks onward.
@@ -272,6 +276,7 @@ def bruck(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequenc
 
 @register("alltoall", "shm", single_node=True, host_only=True, in_place=False)
 @register("alltoallv", "shm", single_node=True, host_only=True, in_place=False)
+@register("alltoallw", "shm", single_node=True, host_only=True, in_place=False)
 def shm(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[int],
         recv: View, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> None:
     """Shared memory: every rank publishes its blocks, then copies its own block out of every peer's memory.

@@ -34,7 +34,8 @@ from .alltoall import _joined
 
 __all__ = ["direct", "combined"]
 
-_NEIGHBORHOOD = ("neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv")
+_NEIGHBORHOOD = ("neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv",
+                 "neighbor_alltoallw")
 _NULL = MPI.PROC_NULL
 
 

@@ -11,7 +11,7 @@ recorded in ``Args.unsupported`` with the library call that runs it instead.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -69,7 +69,10 @@ def _root(args: Args, comm: Comm, root: Any) -> bool:
     return comm.Get_rank() == args.root
 
 
-def _take(args: Args, buffer: specs.Buffer) -> specs.Buffer:
+_B = TypeVar("_B", bound=specs.Buffer)
+
+
+def _take(args: Args, buffer: _B) -> _B:
     if args.xp is None:
         args.xp, args.dtype = buffer.xp, buffer.dtype
         if buffer.xp.__name__ == "cupy":
@@ -288,6 +291,20 @@ def _scan(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM)
     _reduction(args, sendbuf, recvbuf, op)
 
 
+def _alltoallw(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any) -> None:
+    """Alltoallw: a datatype per block, read as bytes (:func:`mpicomm.transport.specs.wvector`)."""
+    p = comm.Get_size()
+    recv = specs.wvector(recvbuf, "recvbuf", p)
+    specs.check_disjoint(recv.counts, recv.displs, "recvbuf")
+    _take(args, specs.writable(recv, "recvbuf"))
+    args.recv, args.recvcounts, args.recvdispls = recv.array, recv.counts, recv.displs
+    if specs.is_in_place(sendbuf):
+        args.send, args.sendcounts, args.senddispls, args.in_place = recv.array, recv.counts, recv.displs, True
+    else:
+        sent = _take(args, specs.wvector(sendbuf, "sendbuf", p))
+        args.send, args.sendcounts, args.senddispls = sent.array, sent.counts, sent.displs
+
+
 def edges(comm: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A topology communicator's (sources, destinations) in MPI's order, read once per communicator object."""
     known = getattr(comm, "_edges", None)
@@ -300,9 +317,10 @@ def edges(comm: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return known
 
 
-def _neighbor(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, gather: bool, v: bool) -> None:
+def _neighbor(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, gather: bool, v: bool, w: bool = False) -> None:
     """A neighbourhood collective: *gather* - the same block to every destination (``Neighbor_allgather(v)``),
-    else one block per destination (``Neighbor_alltoall(v)``); *v*: per-neighbour counts and displacements."""
+    else one block per destination (``Neighbor_alltoall(v/w)``); *v*: per-neighbour counts and displacements;
+    *w*: and a datatype per neighbour (read as bytes)."""
     sources, destinations = edges(comm)
     args.sources, args.destinations = sources, destinations
     args.cartesian = comm.Get_topology() == MPI.CART
@@ -310,10 +328,19 @@ def _neighbor(args: Args, comm: Comm, sendbuf: Any, recvbuf: Any, gather: bool, 
     if specs.is_in_place(sendbuf) or specs.is_in_place(recvbuf):
         raise ValueError(f"{args.collective} has no in-place form (MPI defines none): give a send and a receive "
                          f"buffer")
-    recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", indegree, v, receive=True)
+    recv: specs.Buffer
+    if w:  # a datatype per block: bytes
+        received = specs.wvector(recvbuf, "recvbuf", indegree)
+        recv, rcounts, rdispls = received, received.counts, received.displs
+        specs.check_disjoint(rcounts, rdispls, "recvbuf")
+    else:
+        recv, rcounts, rdispls = _layout(recvbuf, "recvbuf", indegree, v, receive=True)
     _take(args, specs.writable(recv, "recvbuf"))
     args.recv, args.recvcounts, args.recvdispls = recv.array, rcounts, rdispls
-    if gather:
+    if w:
+        sent = _take(args, specs.wvector(sendbuf, "sendbuf", outdegree))
+        args.send, args.sendcounts, args.senddispls = sent.array, sent.counts, sent.displs
+    elif gather:
         send = _take(args, specs.simple(sendbuf, "sendbuf"))
         args.send = send.array
         args.sendcounts, args.senddispls = (send.count,) * outdegree, (0,) * outdegree
@@ -335,6 +362,7 @@ _READERS: dict[str, Callable[..., None]] = {
     "allgatherv": lambda a, c, s, r: _allgather(a, c, s, r, v=True),
     "alltoall": _alltoall,
     "alltoallv": lambda a, c, s, r: _alltoall(a, c, s, r, v=True),
+    "alltoallw": _alltoallw,
     "reduce_scatter_block": _reduce_scatter_block,
     "reduce_scatter": _reduce_scatter,
     "scan": _scan,
@@ -343,4 +371,5 @@ _READERS: dict[str, Callable[..., None]] = {
     "neighbor_allgatherv": lambda a, c, s, r: _neighbor(a, c, s, r, gather=True, v=True),
     "neighbor_alltoall": lambda a, c, s, r: _neighbor(a, c, s, r, gather=False, v=False),
     "neighbor_alltoallv": lambda a, c, s, r: _neighbor(a, c, s, r, gather=False, v=True),
+    "neighbor_alltoallw": lambda a, c, s, r: _neighbor(a, c, s, r, gather=False, v=True, w=True),
 }

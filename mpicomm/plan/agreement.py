@@ -53,7 +53,7 @@ __all__ = ["WORDS", "digest", "butterfly", "agrees", "describe", "disagreements"
 
 WORDS = 4  #: int64 words of the agreement
 _INDEX = {c: i for i, c in enumerate(COLLECTIVES)}
-_CROSS = frozenset({"gatherv", "scatterv", "alltoallv"}) | NEIGHBORHOOD  # per-rank counts that must fit across ranks
+_CROSS = frozenset({"gatherv", "scatterv", "alltoallv", "alltoallw"}) | NEIGHBORHOOD  # per-rank counts that must fit across ranks
 _MASK = (1 << 64) - 1
 _DIGESTS: dict[tuple, int] = {}
 
@@ -111,7 +111,7 @@ def cross_sum(args: Args, p: int, rank: int) -> int:
         out, into = _edge_counts(args)
         total += sum(_h(rank, _mix(peer) ^ k, n) for peer, k, n in out)
         total -= sum(_h(peer, _mix(rank) ^ k, n) for peer, k, n in into)
-    elif c == "alltoallv":
+    elif c in ("alltoallv", "alltoallw"):
         if args.sendcounts is not None and len(args.sendcounts) == p:
             total += sum(_h(rank, s, int(n)) for s, n in enumerate(args.sendcounts))
         if args.recvcounts is not None and len(args.recvcounts) == p:
@@ -134,9 +134,10 @@ def _local_problem(args: Args, p: int, rank: int) -> str | None:
         mine = int(args.send.size) if args.send is not None else -1
         if mine != args.recvcounts[rank]:
             return f"sends {mine} elements but the receive counts say {args.recvcounts[rank]}"
-    if args.collective == "alltoallv" and args.sendcounts is not None and args.recvcounts is not None \
+    if args.collective in ("alltoallv", "alltoallw") and args.sendcounts is not None and args.recvcounts is not None \
             and len(args.sendcounts) == p == len(args.recvcounts) and args.sendcounts[rank] != args.recvcounts[rank]:
-        return (f"sends {args.sendcounts[rank]} elements to itself, but its receive counts say "
+        unit = "bytes" if args.collective == "alltoallw" else "elements"
+        return (f"sends {args.sendcounts[rank]} {unit} to itself, but its receive counts say "
                 f"{args.recvcounts[rank]}")
     return None
 
@@ -262,7 +263,7 @@ def _vector(args: Args, p: int, rank: int) -> list[int]:
         return [args.recv.size if args.recv is not None else -1] + (mine(args.sendcounts) if rank == args.root else zeros)
     if c == "allgatherv":
         return [args.send.size if args.send is not None else -1] + mine(args.recvcounts)
-    if c == "alltoallv":
+    if c in ("alltoallv", "alltoallw"):
         return mine(args.sendcounts) + mine(args.recvcounts)
     if c == "reduce_scatter":
         return mine(args.recvcounts)
@@ -363,11 +364,12 @@ def _check_vectors(c: str, vectors: list[np.ndarray], root: int) -> list[str]:
         for r in range(p):
             if vectors[r][0] != vectors[0][1 + r]:
                 bad.append(f"rank {r} sends {vectors[r][0]} elements but the receive counts say {vectors[0][1 + r]}")
-    elif c == "alltoallv":
+    elif c in ("alltoallv", "alltoallw"):
+        unit = "bytes" if c == "alltoallw" else "elements"
         for r in range(p):
             for s in range(p):
                 if vectors[r][s] != vectors[s][p + r]:
-                    bad.append(f"rank {r} sends {vectors[r][s]} elements to rank {s}, which expects {vectors[s][p + r]}")
+                    bad.append(f"rank {r} sends {vectors[r][s]} {unit} to rank {s}, which expects {vectors[s][p + r]}")
     elif c in NEIGHBORHOOD:
         bad.extend(_check_edges(vectors))
     elif c == "reduce_scatter":

@@ -72,8 +72,8 @@ def library_request(args: Args, comm: MPI.Intracomm) -> MPI.Request:
     if c in ("allgather", "allgatherv"):
         spec = [recv, (args.recvcounts, args.recvdispls)] if v else recv
         return (comm.Iallgatherv if v else comm.Iallgather)(place if args.in_place else send, spec)
-    if c in ("alltoall", "alltoallv"):
-        if not v:
+    if c in ("alltoall", "alltoallv", "alltoallw"):  # (alltoallw: bytes, so Alltoallv of them is the same call)
+        if c == "alltoall":
             return comm.Ialltoall(place if args.in_place else send, recv)
         source = place if args.in_place else [send, (args.sendcounts, args.senddispls)]
         return comm.Ialltoallv(source, [recv, (args.recvcounts, args.recvdispls)])
@@ -93,7 +93,7 @@ def library_request(args: Args, comm: MPI.Intracomm) -> MPI.Request:
             return MPI.Topocomm.Ineighbor_allgather(topo, send, recv)  # (the reader cut recv to its blocks)
         if c == "neighbor_allgatherv":
             return MPI.Topocomm.Ineighbor_allgatherv(topo, send, recvspec)
-        return MPI.Topocomm.Ineighbor_alltoallv(topo, sendspec, recvspec)
+        return MPI.Topocomm.Ineighbor_alltoallv(topo, sendspec, recvspec)  # (neighbor_alltoallw: of bytes)
     raise ValueError(f"no library form for collective {c!r}")
 
 

@@ -44,7 +44,7 @@ from mpi4py import MPI
 from ..ops import is_pair_dtype
 from .buffers import DTYPES, adopt, array_module
 
-__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "block", "block_counts", "writable", "check_disjoint"]
+__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "wvector", "block", "block_counts", "writable", "check_disjoint"]
 
 
 class Unsupported(Exception):
@@ -326,6 +326,64 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
                 f"{name} block of rank {r} (elements [{d}, {d + c})) lies outside the buffer's {flat.size} elements"
             )
     return VBuffer(flat, xp, counts_t, displs_t)
+
+
+def _contiguous_bytes(datatype: Any, name: str, r: int) -> int:
+    """The bytes one element of *datatype* (a w-spec's type for block *r*) occupies, when they lie together."""
+    if not isinstance(datatype, MPI.Datatype) or datatype == MPI.DATATYPE_NULL:
+        raise TypeError(f"{name} datatype of block {r} is {datatype!r}; give an MPI.Datatype per block")
+    lb, extent = datatype.Get_extent()
+    true_lb, true_extent = datatype.Get_true_extent()
+    size = datatype.Get_size()
+    if lb != 0 or true_lb != 0 or extent != size or true_extent != size:
+        raise Unsupported(f"{name} datatype of block {r} ({datatype.Get_name() or datatype}) is not contiguous")
+    return int(size)
+
+
+def wvector(spec: Any, name: str, p: int) -> VBuffer:
+    """Read an Alltoallw spec - ``[buf, (counts, displs), datatypes]`` or ``[buf, counts, displs, datatypes]``,
+    one datatype per block, displacements in bytes (counts and displacements both None, or ``[buf, datatypes]``:
+    one element of each at displacement 0, as mpi4py reads them) - as bytes: a flat ``uint8`` view of *buf*
+    with per-block byte counts and byte displacements. Each block's datatype is honoured by moving its bytes, so a block's
+    datatype must be contiguous (a derived type with gaps is the MPI library's: :class:`Unsupported`)."""
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
+        raise TypeError(f"{name} of an Alltoallw is [buf, (counts, displs), datatypes], "
+                        f"[buf, counts, displs, datatypes] or [buf, datatypes]; got {type(spec).__name__}")
+    counts: Any
+    displs: Any
+    if len(spec) == 2:  # mpi4py: one element of each block's datatype, at displacement 0
+        buf, types = spec
+        counts = displs = None
+    elif len(spec) == 3:
+        buf, pair, types = spec
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise TypeError(f"{name}: the second item of [buf, (counts, displs), datatypes] must be a "
+                            f"(counts, displs) pair")
+        counts, displs = pair
+    else:
+        buf, counts, displs, types = spec
+    if buf is MPI.BOTTOM:
+        raise Unsupported(f"{name} is MPI.BOTTOM (absolute addresses)")
+    if counts is None and displs is None:  # (mpi4py's default: both or neither)
+        counts, displs = [1] * p, [0] * p
+    if not all(_is_sequence(x) for x in (counts, displs, types)):
+        raise TypeError(f"{name}: an Alltoallw spec takes sequences of counts, displacements and datatypes")
+    counts_t = tuple(_count(c, name) for c in counts)
+    displs_t = tuple(_count(d, name + " displacement") for d in displs)
+    types_t = list(types)
+    for what, values in (("counts", counts_t), ("displacements", displs_t), ("datatypes", types_t)):
+        if len(values) != p:
+            raise ValueError(f"{name} has {len(values)} {what} for {p} blocks; give one per block")
+    sizes = tuple(c * _contiguous_bytes(t, name, r) if c else 0 for r, (c, t) in enumerate(zip(counts_t, types_t)))
+    if buf is None:
+        _none_holds_nothing(None, sum(sizes), name)
+        return VBuffer(np.empty(0, np.uint8), np, sizes, displs_t)
+    flat, xp = _as_array(buf, name)
+    raw = flat.view(np.uint8)
+    for r, (n, d) in enumerate(zip(sizes, displs_t)):
+        if n and d + n > raw.size:
+            raise ValueError(f"{name} block {r} (bytes [{d}, {d + n})) lies outside the buffer's {raw.size} bytes")
+    return VBuffer(raw, xp, sizes, displs_t)
 
 
 def block(spec: Any, name: str, p: int) -> tuple[Buffer, int]:

@@ -170,16 +170,17 @@ def _save_corrections(comm: Any, result: rules.Rules, layout: str, out: str | No
 
 def _collective_names(text: str) -> list[str]:
     """``--collective allreduce,bcast`` → those names (``python -m mpicomm.bench`` names or registry names)."""
-    from ..bench.metrics import COLLECTIVES
+    from ..bench.metrics import COLLECTIVES, WORLD
 
-    aliases = {spec.registry: name for name, spec in COLLECTIVES.items()}
+    aliases = {spec.registry: name for name, spec in COLLECTIVES.items() if name in WORLD}
     if text.strip() == "all":
-        return list(COLLECTIVES)
+        return list(WORLD)
     names = [aliases.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in COLLECTIVES]
+    bad = [n for n in names if n not in WORLD]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown collective(s) {', '.join(map(repr, bad)) or '(none)'}; "
-                                         f"valid: all, {', '.join(COLLECTIVES)} (comma-separated)")
+                                         f"valid: all, {', '.join(WORLD)} (comma-separated; the neighbourhood "
+                                         f"collectives need a topology and keep their default rules)")
     return list(dict.fromkeys(names))
 
 

@@ -65,9 +65,10 @@ class VLayout:
 
 def test_registered_names():
     assert ALGORITHMS == ["bruck", "linear", "pairwise", "shm"]
-    assert mpicomm.algorithms("alltoallv") == ALGORITHMS
+    assert mpicomm.algorithms("alltoallv") == ALGORITHMS == mpicomm.algorithms("alltoallw")
     for name in ALGORITHMS:
         assert registry.lookup("alltoallv", name).steps is registry.lookup("alltoall", name).steps
+        assert registry.lookup("alltoallw", name).steps is registry.lookup("alltoall", name).steps
         assert not registry.lookup("alltoall", name).in_place
         assert not registry.lookup("alltoallv", name).in_place
 
@@ -197,6 +198,107 @@ def test_mismatched_counts_are_reported_by_the_receiver(comm, monkeypatch, algor
     got = np.empty_like(x)
     comm.Alltoall(x, got, algorithm=algorithm)
     assert_matches(got, want, f"{algorithm} after the mismatch")
+
+
+# ---------------------------------------------------------------- alltoallw: a datatype per block, bytes moved
+
+#: The datatypes the blocks cycle through (sender and receiver of a block use the same one): element sizes 4, 8,
+#: 1, 16 and a derived contiguous type of three int16s (6 bytes).
+W_TYPES = [MPI.INT32_T, MPI.DOUBLE, MPI.SIGNED_CHAR, MPI.C_DOUBLE_COMPLEX, MPI.INT16_T.Create_contiguous(3).Commit()]
+
+
+def _wspec(buf: np.ndarray, peer_counts: list[int], peer_types: list, how: str) -> list:
+    """``[buf, (counts, byte displacements), datatypes]`` with the blocks laid out by *how* (gaps, reversed...)."""
+    sizes = [c * t.Get_size() for c, t in zip(peer_counts, peer_types)]
+    displs, _ = layout(sizes, how)
+    return [buf, (peer_counts, displs), peer_types]
+
+
+def _wsize(peer_counts: list[int], peer_types: list, how: str) -> int:
+    return layout([c * t.Get_size() for c, t in zip(peer_counts, peer_types)], how)[1]
+
+
+def _wcase(rank: int, p: int, n: int) -> tuple[list[int], list, list[int], list]:
+    """What rank sends each peer (counts, types) and receives from each: block r→s has count f(r, s) of type
+    W_TYPES[(r + s) % 5], so every pair differs and 0 appears."""
+    def f(r: int, s: int) -> int:
+        return (n + 3 * r + 5 * s) % (n + 3) if n else 0
+
+    return ([f(rank, s) for s in range(p)], [W_TYPES[(rank + s) % len(W_TYPES)] for s in range(p)],
+            [f(r, rank) for r in range(p)], [W_TYPES[(r + rank) % len(W_TYPES)] for r in range(p)])
+
+
+def _bytes(rank: int, size: int) -> np.ndarray:
+    return ((np.arange(size, dtype=np.int64) * 7 + rank * 31) % 251).astype(np.uint8)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoallw_moves_every_blocks_datatype_as_the_library(comm, algorithm):
+    p, rank = comm.size, comm.rank
+    for n in counts(p):
+        scounts, stypes, rcounts, rtypes = _wcase(rank, p, n)
+        send = _bytes(rank, _wsize(scounts, stypes, "interleaved"))
+        size = _wsize(rcounts, rtypes, "reversed")
+        want = np.full(size, 249, np.uint8)
+        native().Alltoallw(_wspec(send, scounts, stypes, "interleaved"), _wspec(want, rcounts, rtypes, "reversed"))
+        for form in ("blocking", "nonblocking", "persistent"):
+            got = np.full(size, 249, np.uint8)
+            sspec, rspec = _wspec(send, scounts, stypes, "interleaved"), _wspec(got, rcounts, rtypes, "reversed")
+            if form == "blocking":
+                comm.Alltoallw(sspec, rspec, algorithm=algorithm)
+            elif form == "nonblocking":
+                comm.Ialltoallw(sspec, rspec, algorithm=algorithm).Wait()
+            else:
+                request = comm.Alltoallw_init(sspec, rspec, algorithm=algorithm)
+                request.Start()
+                request.Wait()
+                request.Free()
+            assert_matches(got, want, f"alltoallw {algorithm} {form} n={n}")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoallw_in_place(comm, algorithm):
+    p, rank = comm.size, comm.rank
+    counts_ = [(r + rank) % 3 + 1 for r in range(p)]  # symmetric: what r sends s equals what s sends r
+    types = [W_TYPES[(r + rank) % len(W_TYPES)] for r in range(p)]
+    size = _wsize(counts_, types, "reversed")
+    got, want = _bytes(rank, size), _bytes(rank, size)
+    native().Alltoallw(MPI.IN_PLACE, _wspec(want, counts_, types, "reversed"))
+    comm.Alltoallw(MPI.IN_PLACE, _wspec(got, counts_, types, "reversed"), algorithm=algorithm)
+    assert_matches(got, want, f"alltoallw {algorithm} in place")
+
+
+@pytest.mark.mpi
+def test_alltoallw_with_a_datatype_that_has_gaps_goes_to_the_library(comm):
+    p, rank = comm.size, comm.rank
+    strided = MPI.INT32_T.Create_vector(2, 1, 2).Commit()  # 2 ints, one skipped between: not contiguous
+    send = np.arange(4 * p, dtype=np.int32) + 100 * rank
+    got, want = np.full(4 * p, -1, np.int32), np.full(4 * p, -1, np.int32)
+    displs = [16 * r for r in range(p)]
+    native().Alltoallw([send, ([1] * p, displs), [strided] * p], [want, ([1] * p, displs), [strided] * p])
+    comm.Alltoallw([send, ([1] * p, displs), [strided] * p], [got, ([1] * p, displs), [strided] * p])
+    assert_matches(got, want, "alltoallw of a strided datatype")
+    strided.Free()
+
+
+@pytest.mark.mpi
+def test_alltoallw_byte_counts_that_do_not_fit_raise_on_every_rank(comm):
+    from .reference import expect_everywhere
+
+    p, rank = comm.size, comm.rank
+    if p < 2:
+        pytest.skip("needs two ranks")
+    types = [MPI.INT32_T] * p
+    rcounts = [2 if (rank, r) == (1, 0) else 1 for r in range(p)]  # rank 1 expects 8 bytes from rank 0, gets 4
+    send, recv = np.zeros(p, np.int32), np.zeros(p + 1, np.int32)
+    displs = [4 * r for r in range(p)]
+    rdispls = [4 * r + (4 if r > 0 and rank == 1 else 0) for r in range(p)]
+    message = expect_everywhere(comm, lambda: comm.Alltoallw([send, ([1] * p, displs), types],
+                                                             [recv, (rcounts, rdispls), types]),
+                                "rank 0 sends 4 bytes to rank 1, which expects 8")
+    assert "alltoallw" in message
 
 
 @pytest.mark.mpi

@@ -21,7 +21,7 @@ import mpicomm
 from .reference import LARGE, assert_matches, counts, data, expect_everywhere, layout, unfilled
 
 ALGORITHMS = mpicomm.algorithms("neighbor_alltoall")
-COLLECTIVES = ("neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv")
+COLLECTIVES = ("neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall", "neighbor_alltoallv")  # (w: below)
 FORMS = ("blocking", "nonblocking", "persistent")
 
 
@@ -139,6 +139,38 @@ def test_every_collective_matches_the_library(pair, algorithm):
                     _run(ours, name, form, send, spec(got), algorithm)
                     _native(theirs, name, send, spec(want))
                     assert_matches(got, want, f"{topology} {name} {form} n={n} {np.dtype(dtype)} rank {rank}")
+
+
+#: Neighbor_alltoallw's datatypes: a sender's blocks are all of W_TYPES[sender % 4] (its receivers use the same).
+W_TYPES = [MPI.INT32_T, MPI.DOUBLE, MPI.SIGNED_CHAR, MPI.INT16_T.Create_contiguous(3).Commit()]
+
+
+def _wspec(sizes: list[int], types: list, buf) -> list:
+    displs, _ = layout([n * t.Get_size() for n, t in zip(sizes, types)], "reversed")
+    return [buf, (sizes, displs), types]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS + ["auto"])
+def test_neighbor_alltoallw_moves_each_neighbours_datatype_as_the_library(pair, algorithm):
+    topology, ours, theirs = pair
+    rank = ours.Get_rank()
+    sources, destinations = ours.inedges, ours.outedges
+    for n in (0, 1, 5):
+        outgoing = _edge_sizes(ours, destinations, rank, n, sending=True)
+        incoming = _edge_sizes(ours, sources, rank, n, sending=False)
+        stypes = [W_TYPES[rank % 4]] * len(destinations)
+        rtypes = [W_TYPES[s % 4] if s >= 0 else MPI.INT32_T for s in sources]
+        ssize = layout([c * t.Get_size() for c, t in zip(outgoing, stypes)], "reversed")[1]
+        rsize = layout([c * t.Get_size() for c, t in zip(incoming, rtypes)], "reversed")[1]
+        send = ((np.arange(ssize) * 7 + rank * 31) % 251).astype(np.uint8)
+        want = np.full(rsize, 249, np.uint8)
+        theirs.Neighbor_alltoallw(_wspec(outgoing, stypes, send), _wspec(incoming, rtypes, want))
+        for form in FORMS:
+            got = np.full(rsize, 249, np.uint8)
+            _run(ours, "neighbor_alltoallw", form, _wspec(outgoing, stypes, send), _wspec(incoming, rtypes, got),
+                 algorithm)
+            assert_matches(got, want, f"{topology} neighbor_alltoallw {form} n={n} rank {rank}")
 
 
 @pytest.mark.mpi

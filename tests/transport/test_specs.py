@@ -349,3 +349,39 @@ def test_in_place_markers():
 def test_public_names():
     assert set(specs.__all__) >= {"Unsupported", "Buffer", "VBuffer", "is_in_place", "simple", "vector", "block",
                                   "block_counts", "writable"}
+
+
+# ---------------------------------------------------------------- Alltoallw's w-specs: a datatype per block, bytes
+
+
+def test_a_w_spec_is_read_as_bytes_in_every_form_mpi4py_takes():
+    buf = np.arange(6, dtype=np.int32)
+    types = [MPI.INT32_T, MPI.INT16_T, MPI.DOUBLE]
+    for spec in ([buf, ([1, 2, 0], [0, 8, 20]), types], [buf, [1, 2, 0], [0, 8, 20], types]):
+        w = specs.wvector(spec, "sendbuf", 3)
+        assert w.array.dtype == np.uint8 and w.array.size == 24
+        assert w.counts == (4, 4, 0) and w.displs == (0, 8, 20)  # count × the datatype's bytes; displacements in bytes
+    w = specs.wvector([buf, types], "sendbuf", 3)  # one of each at 0, as mpi4py reads [buf, datatypes]
+    assert w.counts == (4, 2, 8) and w.displs == (0, 0, 0)
+    assert specs.wvector([buf, None, None, types], "sendbuf", 3).counts == (4, 2, 8)
+    contiguous = MPI.INT16_T.Create_contiguous(3).Commit()
+    assert specs.wvector([buf, [2], [0], [contiguous]], "recvbuf", 1).counts == (12,)
+    contiguous.Free()
+
+
+def test_a_w_spec_names_what_is_wrong_and_leaves_gaps_to_the_library():
+    buf = np.zeros(8, np.int32)
+    strided = MPI.INT32_T.Create_vector(2, 1, 2).Commit()
+    with pytest.raises(Unsupported, match="block 1 .* not contiguous"):
+        specs.wvector([buf, [1, 1], [0, 16], [MPI.INT32_T, strided]], "sendbuf", 2)
+    strided.Free()
+    with pytest.raises(Unsupported, match="MPI.BOTTOM"):
+        specs.wvector([MPI.BOTTOM, [1], [0], [MPI.INT32_T]], "sendbuf", 1)
+    with pytest.raises(ValueError, match="2 counts for 3 blocks"):
+        specs.wvector([buf, [1, 1], [0, 4, 8], [MPI.INT32_T] * 3], "sendbuf", 3)
+    with pytest.raises(ValueError, match=r"block 1 \(bytes \[28, 36\)\) lies outside the buffer's 32 bytes"):
+        specs.wvector([buf, [1, 2], [0, 28], [MPI.INT32_T] * 2], "recvbuf", 2)
+    with pytest.raises(TypeError, match="give an MPI.Datatype per block"):
+        specs.wvector([buf, [1], [0], ["i"]], "sendbuf", 1)
+    with pytest.raises(TypeError, match=r"\(counts, displs\) pair"):
+        specs.wvector([buf, [1], [MPI.INT32_T]], "sendbuf", 1)
