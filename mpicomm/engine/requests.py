@@ -613,7 +613,10 @@ def _sleep(items: list[Any], lower: bool, watchdog: Watchdog | None, naps: _Naps
     """Block until something may have completed (nothing of *items* has, nor is every one inactive).
 
     Returns ``(index, status, result)`` when a plain request of *items* was completed by MPI in the wait."""
-    pending = [r for r in items if isinstance(r, Request) and _active_mpicomm(r) and not r._done]
+    mine = [r for r in items if isinstance(r, Request) and _active_mpicomm(r)]
+    if any(r._done for r in mine):  # completed since the scan (by the progress thread): report it, never sleep -
+        return None  # sleeping in MPI on the plain requests alone could wait for ever
+    pending = mine
     natives = [(i, r) for i, r in enumerate(items) if not isinstance(r, Request) and r]
     if watchdog is not None:
         watchdog.pause(pending + [r for r in _active if r not in pending])

@@ -37,6 +37,7 @@ SLOWER_AT_3 = ("test_cco_nb_buf", "test_cco_pr_buf", "test_cco_nb_vec", "test_cc
     (3, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_3)),
     pytest.param(3, SLOWER_AT_3, marks=pytest.mark.slow),
 ], ids=["1", "2", "3", "3-nonblocking-persistent"])
+@pytest.mark.timeout(960)  # (the run itself is limited to 900 s; the default 300 s would end it early on a busy machine)
 def test_mpi4py_suite_passes_through_mpicomm(ranks, modules):
     _source()
     env = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"} if ranks > (os.cpu_count() or 1) else {}
