@@ -110,8 +110,15 @@ class Sequential:
         """Bytes of the parameter buffer (the gradient buffer is the same size)."""
         return int(self.params.nbytes)
 
-    def forward(self, x: Any, train: bool = True) -> Any:
-        """The model's output for the 2-D batch *x* (moved to the model's array module and dtype if needed)."""
+    def forward(self, x: Any, train: bool = True, hook: Callable[[int], None] | None = None) -> Any:
+        """The model's output for the 2-D batch *x* (moved to the model's array module and dtype if needed).
+
+        ``hook(i)``, when given, is called just before layer ``i``'s forward, for
+        every layer in order 0 … n-1 (as :meth:`backward`'s after each layer): a
+        sharded strategy gathers the layer's parameters there.
+        """
+        if hook is not None and not callable(hook):
+            raise TypeError(f"hook must be callable as hook(layer_index), got {hook!r}")
         if array_module(x) is not self.xp:
             x = self.xp.asarray(to_host(x))
         if x.dtype != self.dtype:
@@ -119,6 +126,8 @@ class Sequential:
         key = tuple(int(k) for k in self.rng_key)
         for i, layer in enumerate(self.layers):
             layer.key = (self.seed, i, *key)
+            if hook is not None:
+                hook(i)
             x = layer.forward(x, train)
         return x
 

@@ -155,6 +155,8 @@ def _collective_bytes(mode: str, n_bytes: float, p: int, algorithm: str) -> floa
         return 2 * (p - 1) / p * n_bytes  # reduce-scatter + all-gather of every bucket
     if mode in ("zero1", "zero2"):
         return 2 * (p - 1) / p * n_bytes  # reduce-scatter of gradients + all-gather of parameters
+    if mode == "zero3":
+        return 3 * (p - 1) / p * n_bytes  # all-gathers of parameters in forward and backward + reduce-scatter
     return None
 
 
@@ -166,7 +168,8 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
             ("overlapped", dict(mode="ddp")),
             ("fp16", dict(mode="ddp", compress="fp16")),
             ("zero1", dict(mode="zero1")),
-            ("zero2", dict(mode="zero2"))]
+            ("zero2", dict(mode="zero2")),
+            ("zero3", dict(mode="zero3"))]
     if p >= 2:
         runs += [("ps-sync", dict(mode="ps-sync", servers=1)), ("ps-async", dict(mode="ps-async", servers=1, staleness=None))]
     results: dict[str, list[Report]] = {name: [] for name, _ in runs}
@@ -190,8 +193,8 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         f"algorithm {args.algorithm}. Step = compute (forward + backward) + exposed communication (waiting "
         f"after backward, and ZeRO's reduce-scatter/all-gather) + the update; hidden = bucket collective time "
         f"that ran during backward. Bytes: sent by each rank per step (ring schedule: 2(p−1)/p · n for an "
-        f"all-reduce or a reduce-scatter + all-gather); the parameter-server rows count what the busiest "
-        f"server link carries.",
+        f"all-reduce or a reduce-scatter + all-gather, 3(p−1)/p · n for zero3's two all-gathers and reduce-scatter); "
+        f"the parameter-server rows count what the busiest server link carries.",
         "",
         "| mode | step (ms) | compute (ms) | exposed comm (ms) | hidden comm (ms) | hidden | bytes/rank/step | "
         "params | grads | optimizer | total | formula (fp32 Adam) |",
@@ -204,7 +207,7 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         compute = _median([r.compute_s / steps * 1e3 for r in reps])
         exposed = _median([r.exposed_s / steps * 1e3 for r in reps])
         hidden_ms = _median([max(0.0, r.comm_s - r.exposed_s) / steps * 1e3 for r in reps]) \
-            if name == "overlapped" or name == "fp16" or name == "zero2" else 0.0
+            if name in ("overlapped", "fp16", "zero2", "zero3") else 0.0
         frac = _median([r.hidden_fraction or 0.0 for r in reps]) if hidden_ms else None
         mem = reps[0].memory
         total = sum(mem.values())
@@ -215,7 +218,9 @@ def modes(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> tu
         lines.append(
             f"| {name} | {step_ms:.1f} | {compute:.1f} | {exposed:.1f} | {hidden_ms:.1f} | "
             f"{'' if frac is None else f'{frac:.0%}'} | {'' if sent is None else _fmt_bytes(sent)} | "
-            f"{_fmt_bytes(mem.get('params', 0))} | {_fmt_bytes(mem.get('grads', 0) + mem.get('grad_buckets', 0))}"
+            f"{_fmt_bytes(mem.get('params', 0) + mem.get('param_layers', 0))}"
+            f"{' (' + _fmt_bytes(mem['param_layers']) + ' layers)' if mem.get('param_layers') else ''} | "
+            f"{_fmt_bytes(mem.get('grads', 0) + mem.get('grad_buckets', 0))}"
             f"{' (' + _fmt_bytes(mem['grad_buckets']) + ' buckets)' if mem.get('grad_buckets') else ''} | "
             f"{_fmt_bytes(mem.get('optimizer', 0))} | {_fmt_bytes(total)} | {formula} |")
         data["modes"].append({"mode": name, "step_ms": step_ms, "compute_ms": compute, "exposed_ms": exposed,

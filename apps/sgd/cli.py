@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   mpiexec -n 2 python -m apps.sgd train                                  # DDP on digits, >= 95 % test accuracy
   mpiexec -n 4 python -m apps.sgd train --mode zero2 --optimizer adamw
   mpiexec -n 3 python -m apps.sgd train --mode ps-async --servers 1 --staleness 2
+  mpiexec -n 4 python -m apps.sgd train --mode ps-sync --servers colocated   # every rank serves a shard
   mpiexec -n 2 python -m apps.sgd train --no-overlap --bucket 1M --log metrics.csv --plot curves.png --json run.json
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt   # and after a crash:
   mpiexec -n 2 python -m apps.sgd train --checkpoint-every 20 --checkpoint-dir ckpt --restart
@@ -39,6 +40,17 @@ def _staleness(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0, or 'none' (unbounded)") from None
+
+
+def _servers(text: str) -> int:
+    """``--servers``: K dedicated servers, or 0 / ``colocated`` (every rank serves a shard: apps.sgd.ps.COLOCATED)."""
+    if text.lower() in ("colocated", "co-located"):
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of servers K >= 1, or 0 / 'colocated' "
+                                         f"(every rank serves one shard)") from None
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -88,8 +100,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="ddp: buckets travel in half precision (bf16 needs ml_dtypes; default: none)")
     g.add_argument("--accumulate", type=int, default=d.accumulate, metavar="K",
                    help="split each step's batch into K micro-batches; synchronize only on the last (default: 1)")
-    g.add_argument("--servers", type=int, default=d.servers,
-                   help="ps modes: the last K ranks are parameter servers (default: 1)")
+    g.add_argument("--servers", type=_servers, default=d.servers, metavar="K",
+                   help="ps modes: the last K ranks are dedicated parameter servers, the others workers; 0 or "
+                        "'colocated': every rank is a worker and the server of one shard of the parameters "
+                        "(default: 1)")
     g.add_argument("--staleness", type=_staleness, default=None, metavar="S",
                    help="ps-async: a worker may run at most S steps ahead of the weights it uses "
                         "(0 = synchronous; default for ps-async: none = unbounded)")
@@ -103,15 +117,15 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Distributed SGD on mpicomm's collectives: data parallelism with overlapped bucketed all-reduce "
-                    "(ddp), ZeRO stages 1-2, parameter servers (sync, async, bounded staleness).",
+                    "(ddp), ZeRO stages 1-3, parameter servers (sync, async, bounded staleness).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,bench,plot}")
 
     t = sub.add_parser("train", help="train a model (under mpiexec)", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--mode", choices=MODES, default="ddp",
-                   help="ddp: all-reduce of gradient buckets; zero1/zero2: sharded optimizer state (and gradients); "
-                        "ps-sync/ps-async: parameter servers (default: ddp)")
+                   help="ddp: all-reduce of gradient buckets; zero1/zero2/zero3: sharded optimizer state (and "
+                        "gradients, and parameters); ps-sync/ps-async: parameter servers (default: ddp)")
     add_model_options(t)
     g = t.add_argument_group("run")
     g.add_argument("--uneven", action="store_true",
@@ -164,7 +178,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
         if args.timeline_step is not None and not args.plot_timeline:
             own.error("--timeline-step chooses the step --plot-timeline draws: add --plot-timeline FILE.png")
         if args.plot_timeline and args.mode.startswith("ps"):
-            own.error("--plot-timeline draws bucket collectives: use it with --mode ddp, zero1 or zero2")
+            own.error("--plot-timeline draws bucket collectives: use it with --mode ddp, zero1, zero2 or zero3")
         try:
             check_settings(config_from(args))
         except ValueError as exc:

@@ -34,6 +34,7 @@ the average of the active ranks' gradients. The loop ends when no rank has data.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -315,6 +316,9 @@ class DDP:
         self._flag[0] = 1 if have_data else 0
         return int(mpicomm.allreduce(self._flag, comm=self.comm)[0])
 
+    #: Called before each layer's forward in a training step (``hook(layer)``), or None: ZeRO-3 gathers there.
+    forward_hook: Callable[[int], None] | None = None
+
     def step(self, x: Any, y: Any, global_count: int, divisor: int | None = None) -> StepResult:
         """One optimizer step on this rank's samples *x*, *y* of a global batch of *global_count*.
 
@@ -333,7 +337,7 @@ class DDP:
             t0 = time.perf_counter()
             if sync:
                 reducer.begin(self.world if divisor is None else divisor, add=k > 0)
-            logits = model.forward(x[a:b], train=True)
+            logits = model.forward(x[a:b], train=True, hook=self.forward_hook)
             loss, dlogits = softmax_cross_entropy(logits, y[a:b], denominator)
             result.loss_sum += loss * (b - a)
             result.correct += correct(logits, y[a:b])

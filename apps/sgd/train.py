@@ -3,7 +3,7 @@
 ``train(comm, cfg)`` builds the model (:func:`apps.nn.mlp`, the same seed on every
 rank), the optimizer, the data source and the mode's strategy
 (:class:`apps.sgd.ddp.DDP`, :class:`apps.sgd.zero.Zero`,
-:class:`apps.sgd.ps.ParameterServer`), then runs ``steps`` optimizer steps:
+:class:`apps.sgd.zero3.Zero3`, :class:`apps.sgd.ps.ParameterServer`), then runs ``steps`` optimizer steps:
 
 * step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``;
   the :class:`apps.sgd.data.Sampler` gives each worker its contiguous share of
@@ -13,8 +13,9 @@ rank), the optimizer, the data source and the mode's strategy
 * rank 0 (always a worker) evaluates on the test set at the end of every epoch,
   prints a progress line, and appends a row to the metrics CSV;
 * every ``checkpoint_every`` steps the whole state - parameters, optimizer state
-  (gathered where it is sharded), step (which fixes the sampler position and the
-  dropout keys, so no RNG state is needed) - goes to one checkpoint through
+  (gathered where it is sharded; the parameter servers' shards at the step's
+  version), step (which fixes the sampler position and the dropout keys, so no
+  RNG state is needed) - goes to one checkpoint through
   :mod:`apps.checkpoint` (atomic, checksummed, no pickle). ``restart`` resumes
   from the newest valid one, at the same or another rank count.
 """
@@ -25,6 +26,7 @@ import csv
 import os
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -40,13 +42,14 @@ from apps.nn.xp import to_host
 from apps.sgd.buckets import DEFAULT_CAP_MB
 from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digits
 from apps.sgd.ddp import DDP, compression_dtype
-from apps.sgd.ps import ParameterServer
+from apps.sgd.ps import ParameterServer, layout
 from apps.sgd.zero import Zero
+from apps.sgd.zero3 import Zero3
 from mpicomm import cli
 
 __all__ = ["Config", "Report", "MODES", "train", "check_settings", "validate", "preflight", "samples_processed", "memory_need", "PREFIX"]
 
-MODES = ("ddp", "zero1", "zero2", "ps-sync", "ps-async")
+MODES = ("ddp", "zero1", "zero2", "zero3", "ps-sync", "ps-async")
 PREFIX = "sgd"  # checkpoint series name
 
 
@@ -81,7 +84,7 @@ class Config:
     compress: str | None = None
     accumulate: int = 1
     uneven: bool = False
-    servers: int = 1
+    servers: int = 1  # ps: the last K ranks serve; 0: every rank serves one shard (apps.sgd.ps.layout)
     staleness: int | None = 0
     checkpoint_every: int = 0
     checkpoint_dir: str = "checkpoints/sgd"
@@ -274,13 +277,11 @@ def check_settings(cfg: Config) -> None:
     if cfg.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {cfg.batch}")
     if cfg.mode.startswith("ps"):
-        if cfg.servers < 1:
-            raise ValueError(f"--servers must be >= 1, got {cfg.servers}")
-        if cfg.checkpoint_every or cfg.restart:
-            raise ValueError(f"--mode {cfg.mode}: the parameter-server modes do not checkpoint; "
-                             f"use ddp, zero1 or zero2 with --checkpoint-every")
+        if cfg.servers < 0:
+            raise ValueError(f"--servers must be >= 0, got {cfg.servers} (K dedicated servers, or 0: every rank "
+                             f"a worker and the server of one shard)")
         if cfg.uneven:
-            raise ValueError("--uneven applies to ddp, zero1 and zero2 (Join semantics)")
+            raise ValueError("--uneven applies to ddp and the zero modes (Join semantics), not to parameter servers")
     if cfg.epochs < 1 and cfg.steps is None:
         raise ValueError(f"--epochs must be >= 1, got {cfg.epochs}")
     if cfg.steps is not None and cfg.steps < 0:
@@ -304,17 +305,19 @@ def validate(cfg: Config, size: int) -> None:
     """Refuse bad settings for a run on *size* ranks with a message naming the value and the fix (the same on every
     rank): :func:`check_settings`, then the servers and the batch against the ranks."""
     check_settings(cfg)
-    workers = size
-    if cfg.mode.startswith("ps"):
-        if not 1 <= cfg.servers < size:
-            raise ValueError(f"--servers {cfg.servers}: need 1 <= K < N ranks (N = {size}); the rest are workers")
-        workers = size - cfg.servers
+    workers = _workers(cfg, size)
     if cfg.batch < workers:
         raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {workers} workers; "
                          f"every worker needs at least one sample: use --batch >= {workers}")
     if cfg.batch < workers * cfg.accumulate:
         raise ValueError(f"--batch {cfg.batch} with --accumulate {cfg.accumulate}: each of the {workers} workers "
                          f"needs at least one sample per micro-batch; use --batch >= {workers * cfg.accumulate}")
+
+
+def _workers(cfg: Config, size: int) -> int:
+    """The workers of a run on *size* ranks: every rank, but for dedicated parameter servers (ValueError for a
+    --servers that does not fit; :func:`apps.sgd.ps.layout`)."""
+    return layout(size, cfg.servers)[0] if cfg.mode.startswith("ps") else size
 
 
 def _array_module(backend: str) -> Any:
@@ -409,7 +412,7 @@ def preflight(comm: Any, cfg: Config) -> Source:
     validate(cfg, size)
     if cfg.checkpoint_every:
         ck.prepare_directory(comm, cfg.checkpoint_dir)
-    workers = size - cfg.servers if cfg.mode.startswith("ps") else size
+    workers = _workers(cfg, size)
     teacher = cfg.data == "teacher"
     if teacher:  # known without building the data set, whose arrays grow with --features
         for option, value in (("--samples", cfg.samples), ("--features", cfg.features)):
@@ -431,17 +434,20 @@ def preflight(comm: Any, cfg: Config) -> Source:
     return source if source is not None else _source(comm, cfg)
 
 
-def build(comm: Any, cfg: Config, model: Any, optimizer: Any, total_steps: int) -> Any:
-    """The mode's strategy object."""
+def build(comm: Any, cfg: Config, model: Any, optimizer: Any, total_steps: int, start_step: int = 0) -> Any:
+    """The mode's strategy object (*start_step*: where a restarted run resumes; the parameter servers' first
+    version)."""
     options = dict(algorithm=cfg.algorithm, cap_mb=cfg.bucket_mb, per_parameter=cfg.per_parameter,
                    overlap=cfg.overlap, accumulate=cfg.accumulate)
     if cfg.mode == "ddp":
         return DDP(comm, model, optimizer, compress=cfg.compress, **options)
     if cfg.mode in ("zero1", "zero2"):
         return Zero(comm, model, optimizer, stage=int(cfg.mode[-1]), **options)
+    if cfg.mode == "zero3":
+        return Zero3(comm, model, optimizer, **options)
     staleness = 0 if cfg.mode == "ps-sync" else cfg.staleness
     return ParameterServer(comm, model, optimizer, servers=cfg.servers, staleness=staleness,
-                           total_steps=total_steps)
+                           total_steps=total_steps, start=start_step)
 
 
 def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> tuple[float, float]:
@@ -469,9 +475,11 @@ def _module_of(model: Any) -> Any:
 def save_checkpoint(comm: Any, cfg: Config, strategy: Any, step: int, signature: dict[str, Any]) -> None:
     """The whole state at *step* (collective: sharded optimizer state is gathered first)."""
     state = strategy.full_state()
+    full_params = getattr(strategy, "full_params", None)  # ps: the servers' shards at version *step*, gathered
+    params = full_params() if full_params is not None else strategy.model.params
     if comm.Get_rank() != 0:
         return
-    arrays = {"params": to_host(strategy.model.params)}
+    arrays = {"params": to_host(params)}
     arrays.update({f"optimizer.{k}": np.asarray(to_host(v)) for k, v in state.items()})
     path = ck.data_path(cfg.checkpoint_dir, PREFIX, step)
     record, entries = ck.write_arrays(path, arrays)
@@ -609,6 +617,18 @@ class _Timeline:
         return restore
 
 
+def _saving(cfg: Config, done: int, total: int) -> bool:
+    """Whether a checkpoint follows step *done*: every ``checkpoint_every`` steps and after the last."""
+    return bool(cfg.checkpoint_every) and (done % cfg.checkpoint_every == 0 or done == total)
+
+
+def _whole(strategy: Any, root: int, needed: bool) -> AbstractContextManager[Any]:
+    """zero3 keeps a shard of the parameters: the whole vector in the model on *root* for a block that reads
+    it (evaluation, a checkpoint) - a collective every rank enters when *needed*; nothing for the other modes."""
+    whole = getattr(strategy, "whole", None)
+    return whole(root) if needed and whole is not None else nullcontext()
+
+
 def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: Source | None = None) -> Report:
     """Run *cfg* on *comm* (every rank); rank 0's :class:`Report`, a partial one elsewhere.
 
@@ -626,7 +646,7 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
     if cfg.optimizer == "sgd":
         kwargs["momentum"] = cfg.momentum
     optimizer = make_optimizer(cfg.optimizer, **kwargs)
-    workers = size - cfg.servers if cfg.mode.startswith("ps") else size
+    workers = _workers(cfg, size)
     probe = Sampler(source.n_train, cfg.batch, workers, 0, cfg.seed, shuffle=source.shuffle)
     per_epoch = probe.steps_per_epoch
     total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
@@ -638,20 +658,25 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
     start_step, arrays = (load_checkpoint(comm, cfg, signature, model.num_params, state_names) if cfg.restart
                           else (0, None))
 
-    strategy = build(comm, cfg, model, optimizer, total)
+    num_params = model.num_params  # zero3 keeps only a shard of model.params
+    strategy = build(comm, cfg, model, optimizer, total, start_step)
     if arrays is not None:
-        model.load_params(arrays["params"])
+        getattr(strategy, "load_params", model.load_params)(arrays["params"])
         strategy.load_full_state({k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer.")})
         say(f"resumed from step {start_step} in {cfg.checkpoint_dir}")
     is_worker = getattr(strategy, "is_worker", True)
     index = getattr(strategy, "worker_index", rank)
     report = Report(cfg.mode, size, workers, total, start_step, 0.0, 0.0, float("nan"), float("nan"),
-                    float("nan"), model.num_params, strategy.memory())
+                    float("nan"), num_params, strategy.memory())
 
     logf = _open_log(cfg.log) if rank == 0 and cfg.log else None
     progress = cli.Progress(total - start_step, "train", show=rank == 0 and cfg.progress)
     t_start = time.perf_counter()
-    if not is_worker:
+    if not is_worker:  # a dedicated parameter server: serves, stopping at each checkpoint to join it
+        for done in range(start_step + 1, total + 1):
+            if _saving(cfg, done, total):
+                strategy.serve(until=done)
+                save_checkpoint(comm, cfg, strategy, done, signature)
         strategy.serve()
     else:
         sampler = Sampler(source.n_train, cfg.batch, workers, index, cfg.seed, shuffle=source.shuffle)
@@ -684,25 +709,28 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
                 restore()
                 report.timeline = [(kind, label, a - t_step, b - t_step) for kind, label, a, b in timeline.events]
             done = step + 1
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == total):
-                save_checkpoint(comm, cfg, strategy, done, signature)
-            if rank == 0 and (done % eval_every == 0 or done == total):
-                elapsed = time.perf_counter() - t_start
-                test_loss, test_acc = evaluate(model, *source.test)
-                train_loss = interval[0] / max(1, interval[2])
-                train_acc = interval[1] / max(1, interval[2])
-                counted = samples_processed(source.n_train, cfg.batch, workers, start_step, done, cfg.uneven)
-                rate = counted / elapsed if elapsed > 0 else 0.0
-                row = {"step": done, "epoch": done / per_epoch, "seconds": elapsed, "train_loss": train_loss,
-                       "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
-                       "samples_per_s": rate}
-                report.history.append(row)
-                if logf is not None:
-                    _log_row(logf, row)
-                progress.step(f"epoch {done / per_epoch:.2f}  loss {train_loss:.4f}  acc {train_acc:.3f}  "
-                              f"test loss {test_loss:.4f}  test acc {test_acc:.3f}  {rate:,.0f} samples/s",
-                              steps=done - start_step - progress.done)
-                interval = [0.0, 0, 0]
+            saving = _saving(cfg, done, total)
+            evaluating = done % eval_every == 0 or done == total
+            with _whole(strategy, 0, bool(saving or evaluating)):
+                if saving:
+                    save_checkpoint(comm, cfg, strategy, done, signature)
+                if rank == 0 and evaluating:
+                    elapsed = time.perf_counter() - t_start
+                    test_loss, test_acc = evaluate(model, *source.test)
+                    train_loss = interval[0] / max(1, interval[2])
+                    train_acc = interval[1] / max(1, interval[2])
+                    counted = samples_processed(source.n_train, cfg.batch, workers, start_step, done, cfg.uneven)
+                    rate = counted / elapsed if elapsed > 0 else 0.0
+                    row = {"step": done, "epoch": done / per_epoch, "seconds": elapsed, "train_loss": train_loss,
+                           "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
+                           "samples_per_s": rate}
+                    report.history.append(row)
+                    if logf is not None:
+                        _log_row(logf, row)
+                    progress.step(f"epoch {done / per_epoch:.2f}  loss {train_loss:.4f}  acc {train_acc:.3f}  "
+                                  f"test loss {test_loss:.4f}  test acc {test_acc:.3f}  {rate:,.0f} samples/s",
+                                  steps=done - start_step - progress.done)
+                    interval = [0.0, 0, 0]
     close = getattr(strategy, "close", None)
     if close is not None:
         close()
@@ -715,6 +743,9 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
     report.memory = strategy.memory()
     formula = getattr(strategy, "memory_formula", None)
     report.memory_formula = formula() if formula is not None else None
+    gather = getattr(strategy, "gather_params", None)
+    if gather is not None:  # zero3: the trained model whole on every rank, from here on
+        gather()
     report.model = model
     if rank == 0:
         report.test_loss, report.test_accuracy = evaluate(model, *source.test)

@@ -19,6 +19,8 @@ The flat parameter buffer is cut into p contiguous shards (near-equal, by
   ``--accumulate K`` every micro-batch is reduced this way and the shard sums
   them (DeepSpeed's ZeRO-2 does the same): no_sync would need the full buffer.
 
+Stage 3, the parameters sharded too, is :mod:`apps.sgd.zero3` (this class with per-layer gathers).
+
 Memory per rank between steps, as :meth:`Zero.memory` counts it (s bytes per
 value, k optimizer vectors - fp32 Adam: s = 4, k = 2 -, Ψ parameters, Ψ/p this
 rank's shard, :func:`apps.blocks.block` rounding it): ddp (2 + k)sΨ = 16Ψ;
@@ -166,9 +168,13 @@ class ShardReducer(Reducer):
 class Zero(DDP):
     """``zero1`` / ``zero2``: DDP's step with sharded optimizer state (and, at stage 2, sharded gradients)."""
 
+    #: The stages this class runs (stage 3: :class:`apps.sgd.zero3.Zero3`).
+    stages: tuple[int, ...] = (1, 2)
+
     def __init__(self, comm: Any, model: Any, optimizer: Any, *, stage: int, **options: Any):
-        if stage not in (1, 2):
-            raise ValueError(f"ZeRO stage {stage}: this application implements stages 1 and 2")
+        if stage not in self.stages:
+            raise ValueError(f"ZeRO stage {stage}: {type(self).__name__} runs stage(s) "
+                             f"{', '.join(map(str, self.stages))}; stage 3 is apps.sgd.zero3.Zero3")
         self.stage = stage
         self.name = f"zero{stage}"
         p, rank = comm.Get_size(), comm.Get_rank()
@@ -229,11 +235,15 @@ class Zero(DDP):
         where = f"Ψ = {psi:,}, Ψ/p = {shard:,} on rank {self.rank} of p = {self.world}"
         if self.stage == 1:
             return f"{2 * s}Ψ + {(k + 1) * s}Ψ/p", where, 2 * s * psi + (k + 1) * s * shard
-        reducer: Any = self.reducer  # a ShardReducer at stage 2
+        text, more_where, more = self.bucket_terms()
+        return f"{s}Ψ + {(k + 1) * s}Ψ/p" + text, where + more_where, s * psi + (k + 1) * s * shard + more
+
+    def bucket_terms(self) -> tuple[str, str, int]:
+        """The formula's " + sB [+ sA]" (stages 2 and 3): its text, its symbols' values, its bytes."""
+        s = self.model.grads.itemsize
+        reducer: Any = self.reducer  # a ShardReducer
         b = sum(buffer_sizes(reducer.buckets, reducer.slots))
-        text = f"{s}Ψ + {(k + 1) * s}Ψ/p + {s}B"
-        where += f", B = {b:,} in {reducer.slots} of {len(reducer.buckets)} bucket buffers"
-        value = s * psi + (k + 1) * s * shard + s * b
+        text, where, value = f" + {s}B", f", B = {b:,} in {reducer.slots} of {len(reducer.buckets)} bucket buffers", s * b
         if self.accumulate > 1:  # the micro-batches after the first reduce beside the shard
             a = sum(reducer.part_sizes())
             text += f" + {s}A"

@@ -221,14 +221,23 @@ def test_sgd_outside_slurm_resumes_its_run_directory_bit_for_bit(tmp_path):
 
 
 @pytest.mark.launches
-def test_sgd_parameter_server_mode_outside_slurm_gets_no_checkpoint_options(tmp_path):
-    # apps.sgd refuses --checkpoint-every and --restart for the ps modes; the script leaves them out.
-    out = _bash("sgd.sbatch", ["--mode", "ps-sync", "--servers", "1", "--steps", "2", "--quiet"], str(tmp_path),
-                {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run"})
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "--mode ps-sync: the parameter-server modes do not checkpoint" in out.stdout, out.stdout
-    assert "apps.sgd: ps-sync on 2 ranks" in out.stdout and sgd_digest(out.stdout)
-    assert not any((tmp_path / "run" / "checkpoints").iterdir())
+def test_sgd_parameter_server_mode_outside_slurm_checkpoints_and_resumes(tmp_path):
+    # ps-sync checkpoints like every mode: a run whose newest checkpoint is gone (as if killed after step 4)
+    # resumes from step 4 and ends with the parameters of the uninterrupted run.
+    env = {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run", "SGD_CHECKPOINT_EVERY": "4"}
+    args = ["--mode", "ps-sync", "--servers", "1", "--steps", "6", "--quiet"]
+    whole = _bash("sgd.sbatch", args, str(tmp_path), env)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "apps.sgd: ps-sync on 2 ranks" in whole.stdout and "resumed" not in whole.stdout, whole.stdout
+    checkpoints = tmp_path / "run" / "checkpoints"
+    names = sorted(p.name for p in checkpoints.iterdir())
+    assert names == [f"sgd-{step:08d}.{ext}" for step in (4, 6) for ext in ("bin", "json")]
+    for name in names[2:]:
+        (checkpoints / name).unlink()
+    again = _bash("sgd.sbatch", args, str(tmp_path), env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed from step 4 in run/checkpoints" in again.stdout, again.stdout
+    assert sgd_digest(again.stdout) == sgd_digest(whole.stdout)
 
 
 @pytest.mark.launches

@@ -118,6 +118,28 @@ def test_hook_order_and_grads_final_when_called():
         np.testing.assert_array_equal(snapshots[i], full[a:b])
 
 
+def test_forward_hook_runs_before_each_layer_in_order():
+    model = mlp([4, 6, 3], dtype=np.float64, seed=1)
+    x, _ = _batch()
+    want = model.forward(x)
+    seen: list[tuple[int, bool]] = []
+    a, b = model.layer_ranges[0]
+    kept = model.params[a:b].copy()
+
+    def hook(i: int) -> None:  # as a sharded strategy does: the layer's parameters are put in place just before
+        seen.append((i, bool(model.params[a:b].any())))
+        if i == 0:
+            model.params[a:b] = kept
+
+    model.params[a:b] = 0
+    got = model.forward(x, hook=hook)
+    assert [i for i, _ in seen] == list(range(len(model.layers)))
+    assert seen[0] == (0, False) and seen[1] == (1, True)  # called before layer 0 ran, and it ran with them
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError, match="hook must be callable"):
+        model.forward(x, hook=3)
+
+
 def test_backward_accumulates():
     model = mlp([4, 6, 3], layernorm=True, dtype=np.float64)
     x, labels = _batch()

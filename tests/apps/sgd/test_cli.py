@@ -208,7 +208,7 @@ def test_bench_runs_every_part_small(tmp_path):
     for heading in ("### Scaling", "### Modes", "### Parameter-server bottleneck", "### Synchronous vs asynchronous"):
         assert heading in text
     assert "Model: MLP 32→64→48→10" in text  # --hidden: the width of each hidden layer, as in train
-    for mode in ("per-parameter", "bucketed", "overlapped", "zero1", "zero2", "ps-sync", "ps-async"):
+    for mode in ("per-parameter", "bucketed", "overlapped", "zero1", "zero2", "zero3", "ps-sync", "ps-async"):
         assert f"| {mode} |" in text
     for part, total in (("scaling", 1), ("modes", 1), ("ps", 2), ("async", 3)):
         assert f"bench {part} [{total}/{total}]" in out.stderr, out.stderr  # progress from rank 0

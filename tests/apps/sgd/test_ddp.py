@@ -1,4 +1,4 @@
-"""apps.sgd.ddp and apps.sgd.zero: N ranks with global batch B end where one rank with batch B ends.
+"""apps.sgd.ddp, apps.sgd.zero and apps.sgd.zero3: N ranks with global batch B end where one rank with batch B ends.
 
 Each test trains on the pass's COMM_WORLD (1-4 ranks; 3 splits batches of 20 as 7/7/6)
 and compares the parameters with the same run, in mode ddp, on this rank alone
@@ -65,6 +65,13 @@ def _close(a, b, rtol=1e-12):
     dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, accumulate=3),
     dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, per_parameter=True),
     dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, overlap=False),
+    dict(mode="zero3"),
+    dict(mode="zero3", accumulate=2, algorithm="ring"),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, accumulate=3),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, per_parameter=True),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, overlap=False),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, layernorm=True, optimizer="adamw"),
 ], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items() if k != "hidden") or "default")
 def test_n_ranks_equal_one_rank(setting):
     comm = mpicomm.Comm()
@@ -127,12 +134,12 @@ def _reference_uneven(cfg, world):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero2-buckets"])
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero2-buckets", "zero3-buckets"])
 def test_uneven_inputs_join_with_zeros_and_divide_by_the_active_ranks(mode):
     comm = mpicomm.Comm()
     cfg = replace(BASE, uneven=True, mode=mode, steps=6)
-    if mode == "zero2-buckets":  # joined ranks reduce zeros through every reused bucket buffer
-        cfg = replace(MANY, uneven=True, mode="zero2", steps=6, accumulate=2)
+    if mode.endswith("-buckets"):  # joined ranks reduce zeros through every reused bucket buffer (and gather)
+        cfg = replace(MANY, uneven=True, mode=mode.split("-")[0], steps=6, accumulate=2)
     mine, report = _params(comm, cfg)
     everyone = comm.allgather(mine)
     for other in everyone:

@@ -1,11 +1,15 @@
 """apps.sgd.ps: the parameter server against a single-process reference, staleness, determinism, bad input.
 
-Each test runs on the pass's COMM_WORLD (2, 3 or 4 ranks; the last K are servers)
-with a small float64 MLP and a synthetic batch that depends only on the sample
-index, so every rank can build any sample and the single-process reference.
+Each test runs on the pass's COMM_WORLD (2, 3 or 4 ranks with the last K as dedicated
+servers; 1 to 4 ranks co-located, every rank a worker and a shard's server) with a
+small float64 MLP and a synthetic batch that depends only on the sample index, so
+every rank can build any sample and the single-process reference. Checkpoints:
+tests/apps/sgd/test_ps_checkpoint.py.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -14,7 +18,7 @@ from mpi4py import MPI
 from apps.blocks import block
 from apps.nn import mlp, softmax_cross_entropy
 from apps.nn.optim import SGD
-from apps.sgd.ps import ParameterServer
+from apps.sgd.ps import COLOCATED, ParameterServer
 
 SIZES = [8, 16, 4]
 BATCH = 12
@@ -62,9 +66,9 @@ def _reference(steps=STEPS, staleness=0, hidden=SIZES[1]):
     return current
 
 
-def _run(comm, servers=1, staleness=0, steps=STEPS, hidden=SIZES[1]):
-    """Train with the parameter server; every rank returns (ps, its final params or shard)."""
-    model = _model(hidden)
+def _run(comm, servers=1, staleness=0, steps=STEPS, hidden=SIZES[1], model=None):
+    """Train with the parameter server; every rank returns (ps, its final params, or None on a dedicated server)."""
+    model = _model(hidden) if model is None else model
     ps = ParameterServer(comm, model, _optimizer(), servers=servers, staleness=staleness, total_steps=steps)
     if ps.is_worker:
         for step in range(steps):
@@ -76,14 +80,15 @@ def _run(comm, servers=1, staleness=0, steps=STEPS, hidden=SIZES[1]):
         return ps, model.params.copy()
     ps.serve()
     ps.close()
-    return ps, ps.shard.copy()
+    return ps, None
 
 
 def _worker_params(ps, mine):
-    """Every worker's final parameters (on every rank), and the servers' shards joined in order."""
-    every = MPI.COMM_WORLD.allgather((ps.is_worker, mine))
-    workers = [p for is_worker, p in every if is_worker]
-    shards = [p for is_worker, p in every if not is_worker]
+    """Every worker's final parameters (on every rank), and the servers' shards joined in order (rank order is
+    shard order in both layouts)."""
+    every = MPI.COMM_WORLD.allgather((mine, ps.shard.copy() if ps.is_server else None))
+    workers = [p for p, _ in every if p is not None]
+    shards = [s for _, s in every if s is not None]
     return workers, np.concatenate(shards)
 
 
@@ -202,9 +207,10 @@ def test_zero_steps_ends_on_the_initial_weights(comm):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kwargs,message", [
     ({"servers": "size"}, r"--servers \d+: need 1 <= K < N ranks \(N = \d+\); the rest are workers"),
-    ({"servers": 0}, r"--servers 0: need 1 <= K < N ranks"),
+    ({"servers": -1}, r"--servers -1: need 1 <= K < N ranks .*or --servers 0: every rank a worker"),
     ({"staleness": -1}, r"--staleness -1: must be >= 0 \(0 is synchronous\)"),
     ({"total_steps": -1}, r"total_steps -1: must be >= 0"),
+    ({"start": STEPS + 1}, rf"start {STEPS + 1}: the run resumes at a step in 0 .. total_steps={STEPS}"),
 ])
 def test_bad_input_raises_on_every_rank(comm, kwargs, message):
     options = {"servers": 1, "staleness": 0, "total_steps": STEPS} | kwargs
@@ -213,3 +219,98 @@ def test_bad_input_raises_on_every_rank(comm, kwargs, message):
     with pytest.raises(ValueError, match=message):
         ParameterServer(comm, _model(), _optimizer(), **options)
     comm.Barrier()  # and nobody was left inside a collective: the next test starts together
+
+
+# ---------------------------------------------------------------- co-located: every rank a worker and a server
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_colocated_equals_the_reference_from_one_rank(comm, staleness):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    ps, mine = _run(comm, servers=COLOCATED, staleness=staleness)
+    workers, joined = _worker_params(ps, mine)
+    assert ps.colocated and ps.is_worker and ps.is_server
+    assert ps.workers == ps.servers == len(workers) == size and ps.worker_index == ps.server_index == rank
+    assert ps.name == ("ps-sync" if staleness == 0 else "ps-async")
+    for params in workers:
+        assert np.array_equal(params, workers[0])
+    assert np.array_equal(joined, workers[0])  # every rank ends with exactly the shards' weights
+    _close(workers[0], _reference(staleness=staleness))
+    assert not np.allclose(workers[0], _model().params)
+
+
+@pytest.mark.mpi
+def test_colocated_unbounded_async_finishes_with_identical_workers(comm):
+    ps, mine = _run(comm, servers=COLOCATED, staleness=None, steps=8)
+    workers, joined = _worker_params(ps, mine)
+    assert ps.stats["clocks"] == 8
+    for params in workers:
+        assert np.array_equal(params, joined)
+    assert np.all(np.isfinite(joined)) and not np.array_equal(joined, _model().params)
+
+
+@pytest.mark.mpi
+def test_colocated_stats_leave_out_the_traffic_with_the_own_shard(comm):
+    size, rank = comm.Get_size(), comm.Get_rank()
+    ps, _ = _run(comm, servers=COLOCATED, staleness=0)
+    n, itemsize = _model().num_params, 8
+    shard_bytes = [(b - a) * itemsize for a, b in (block(n, size, k) for k in range(size))]
+    mine = shard_bytes[rank]
+    s = ps.stats
+    assert s["role"] == "worker and server" and s["clocks"] == STEPS
+    assert s["pushed"] == [STEPS * b for b in shard_bytes]
+    assert s["pulled"] == [(STEPS + 1) * b for b in shard_bytes]
+    assert s["received"] == STEPS * size * mine and s["sent"] == (STEPS + 1) * size * mine
+    others = sum(shard_bytes) - mine
+    assert s["link_bytes"] == (2 * STEPS + 1) * others + (2 * STEPS + 1) * (size - 1) * mine
+    memory = ps.memory()
+    assert memory["params"] == n * itemsize + mine  # the model, and the shard with no version left published
+    assert memory["optimizer"] == mine
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_colocated_server_takes_pushes_while_its_rank_computes(comm):
+    """Rank 1 is slow in its backward of clock 1: rank 0 starts clock 1 only then, and pushes it while rank 1 is
+    still in that backward. Rank 1's server takes the push during the backward (a poll between layers), not
+    at the end of the step."""
+    rank = comm.Get_rank()
+    world = MPI.COMM_WORLD
+    model = _model()
+    seen = []
+    backward = model.backward
+
+    def wait_for(tag):
+        note = world.irecv(source=1 - rank, tag=tag)
+        deadline = time.monotonic() + 30
+        while not note.Test() and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    def rank0_backward(dy, hook=None):
+        backward(dy, hook=hook)
+        if ps.clock == 1:
+            world.send(None, dest=1, tag=78)  # computed: the push follows at once
+
+    def rank1_backward(dy, hook=None):
+        if ps.clock == 1:
+            before = ps.stats["received_from"][0]  # rank 0 has not started clock 1 yet
+            world.send(None, dest=0, tag=77)
+            wait_for(78)
+            time.sleep(0.2)
+            backward(dy, hook=hook)
+            seen.append((before, ps.stats["received_from"][0]))
+            return
+        backward(dy, hook=hook)
+
+    if rank in (0, 1):
+        model.backward = rank0_backward if rank == 0 else rank1_backward
+    ps = ParameterServer(comm, model, _optimizer(), servers=COLOCATED, staleness=0, total_steps=3)
+    for step in range(3):
+        if rank == 0 and step == 1:
+            wait_for(77)
+        a, b = block(BATCH, ps.workers, ps.worker_index)
+        ps.step(*_samples(_batch(step)[a:b]), BATCH)
+    ps.close()
+    if rank == 1:
+        piece = (ps.bounds[1][1] - ps.bounds[1][0]) * 8
+        assert seen == [(piece, 2 * piece)]  # clock 0's push before the backward, clock 1's taken inside it
