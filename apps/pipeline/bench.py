@@ -164,7 +164,8 @@ def _table(args: argparse.Namespace, world: int, rows: list[dict[str, Any]], ski
     strategies = {r["activations"]: r for r in rows if r["schedule"] == "1f1b"}
     if len(strategies) > 1:
         lines += ["", "Activations at 1F1B, side by side (step time, and the first rank's peak activations): " + "; ".join(
-            f"{name}" + (f" ({r['offload_window']} window, prefetched)" if r.get("offload_window") else "")
+            f"{name}" + (f" ({r['offload_window']} window" + (", prefetched" if r.get("prefetched") else "") + ")"
+                         if r.get("offload_window") else "")
             + f" {cli.format_time(r['step_s'])}"
             + (f" ({r['step_s'] / store['step_s']:.2f}× store)" if store and store["step_s"] and name != "store" else "")
             + f", {r['peak_bytes'] / 1024:,.0f} KiB" for name, r in strategies.items()) + "."]

@@ -21,12 +21,14 @@ slots × size bytes for it. Two places for the slots (:class:`RmaSlots`,
     communicator), which this rank maps too: parking and fetching are memory
     copies, and nobody waits for the partner.
 
-Prefetch (:meth:`Offload.prefetch`): the executor names the micro-batch of
-the next backward before each compute action; its fetch starts then and is
-waited for when that backward begins, so it overlaps the computation in
-between (the current backward, or a forward). A prefetched micro-batch is
-held from then on: with prefetch a rank holds at most two fetched
-micro-batches at once (the one whose backward runs and the next).
+Prefetch (:meth:`Offload.prefetch`), over RMA only: the executor names the
+micro-batch of the next backward before each compute action; its fetch starts
+then and is waited for when that backward begins, so it overlaps the
+computation in between (the current backward, or a forward). A prefetched
+micro-batch is held from then on: with prefetch a rank holds at most two
+fetched micro-batches at once (the one whose backward runs and the next). A
+shared window is not prefetched: its fetch is a memory copy at the backward,
+and prefetching it would only hold two micro-batches where one suffices.
 """
 
 from __future__ import annotations
@@ -130,8 +132,9 @@ class Offload:
         return key in self._where
 
     def prefetch(self, key: Any) -> int:
-        """Start fetching *key* if it is parked and not yet started; the bytes started (0 if none)."""
-        if key not in self._where or key in self._started:
+        """Start fetching *key* if it is parked and not yet started; the bytes started (0 if none; a shared
+        window's slots are not prefetched, see the module docstring)."""
+        if key not in self._where or key in self._started or self.target.kind == "shared":
             return 0
         slot, _, total = self._where[key]
         if total:
