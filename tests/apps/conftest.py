@@ -11,6 +11,18 @@ from mpi4py import MPI
 
 
 @pytest.fixture
+def shared_dir():
+    """A fresh directory every rank of the pass uses (rank 0 makes it and removes it after the test; the fixture is
+    collective)."""
+    comm = MPI.COMM_WORLD
+    path = comm.bcast(tempfile.mkdtemp(prefix="apps-test-") if comm.Get_rank() == 0 else None, root=0)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def blocked():
     """A checkpoint directory no rank can create: its parent is a regular file (for root too). Every rank gets
     the same path (rank 0 makes it), so the fixture is collective."""

@@ -197,47 +197,31 @@ def sgd_digest(log: str) -> str:
 
 
 @pytest.mark.launches
-def test_sgd_outside_slurm_resumes_its_run_directory_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("mode,every,steps,saved,resumed", [
+    (["--keep", "4"], 3, 10, (3, 6, 9, 10), 6),
+    (["--mode", "ps-sync", "--servers", "1"], 4, 6, (4, 6), 4),  # the parameter servers checkpoint like every mode
+], ids=["ddp", "ps-sync"])
+def test_sgd_outside_slurm_resumes_its_run_directory_bit_for_bit(tmp_path, mode, every, steps, saved, resumed):
     # The script always passes --restart: a run on a run directory whose newest checkpoints are gone (as if killed
-    # after step 6) continues from step 6 and ends with the parameters of the uninterrupted run.
-    env = {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run", "SGD_CHECKPOINT_EVERY": "3"}
-    args = ["--steps", "10", "--keep", "4", "--quiet"]
+    # after step *resumed*) continues from there and ends with the parameters of the uninterrupted run.
+    env = {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run", "SGD_CHECKPOINT_EVERY": str(every)}
+    args = [*mode, "--steps", str(steps), "--quiet"]
     whole = _bash("sgd.sbatch", args, str(tmp_path), env)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "launch: mpiexec -n 2" in whole.stdout and "resumed" not in whole.stdout, whole.stdout
     checkpoints = tmp_path / "run" / "checkpoints"
     names = sorted(p.name for p in checkpoints.iterdir())
-    assert names == [f"sgd-{step:08d}.{ext}" for step in (3, 6, 9, 10) for ext in ("bin", "json")]
-    for name in names[4:]:
+    assert names == [f"sgd-{step:08d}.{ext}" for step in saved for ext in ("bin", "json")]
+    for name in names[2 * (saved.index(resumed) + 1):]:
         (checkpoints / name).unlink()
     again = _bash("sgd.sbatch", args, str(tmp_path), env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "resumed from step 6 in run/checkpoints" in again.stdout, again.stdout
+    assert f"resumed from step {resumed} in run/checkpoints" in again.stdout, again.stdout
     assert sgd_digest(again.stdout) == sgd_digest(whole.stdout)
     with open(tmp_path / "run" / "train.json") as f:
         doc = json.load(f)
-    assert (doc["results"]["report"]["start_step"], doc["results"]["report"]["steps"]) == (6, 10)
+    assert (doc["results"]["report"]["start_step"], doc["results"]["report"]["steps"]) == (resumed, steps)
     assert doc["results"]["digest"] == sgd_digest(again.stdout)
-
-
-@pytest.mark.launches
-def test_sgd_parameter_server_mode_outside_slurm_checkpoints_and_resumes(tmp_path):
-    # ps-sync checkpoints like every mode: a run whose newest checkpoint is gone (as if killed after step 4)
-    # resumes from step 4 and ends with the parameters of the uninterrupted run.
-    env = {"MPICOMM_NTASKS": "2", "MPICOMM_RUN_DIR": "run", "SGD_CHECKPOINT_EVERY": "4"}
-    args = ["--mode", "ps-sync", "--servers", "1", "--steps", "6", "--quiet"]
-    whole = _bash("sgd.sbatch", args, str(tmp_path), env)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
-    assert "apps.sgd: ps-sync on 2 ranks" in whole.stdout and "resumed" not in whole.stdout, whole.stdout
-    checkpoints = tmp_path / "run" / "checkpoints"
-    names = sorted(p.name for p in checkpoints.iterdir())
-    assert names == [f"sgd-{step:08d}.{ext}" for step in (4, 6) for ext in ("bin", "json")]
-    for name in names[2:]:
-        (checkpoints / name).unlink()
-    again = _bash("sgd.sbatch", args, str(tmp_path), env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "resumed from step 4 in run/checkpoints" in again.stdout, again.stdout
-    assert sgd_digest(again.stdout) == sgd_digest(whole.stdout)
 
 
 @pytest.mark.launches

@@ -9,8 +9,6 @@ the single-process reference to 1e-12 relative.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import replace
 
 import numpy as np
@@ -27,17 +25,6 @@ from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
 BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
-
-
-@pytest.fixture
-def shared_dir():
-    """A fresh directory every rank of the pass uses (rank 0 makes it and removes it afterwards)."""
-    comm = mpicomm.Comm()
-    directory = comm.bcast(tempfile.mkdtemp(prefix="pipeline-ck-") if comm.Get_rank() == 0 else None, root=0)
-    yield directory
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(directory)
 
 
 def _splits(n):

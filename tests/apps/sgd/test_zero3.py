@@ -3,9 +3,6 @@ bytes, checkpoints resumed bit for bit. Training results against one-rank ddp: t
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import tracemalloc
 from dataclasses import replace
 
 import numpy as np
@@ -19,7 +16,7 @@ from apps.sgd.bench import _collective_bytes
 from apps.sgd.data import load_digits
 from apps.sgd.train import train
 from apps.sgd.zero3 import Zero3
-from tests.apps.sgd.test_ddp import MANY, MANY_BUFFERS, MANY_PSI
+from tests.apps.sgd.test_ddp import MANY, MANY_BUFFERS, MANY_PSI, whole_blocks_after_two_steps
 
 # MANY's 7 Linear layers: 2,080, 5 × 1,056 and 330 parameters; layer j is gathered into buffer j % 2.
 MANY_LAYERS = 2080 + 1056
@@ -93,42 +90,18 @@ def test_each_layer_is_gathered_before_forward_and_backward_with_the_next_in_fli
 def test_zero3_allocates_no_array_the_size_of_the_parameters():
     """Live NumPy blocks of 8Ψ bytes after two steps, outside mpicomm's plan cache: none (at p = 1 the shards of
     parameters and gradients and the two Adam moments, which are whole there); the flat parameters would add one."""
-    comm = mpicomm.Comm()
-    p, rank = comm.Get_size(), comm.Get_rank()
-    data = load_digits(np.float64)
-    a, b = block(20, p, rank)
-    tracemalloc.start()
-    try:
-        model = mlp([64, *MANY.hidden, 10], dtype=np.float64)
-        strategy = Zero3(comm, model, make("adam", lr=1e-2), cap_mb=MANY.bucket_mb)
-        for _ in range(2):
-            strategy.step(data.x_train[a:b], data.y_train[a:b], 20)
-        live = tracemalloc.take_snapshot().filter_traces([
-            tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain),
-            tracemalloc.Filter(False, "*/mpicomm/*", all_frames=True)]).traces
-    finally:
-        tracemalloc.stop()
-    whole = [t.size for t in live if t.size >= 8 * MANY_PSI]
-    assert whole == [8 * MANY_PSI] * (4 if p == 1 else 0)
+    whole, model = whole_blocks_after_two_steps(
+        lambda comm, model, optimizer: Zero3(comm, model, optimizer, cap_mb=MANY.bucket_mb))
+    assert whole == [8 * MANY_PSI] * (4 if mpicomm.Comm().Get_size() == 1 else 0)
     assert model.params.size == 0 and model.grads.size == 0
 
 
-@pytest.fixture
-def directory():
-    comm = mpicomm.Comm()
-    path = comm.bcast(tempfile.mkdtemp(prefix="sgd-zero3-") if comm.Get_rank() == 0 else None, root=0)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.mpi
-def test_a_resumed_zero3_run_equals_an_uninterrupted_one_bit_for_bit(directory):
+def test_a_resumed_zero3_run_equals_an_uninterrupted_one_bit_for_bit(shared_dir):
     """Checkpoints at steps 3 and 5 (the whole parameters gathered on rank 0, the optimizer shards gathered),
     evaluations every 2 steps in between; resumed from step 5 to 8."""
     comm = mpicomm.Comm()
-    cfg = replace(MANY, mode="zero3", steps=8, dropout=0.1, eval_every=2, checkpoint_dir=directory)
+    cfg = replace(MANY, mode="zero3", steps=8, dropout=0.1, eval_every=2, checkpoint_dir=shared_dir)
     straight = _quiet(comm, cfg)
     _quiet(comm, replace(cfg, steps=5, checkpoint_every=3))
     resumed = _quiet(comm, replace(cfg, checkpoint_every=3, restart=True))

@@ -8,8 +8,6 @@ the same problem solved by every rank alone on COMM_SELF.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,17 +22,6 @@ SMALL = dict(stream=False, progress=False, kernel="numpy")
 
 def _solve(comm, **kw):
     return solve(comm, Config(**(SMALL | kw)))
-
-
-@pytest.fixture
-def shared_dir():
-    """A fresh directory every rank sees (made by rank 0), removed after the test."""
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="stencil-test-") if comm.Get_rank() == 0 else None, root=0)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.mpi
