@@ -41,7 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .engine.requests import barrier
+from .engine.requests import Request, Step, Steps, barrier
 from .transport.buffers import (
     adopt,
     check_array,
@@ -105,6 +105,24 @@ class Window:
     def _target(self, target: int) -> int:
         return check_peer(target, "target", len(self.sizes))
 
+    def _out(self, target: int, offset: int, count: int | None, out: Any, xp: ModuleType | None) -> Any:
+        """The array a get of *count* elements at *offset* of *target* lands in: *out*, checked, or a new one
+        (None for MPI.PROC_NULL without *out*)."""
+        if out is not None:
+            out = adopt(out, "out")
+            check_array(out, "out", writable=True)
+        if target == MPI.PROC_NULL:
+            return out
+        offset, count = self._span(target, offset, count)
+        if out is None:
+            return (xp or self.xp).empty(count, self.dtype)
+        if out.dtype != self.dtype or out.size != count:
+            raise ValueError(
+                f"out is {out.dtype} with {out.size} elements but the window holds {self.dtype} and "
+                f"{count} elements were asked for; pass a matching out or omit it"
+            )
+        return out
+
     # ------------------------------------------------------------ access
 
     def get(
@@ -124,22 +142,13 @@ class Window:
         self, target: int, offset: int, count: int | None, out: Any, xp: ModuleType | None, note: dict | None
     ) -> Any:
         target = self._target(target)
-        if out is not None:
-            out = adopt(out, "out")
-            check_array(out, "out", writable=True)
+        out = self._out(target, offset, count, out, xp)
         if target == MPI.PROC_NULL:
             return out
         offset, count = self._span(target, offset, count)
         if note is not None:
             nbytes = count * self.dtype.itemsize
             note.update(peer=target, offset=offset, count=count, bytes=nbytes, dtype=trace.dtype_name(self.dtype))
-        if out is None:
-            out = (xp or self.xp).empty(count, self.dtype)
-        elif out.dtype != self.dtype or out.size != count:
-            raise ValueError(
-                f"out is {out.dtype} with {out.size} elements but the window holds {self.dtype} and "
-                f"{count} elements were asked for; pass a matching out or omit it"
-            )
         transfer = recv_buffer(out)
         try:
             self.win.Get(transfer.buf, target, (offset, out.nbytes, MPI.BYTE))
@@ -149,6 +158,25 @@ class Window:
             raise
         transfer.finish()
         return out
+
+    def rget(self, target: int, offset: int = 0, count: int | None = None, *, out: Any = None,
+             xp: ModuleType | None = None) -> Request:
+        """Start reading *count* elements at *offset* of rank *target*'s array; an mpicomm :class:`Request`
+        whose completion means they have arrived (``wait()`` returns the array: *out*, or a new one as
+        :meth:`get` makes). The read overlaps whatever this rank does until it waits - a passive target
+        answers when it next enters MPI, so starting early hides that wait (MPI's ``MPI_Rget``)."""
+        target = self._target(target)
+        out = self._out(target, offset, count, out, xp)
+        if target == MPI.PROC_NULL:
+            return Request(_done(out), f"rget from {target}")
+        transfer = recv_buffer(out)
+        try:
+            request = self.win.Rget(transfer.buf, target, (self._span(target, offset, out.size)[0], out.nbytes,
+                                                           MPI.BYTE))
+        except BaseException:
+            transfer.abandon()
+            raise
+        return Request(_after_get(request, transfer, out, target), f"rget of {out.size} elements from rank {target}")
 
     def put(self, x: Any, target: int, offset: int = 0) -> None:
         """Write array *x* into rank *target*'s array at element *offset*; it has landed on return."""
@@ -217,6 +245,23 @@ class Window:
     def __repr__(self) -> str:
         where = "host mirror" if self.staged else "in place"
         return f"<mpicomm.Window {self.dtype} sizes={self.sizes} ({where})>"
+
+
+def _done(value: Any) -> Steps:
+    """A request's steps that are already over: its result is *value*."""
+    return value
+    yield  # (a generator)
+
+
+def _after_get(request: MPI.Request, transfer: Any, out: Any, target: int) -> Steps:
+    """An ``rget``'s one step: the library's request; then the staged copy to the device, if any."""
+    try:
+        yield Step([request], peers=[("recv", target)])
+    except BaseException:
+        transfer.abandon()
+        raise
+    transfer.finish()
+    return out
 
 
 def agree(comm: MPI.Intracomm, problem: str | None, what: str, payload: object = None) -> list:

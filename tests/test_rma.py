@@ -110,6 +110,39 @@ def test_get_into_out(comm, xp, path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rget_starts_reads_that_complete_later(comm, xp, path, dtype):
+    """Nonblocking gets from every rank at once, into new arrays and into out, completed by one Waitall (or
+    each by wait(), which returns the array), equal what get reads; PROC_NULL completes at once."""
+    r, p = comm.rank, comm.size
+    n = 2 * p + 3
+    with comm.expose(rank_data(r, n, dtype, xp)) as win:
+        requests = [win.rget(t, t % 3, n - t % 3) for t in range(p)]
+        outs = [xp.full(2, 0, dtype) for _ in range(p)]
+        into = [win.rget(t, 1, out=outs[t][:0], count=0) for t in range(p)] + \
+               [win.rget(t, n - 2, out=outs[t]) for t in range(p)]
+        mpicomm.Request.Waitall(into)
+        arrays = [q.wait() for q in requests]
+        null = win.rget(MPI.PROC_NULL)
+        assert null.Test() and null.wait() is None
+        comm.Barrier()
+    for t in range(p):
+        full = rank_data(t, n, dtype)
+        assert arrays[t].dtype == np.dtype(dtype) and np.array_equal(host(arrays[t]), full[t % 3:]), t
+        assert np.array_equal(host(outs[t]), full[n - 2:]), t
+
+
+@pytest.mark.mpi
+def test_rget_checks_its_arguments_before_any_rma(comm):
+    with comm.expose(np.arange(4.0)) as win:
+        with pytest.raises(ValueError, match="out is float64 with 3 elements"):
+            win.rget(0, 1, 2, out=np.empty(3))
+        with pytest.raises(ValueError):
+            win.rget(0, 3, 5)
+        comm.Barrier()
+
+
+@pytest.mark.mpi
 def test_get_with_a_bad_out_raises_locally(comm, xp):
     r, p = comm.rank, comm.size
     t = (r + 1) % p

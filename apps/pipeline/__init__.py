@@ -25,8 +25,7 @@ Modules, from the bottom up (each imports only those above it in this list):
   :mod:`~apps.pipeline.cli` - charts, the benchmark table, the command line.
 
 The layers are :mod:`apps.nn`'s (which knows no MPI); communication is
-mpicomm's public API, except two things it does not offer yet, done with mpi4py
-in :mod:`~apps.pipeline.offload` and :mod:`~apps.pipeline.train`: a
-nonblocking get (``MPI_Rget`` on the window of ``comm.expose``) and a
-node-shared window whose peer pieces a rank maps (``MPI_Win_allocate_shared``).
+mpicomm's public API, except one thing it does not offer yet, done with mpi4py in
+:mod:`~apps.pipeline.train`: a node-shared window whose peer pieces a rank maps
+(``MPI_Win_allocate_shared``).
 """
