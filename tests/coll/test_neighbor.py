@@ -131,9 +131,9 @@ def test_every_collective_matches_the_library(pair, algorithm):
     topology, ours, theirs = pair
     rank, p = ours.Get_rank(), ours.Get_size()
     for name in COLLECTIVES:
-        for form in FORMS:
+        for form in FORMS if algorithm != "auto" else FORMS[:1]:  # (auto is one of the others: its choice runs)
             for n in counts(p):
-                for dtype in (np.int64, np.float16):
+                for dtype in (np.int64, np.float16) if form == "blocking" else (np.int64,):
                     send, spec, size = _buffers(name, ours, n, dtype)
                     got, want = unfilled(size, dtype), unfilled(size, dtype)
                     _run(ours, name, form, send, spec(got), algorithm)

@@ -32,12 +32,17 @@ SLOWER_AT_3 = ("test_cco_nb_buf", "test_cco_pr_buf", "test_cco_nb_vec", "test_cc
                "test_cco_pr_ngh_buf")
 
 
+#: At 2 ranks, the persistent neighbourhood module (the blocking one's schedules, which run in every pass).
+SLOWER_AT_2 = ("test_cco_pr_ngh_buf",)
+
+
 @pytest.mark.parametrize("ranks,modules", [
     (1, mpi4py_suite.MODULES),
-    (2, mpi4py_suite.MODULES),
+    (2, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_2)),
     (3, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_3)),
+    pytest.param(2, SLOWER_AT_2, marks=pytest.mark.slow),
     pytest.param(3, SLOWER_AT_3, marks=pytest.mark.slow),
-], ids=["1", "2", "3", "3-nonblocking-persistent"])
+], ids=["1", "2", "3", "2-persistent-neighbourhood", "3-nonblocking-persistent"])
 @pytest.mark.timeout(960)  # (the run itself is limited to 900 s; the default 300 s would end it early on a busy machine)
 def test_mpi4py_suite_passes_through_mpicomm(ranks, modules):
     _source()
