@@ -9,9 +9,17 @@ Protocol (all on private duplicates of the communicator):
 
 1. the puller sends a small request - key, element offset and count, request id -
    to the owner on ``control``, and posts the receive of the answer;
-2. the owner's server (a receive always posted on ``control``) takes the request
-   and answers with the slice as a typed message (:mod:`mpicomm.p2p`) tagged with
-   the request id - or, for a key it never published, with an error.
+2. the owner's server - one receive always posted on ``control`` for each rank, itself
+   included - takes the request and answers with the slice as a typed message
+   (:mod:`mpicomm.p2p`) tagged with the request id - or, for a key it never published,
+   with an error.
+
+The server posts a receive per source rather than one wildcard (``MPI.ANY_SOURCE``)
+receive: across nodes, MPICH's UCX network module lost wildcard receives here (a
+plain mpi4py program of 4 ranks on 2 nodes, each serving one wildcard request,
+hangs in about one run of three), and a receive that names its source is matched
+by every MPI and network module alike. Its cost is one small buffer per rank
+(``MAX_KEY_BYTES`` + 32 bytes).
 
 There is no progress thread: the server runs whenever this rank waits or
 tests on any mpicomm request (``pull`` does, so two ranks pulling from each
@@ -63,7 +71,9 @@ class Rendezvous:
         self._next_id = 0
         self._closing = False
         self._serving = True
-        self._listen()
+        self._servers: dict[int, Request] = {}
+        for source in range(comm.Get_size()):
+            self._listen(source)
 
     # ------------------------------------------------------------ owner
 
@@ -90,16 +100,16 @@ class Rendezvous:
         """Keys this rank currently offers."""
         return sorted(self._published)
 
-    def _listen(self) -> None:
-        """Post the receive of the next pull request (one request object per pull served)."""
-        self._server = Request(self._serve_one(), "rendezvous server")
+    def _listen(self, source: int) -> None:
+        """Post the receive of *source*'s next pull request (one request object per pull served)."""
+        self._servers[source] = Request(self._serve_one(source), "rendezvous server")
 
-    def _serve_one(self) -> Steps:
+    def _serve_one(self, source: int) -> Steps:
         message = np.empty(_FIELDS * 8 + self.MAX_KEY_BYTES, np.uint8)
-        (status,) = yield [self._control.Irecv(message, MPI.ANY_SOURCE, _PULL)]
+        yield [self._control.Irecv(message, source, _PULL)]
         if self._serving:
-            self._listen()
-        puller = status.Get_source()
+            self._listen(source)
+        puller = source
         request_id, offset, count, length = message[: _FIELDS * 8].view(np.int64).tolist()
         tag = request_id % (self._channel.tag_ub + 1)
         try:  # whatever goes wrong with one request, answer it and keep serving the others
@@ -109,9 +119,10 @@ class Rendezvous:
             self._send_error(puller, tag, f"rank {self.comm.Get_rank()} could not answer: {exc}")
 
     def _stop_listening(self) -> None:
-        """Cancel the posted request receive; a request that already arrived is still answered."""
+        """Cancel the posted request receives; a request that already arrived is still answered."""
         self._serving = False
-        self._server.Cancel()
+        for server in self._servers.values():
+            server.Cancel()
 
     def _answer(self, key: str, puller: int, tag: int, offset: int, count: int) -> None:
         """Answer one pull of elements [offset, offset+count) of *key* (count -1: to the end)."""

@@ -111,9 +111,15 @@ def submit(q: Queue, run: Run) -> None:
                 q.runs.popleft()
                 return
     if _thread.enabled:
-        queues.add(q)  # (atomic under the GIL; the thread copies the set)
-        if _thread.idle:
-            with _wake:
+        if q in queues and not _thread.idle:
+            return  # the running thread polls this queue: nothing to tell it
+        # Under the condition's lock: the thread, going idle, drops the queues it found empty and sleeps under
+        # that lock, so a queue added here is either seen by its last look or added after it sleeps and wakes it
+        # (without the lock, a queue that gained this run between the thread's look and its clean-up was dropped
+        # while the thread went to sleep - the run then moved only when its caller waited on it).
+        with _wake:
+            queues.add(q)
+            if _thread.idle:
                 _thread.ensure()
                 _wake.notify()
 
