@@ -111,6 +111,11 @@ class State:
         comm = MPI.Intracomm(comm)  # plain mpi4py methods: sub-communicators are MPI.Intracomm
         barrier(comm)  # everyone is here; pending mpicomm transfers to this rank kept moving meanwhile
         every = comm.allgather((found, () if found else config.protocol()))
+        # mpi4py's first pickle-based reduction on a communicator (allreduce, reduce, scan, exscan) duplicates it,
+        # collectively and holding the GIL, to keep its messages apart: done now, while every rank is here, it
+        # never happens later while this rank's pending collectives need the progress thread (which needs the
+        # GIL) and a peer waits for them before its own reduction - a legal program that would hang.
+        comm.allreduce(0)
         refused = config.refusal([f for f, _ in every]) or config.protocol_mismatch([s for _, s in every])
         if refused:  # the same on every rank: each has every rank's findings and settings
             raise ValueError(refused)

@@ -3,12 +3,14 @@
     python -m tests                       # the README's test command
     python -m tests --ranks 5,7           # the slower tier
     python -m tests --ranks 3 -- -k p2p   # pytest arguments after --
-    python -m tests --ranks 2x2,1x3       # simulated nodes: 2 nodes of 2 ranks, 1 node of 3...
+    python -m tests --ranks 2x2,1x3       # simulated nodes: 2 nodes of 2 ranks, 3 nodes of 1 rank
+    python -m tests --ranks 2+2+1         # uneven nodes: 5 ranks on nodes of 2, 2 and 1
 
 A pass written ``NxM`` runs N·M ranks as M "nodes" of N ranks each (hydra's
 ``-launcher fork -hosts nodeA:N,nodeB:N,…``: MPI then reports M nodes, so
 node-local and hierarchical code runs as on a cluster, on this one machine);
-by default it runs the collective tests (tests/coll, tests/test_shm.py).
+``A+B+C`` runs A+B+C ranks on nodes of A, B and C ranks. By default a
+simulated-nodes pass runs the collective tests (tests/coll, tests/test_shm.py).
 
 Each pass is ``python -m pytest --with-mpi tests/`` (1 rank) or
 ``mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/``: ``-m mpi4py``
@@ -38,10 +40,14 @@ from tests import mpirun
 NODE_TESTS = [os.path.join(mpirun.REPO, "tests", "coll"), os.path.join(mpirun.REPO, "tests", "test_shm.py")]
 
 
-def _layout(text: str) -> tuple[int, int]:
-    """``"4"`` → (4, 1): 4 ranks on one node; ``"2x3"`` → (2, 3): 3 nodes of 2 ranks."""
-    per_node, _, nodes = text.strip().lower().partition("x")
-    return int(per_node), int(nodes or 1)
+def _layout(text: str) -> tuple[int, ...]:
+    """The ranks of each simulated node: ``"4"`` → (4,): one node; ``"2x3"`` → (2, 2, 2): 3 nodes of 2 ranks;
+    ``"2+2+1"`` → (2, 2, 1): uneven nodes."""
+    text = text.strip().lower()
+    if "+" in text:
+        return tuple(int(n) for n in text.split("+"))
+    per_node, _, nodes = text.partition("x")
+    return (int(per_node),) * int(nodes or 1)
 
 
 def _cleanup_shm() -> None:
@@ -87,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         passes = [_layout(n) for n in args.ranks.split(",") if n.strip()]
     except ValueError:
-        parser.error(f"--ranks {args.ranks!r}: expected comma-separated rank counts or NxM node layouts, "
-                     f"such as 1,2,3,4,2x2")
-    if not passes or min(n * m for n, m in passes) < 1:
+        parser.error(f"--ranks {args.ranks!r}: expected comma-separated rank counts, NxM node layouts or "
+                     f"uneven ones (A+B+C), such as 1,2,3,4,2x2,2+2+1")
+    if not passes or min(min(layout) for layout in passes) < 1:
         parser.error(f"--ranks {args.ranks!r}: rank and node counts must be >= 1")
 
     paths = [a for a in args.pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
@@ -97,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     # Every rank must collect the same tests in the same order: no per-process random order.
     pytest_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly", *default, *args.pytest_args]
     results = []
-    for per_node, nodes in passes:
-        n = per_node * nodes
-        name = str(n) if nodes == 1 else f"{per_node}x{nodes}"
+    for layout in passes:
+        n, nodes = sum(layout), len(layout)
+        uneven = len(set(layout)) > 1
+        name = str(n) if nodes == 1 else "+".join(map(str, layout)) if uneven else f"{layout[0]}x{nodes}"
         where = "" if nodes == 1 else f" on {nodes} simulated nodes"
         print(f"\n==== mpicomm tests at {n} rank{'s' if n > 1 else ''}{where} " + "=" * 40, flush=True)
         logs = os.path.join(mpirun.REPO, ".pytest_cache", f"rank-logs-{name}")
@@ -115,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             env["MPIR_CVAR_CH4_PROGRESS_THROTTLE"] = "1"
         start = time.monotonic()
         if nodes > 1:
-            hosts = ",".join(f"node{chr(65 + k)}:{per_node}" for k in range(nodes))
+            hosts = ",".join(f"node{chr(65 + k)}:{per_node}" for k, per_node in enumerate(layout))
             argv = pytest_argv if paths else [a for a in pytest_argv if a not in default] + NODE_TESTS
             result = mpirun.run(n, [sys.executable, "-m", "mpi4py", *argv], timeout=args.timeout, env=env,
                                 capture=False, hosts=hosts, launcher="fork")

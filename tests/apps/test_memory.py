@@ -10,6 +10,15 @@ from apps import memory
 GiB = 1 << 30
 
 
+def _on_node(comm):
+    """The ranks of *comm* on this node: ``have`` is a node's memory, shared by them (several on a simulated node)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
 def _need(per_sample: int, fixed: int = 0):
     """An estimate that grows with --batch and shrinks with --micro, like a pipeline's."""
     return lambda v: fixed + per_sample * v["--batch"] // v.get("--micro", 1)
@@ -59,7 +68,7 @@ def test_a_run_that_fits_goes_on_and_advice_names_every_option_that_alone_fits()
     comm = MPI.COMM_WORLD
     knobs = [memory.Knob("--batch", 1000), memory.Knob("--micro", 8, high=1000)]
     assert _outcome(lambda: memory.check(comm, _need(1 << 20), knobs, have=1000 * GiB)) == ("ran", "")
-    kind, message = _outcome(lambda: memory.check(comm, _need(1 << 30), knobs, have=64 * GiB * comm.Get_size()))
+    kind, message = _outcome(lambda: memory.check(comm, _need(1 << 30), knobs, have=64 * GiB * _on_node(comm)))
     assert kind == "refused"
     # 2^30 per sample, 1000 samples in 8 micro-batches: 125 GiB; 64 GiB each fits 512 samples, or --micro 16
     assert message.startswith("--batch 1000, --micro 8: needs about 125 GiB"), message
@@ -74,7 +83,7 @@ def test_when_no_option_alone_fits_the_ones_that_together_do_are_named():
     def need(v):
         return 8 * v["--samples"] + 4096 * v["--batch"] + v["--hidden"]
 
-    kind, message = _outcome(lambda: memory.check(comm, need, knobs, have=1 * GiB * comm.Get_size(),
+    kind, message = _outcome(lambda: memory.check(comm, need, knobs, have=1 * GiB * _on_node(comm),
                                                   otherwise="spread the run over more nodes"))
     assert kind == "refused"
     assert message.startswith("--samples 1000000000, --batch 1000000: needs about"), message

@@ -49,6 +49,75 @@ def test_a_native_collective_between_start_and_wait(comm, native):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("reduction", ["allreduce", "reduce", "scan", "exscan"])
+def test_the_first_pickled_reduction_on_a_communicator_while_a_collective_is_pending(comm, reduction):
+    """mpi4py holds the GIL through its first pickle-based reduction on a communicator (it duplicates it): with
+    the progress thread unable to run, rank 0's pending Iallreduce stopped and rank 1, waiting for it before
+    its own reduction, waited forever."""
+    fresh = comm.Dup()
+    try:
+        r, p = fresh.rank, fresh.size
+        x = rank_data(r, 4 * p + 1)
+        expected = _sum_of(fresh, x)
+        y = np.empty_like(x)
+        request = fresh.Iallreduce(x, y, algorithm="ring")  # 2(p-1) rounds: the peers need rank 0's later ones
+        call = {"allreduce": lambda: fresh.allreduce(r + 1), "reduce": lambda: fresh.reduce(r + 1, root=0),
+                "scan": lambda: fresh.scan(r + 1), "exscan": lambda: fresh.exscan(r + 1)}[reduction]
+        if r == 0:
+            got = call()
+            request.Wait()
+        else:
+            request.Wait()
+            got = call()
+        want = {"allreduce": p * (p + 1) // 2, "reduce": p * (p + 1) // 2 if r == 0 else None,
+                "scan": (r + 1) * (r + 2) // 2, "exscan": r * (r + 1) // 2 if r else None}[reduction]
+        assert got == want and np.array_equal(y, expected)
+    finally:
+        fresh.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_native_call_program_finishes_20_times_also_as_the_progress_thread_goes_idle(comm):
+    """The core issue's program, 20 times over, each started as the progress thread goes idle (it lingers
+    ``LINGER`` s after its last run): a ring allreduce (2(p-1) rounds, so the waiting peers need this rank's
+    later rounds) pending while rank 0 sits in a call that is not mpicomm's - the library's barrier, a
+    pickled collective, a point-to-point exchange, a barrier on another communicator, in turn."""
+    from mpicomm.engine import progress
+
+    other = comm.library_comm  # another communicator over the same ranks
+    r, p = comm.rank, comm.size
+    x = rank_data(r, 4 * p + 1)
+    expected = _sum_of(comm, x)
+    for i in range(20):
+        between = ("library", "pickled", "p2p", "other communicator")[i % 4]
+        time.sleep(progress.ProgressThread.LINGER * (0.9 + 0.02 * i))  # before, at and after the idle moment
+        y = np.empty_like(x)
+        request = comm.Iallreduce(x, y, algorithm="ring")
+        if r == 0:
+            if between == "library":
+                MPI.Intracomm.Barrier(comm)
+            elif between == "pickled":
+                assert comm.allreduce(i) == i * p
+            elif between == "p2p":
+                for peer in range(1, p):
+                    assert comm.recv(source=peer, tag=7) == (peer, i)
+            else:
+                other.Barrier()
+            request.Wait()
+        else:
+            request.Wait()  # needs rank 0's later rounds while rank 0 sits in the other call
+            if between == "library":
+                MPI.Intracomm.Barrier(comm)
+            elif between == "pickled":
+                assert comm.allreduce(i) == i * p
+            elif between == "p2p":
+                comm.send((r, i), dest=0, tag=7)
+            else:
+                other.Barrier()
+        assert np.array_equal(y, expected), i
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("busy", ["sleeps", "computes"])
 def test_a_collective_completes_while_its_rank_is_busy(comm, busy):
     x = rank_data(comm.rank, 4096)

@@ -59,10 +59,10 @@ def test_the_advice_fits_and_more_micro_batches_are_offered_where_they_help():
     cfg = replace(_config(), spec=replace(SPEC, width=4096, hidden=4096), batch=4 << 20, micro=4)
     budget = 64 * GiB
     ranks = comm.Get_size()
-    try:
+    try:  # (have: this node's memory, shared by its ranks)
         memory.check(comm, lambda v: memory_need(cfg, cfg.check(ranks), batch=v["--batch"], micro=v["--micro"]),
                      [memory.Knob("--batch", cfg.batch), memory.Knob("--micro", cfg.micro, high=cfg.batch)],
-                     have=budget * ranks)
+                     have=budget * comm.local_size)
         message = ""
     except memory.MemoryNeedError as exc:
         message = str(exc)
