@@ -538,6 +538,78 @@ class TestTwoNodes:
         assert re.search(r"verification\s+PASS", job.log), job.log
 
 
+@pytest.mark.launches
+@pytest.mark.slow
+class TestEveryApplicationOnTwoNodes:
+    """Every application as a 2-node batch job (2 tasks on each of nodeA and nodeB), each checking its own answer,
+    and one job requeued mid-run that resumes from its checkpoint bit for bit (slower tier: about 3 minutes)."""
+
+    @pytest.fixture
+    def cluster(self, two_nodes):
+        return two_nodes
+
+    OPTIONS = ["-N", "2", "--ntasks-per-node=2"]
+
+    def test_mapreduce(self, cluster, tmp_path):
+        job = cluster.submit("mapreduce.sbatch", ["--top", "5"], submit_dir=str(tmp_path), options=self.OPTIONS,
+                             env={"MAPREDUCE_CORPUS_SIZE": "256K"})
+        _ok(job)
+        counts = _counts(tmp_path / "runs" / f"mapreduce-{job.id}" / "counts.tsv")
+        found = re.search(r"(\d+) words, (\d+) distinct", job.log)
+        assert found, job.log
+        assert sum(counts.values()) == int(found[1]) and len(counts) == int(found[2])
+
+    @pytest.mark.parametrize("mode", ["ddp", "zero3", "ps-sync", "ps-async"])
+    def test_sgd(self, cluster, tmp_path, mode):
+        job = cluster.submit("sgd.sbatch", ["--mode", mode, "--steps", "10", "--quiet"], submit_dir=str(tmp_path),
+                             options=self.OPTIONS, env={"SGD_CHECKPOINT_EVERY": "5"}, timeout=240)
+        _ok(job)
+        assert f"apps.sgd: {mode} on 4 ranks" in job.log and "done: 10 steps" in job.log, job.log
+        sgd_digest(job.log)
+
+    def test_pipeline_with_offload_across_the_nodes(self, cluster, tmp_path):
+        # 4 stages, one a rank: stages 1 -> 2 cross from nodeA to nodeB, so offload goes through RMA there.
+        args = ["--steps", "4", "--blocks", "4", "--width", "16", "--hidden", "32", "--batch", "32",
+                "--schedule", "1f1b", "--activations", "offload", "--quiet"]
+        job = cluster.submit("pipeline.sbatch", args, submit_dir=str(tmp_path), options=self.OPTIONS, timeout=240,
+                             env={"PIPELINE_STAGES": "4", "PIPELINE_CHECKPOINT_EVERY": "2"})
+        _ok(job)
+        assert "1f1b on 4 ranks = T 1 x S 4 x D 1" in job.log and " - equal" in job.log, job.log
+
+    def test_torchddp(self, cluster, tmp_path):
+        pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
+                                            "then pip install -e '.[torch]'")
+        args = ["--steps", "6", "--batch", "16", "--seq", "16", "--d-model", "32", "--layers", "1", "--ff", "64",
+                "--checkpoint-every", "3"]
+        job = cluster.submit("torchddp.sbatch", args, submit_dir=str(tmp_path), options=self.OPTIONS, timeout=240)
+        _ok(job)
+        assert "on 4 ranks, backend mpicomm" in job.log and "check: PASS" in job.log, job.log
+
+    def test_sgd_requeued_mid_run_resumes_bit_for_bit(self, cluster, tmp_path):
+        args = ["--mode", "ddp", "--steps", "400", "--quiet"]
+        env = {"SGD_CHECKPOINT_EVERY": "20"}
+        for name in ("whole", "requeued"):
+            (tmp_path / name).mkdir()
+        whole = cluster.submit("sgd.sbatch", args, submit_dir=str(tmp_path / "whole"), options=self.OPTIONS,
+                               env=env, timeout=300)
+        _ok(whole)
+
+        def requeue_after_first_checkpoint(job_id: str) -> None:
+            checkpoints = tmp_path / "requeued" / "runs" / f"sgd-{job_id}" / "checkpoints"
+            deadline = time.monotonic() + 120
+            while not (checkpoints.is_dir() and any(p.suffix == ".json" for p in checkpoints.iterdir())):
+                assert time.monotonic() < deadline, f"no checkpoint appeared in {checkpoints} within 120 s"
+                time.sleep(0.05)
+            out = cluster.run(["scontrol", "requeue", job_id])
+            assert out.returncode == 0, out.stdout + out.stderr
+
+        requeued = cluster.submit("sgd.sbatch", args, submit_dir=str(tmp_path / "requeued"), options=self.OPTIONS,
+                                  env=env, timeout=300, while_running=requeue_after_first_checkpoint)
+        _ok(requeued)
+        assert "restart 1" in requeued.log and "resumed" in requeued.log, requeued.log
+        assert sgd_digest(requeued.log) == sgd_digest(whole.log)
+
+
 def _counts(path) -> Counter:
     with open(path, newline="", encoding="utf-8") as f:
         return Counter({word: int(count) for word, count in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)})
