@@ -44,6 +44,14 @@ def comm():
     return mpicomm.Comm()
 
 
+def runnable(comm, collective: str) -> list[str]:
+    """The algorithms of *collective* that can run on *comm*'s layout: the shared-memory ones need one node."""
+    from mpicomm import registry
+
+    return [name for name in registry.algorithms(collective)
+            if comm.nodes == 1 or not registry.lookup(collective, name).single_node]
+
+
 def rank_data(rank: int, count: int, dtype=np.float64, xp=np) -> np.ndarray:
     """Test data that depends on rank and index: rank·10⁶ + index, cast to *dtype*.
 
