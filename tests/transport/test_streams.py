@@ -4,8 +4,8 @@ Without a GPU: which stream mpicomm would wait for, read from exporters made her
 ``__cuda_array_interface__`` with and without its v3 ``stream``, a DLPack exporter on a GPU, a torch-like
 tensor), and the errors for a tensor that requires grad. With a GPU (the GPU tier, ``python -m tests
 --gpu``): a long kernel writes the send buffer on a non-default stream just before each kind of call -
-blocking, nonblocking, persistent, point to point, RMA, torch - and the result must be the kernel's data;
-without the wait MPI reads the buffer before the kernel has written it.
+blocking, nonblocking, persistent, point to point, RMA, torch, a DLPack exporter - and the result must be
+the kernel's data; without the wait MPI reads the buffer before the kernel has written it.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def test_collectives_wait_for_the_producer_stream(comm, form):
                 _late(cupy, x, rank, stream)
                 request.Start()
                 request.Wait()
-                np.testing.assert_array_equal(cupy.asnumpy(out * 1), _expected(p, _N))
+                np.testing.assert_array_equal(cupy.asnumpy(out * 1), _expected(p, _N))  # (on the stream, blocking)
                 x.fill(0)
             request.Free()
             return
@@ -189,8 +189,8 @@ def test_collectives_wait_for_the_producer_stream(comm, form):
             comm.Allreduce(x, out)
         else:
             comm.Iallreduce(x, out).Wait()
-        got = out * 1  # queued on the caller's stream after completion: sees the result
-    np.testing.assert_array_equal(cupy.asnumpy(got), _expected(p, _N))
+        seen = cupy.asnumpy(out * 1)  # queued on the caller's stream after completion: sees the result
+    np.testing.assert_array_equal(seen, _expected(p, _N))
 
 
 @pytest.mark.mpi
@@ -206,9 +206,8 @@ def test_point_to_point_waits_for_the_producer_stream(comm):
         request = comm.isend_array(x, right, tag=7)
         comm.recv_array(got, left, tag=7)
         request.Wait()
-        seen = got * 1
-    i = np.arange(_N) % 997
-    np.testing.assert_array_equal(cupy.asnumpy(seen), left * 1000.0 + i)
+        seen = cupy.asnumpy(got * 1)
+    np.testing.assert_array_equal(seen, left * 1000.0 + np.arange(_N) % 997)
 
 
 @pytest.mark.mpi
@@ -223,9 +222,9 @@ def test_rma_put_waits_for_the_producer_stream(comm):
         window.put(x, (rank + 1) % p)  # (the put has landed when it returns)
         comm.Barrier()
         window.collect()
-        seen = window.local * 1
+        seen = cupy.asnumpy(window.local * 1)
     left = (rank - 1) % p
-    np.testing.assert_array_equal(cupy.asnumpy(seen), left * 1000.0 + np.arange(_N) % 997)
+    np.testing.assert_array_equal(seen, left * 1000.0 + np.arange(_N) % 997)
     comm.Barrier()
     window.Free()
 
@@ -253,5 +252,39 @@ def test_torch_waits_for_its_current_stream(async_op):
         work = dist.all_reduce(t, async_op=async_op)
         if async_op:
             work.wait()
-        seen = t.clone()
-    torch.testing.assert_close(seen, expected, rtol=0, atol=0)
+        seen = t.clone()  # queued on the side stream after completion: sees the result
+    side.synchronize()
+    torch.testing.assert_close(seen.cpu(), expected.cpu(), rtol=0, atol=0)
+
+
+class _OnlyDLPack:
+    """A torch CUDA tensor seen through DLPack alone (no ``__cuda_array_interface__``): the handshake path."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, **kwargs):
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+def test_a_dlpack_exporter_orders_its_stream_before_the_call(comm):
+    """torch's ``__dlpack__(stream=S)`` makes S (CuPy's current stream, passed by ``cupy.from_dlpack``) wait for
+    torch's current stream; mpicomm then waits for S."""
+    cupy, _ = _gpu(comm)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    rank, p = comm.Get_rank(), comm.Get_size()
+    side = torch.cuda.Stream()
+    out = cupy.zeros(_N)
+    with torch.cuda.stream(side):
+        t = torch.zeros(_N, dtype=torch.float64, device="cuda")
+        torch.cuda._sleep(_CYCLES)
+        t.copy_(torch.arange(_N, dtype=torch.float64, device="cuda") % 997 + rank * 1000.0)
+        comm.Allreduce(_OnlyDLPack(t), out)
+    np.testing.assert_array_equal(cupy.asnumpy(out), _expected(p, _N))
