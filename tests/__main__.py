@@ -48,12 +48,30 @@ from tests import mpirun
 #: What a simulated-nodes pass runs by default: the code that depends on where ranks live.
 NODE_TESTS = [os.path.join(mpirun.REPO, "tests", "coll"), os.path.join(mpirun.REPO, "tests", "test_shm.py")]
 #: The GPU tier's rank counts (several ranks share one GPU) and its two runs per count: (label, pytest
-#: arguments, environment).
+#: arguments, the tests it runs (paths after ``--`` narrow it to those inside), environment).
 GPU_RANKS = "1,2,4"
 GPU_RUNS = [
-    ("cupy", ["-k", "cupy or gpu", os.path.join(mpirun.REPO, "tests")], {}),
-    ("torch-cuda", [os.path.join(mpirun.REPO, "tests", "torch")], {"MPICOMM_TEST_TORCH_DEVICE": "cuda"}),
+    ("cupy", ["-k", "cupy or gpu"], os.path.join(mpirun.REPO, "tests"), {}),
+    ("torch-cuda", [], os.path.join(mpirun.REPO, "tests", "torch"), {"MPICOMM_TEST_TORCH_DEVICE": "cuda"}),
 ]
+
+
+def _and_keywords(ours: list[str], theirs: list[str]) -> list[str]:
+    """Pytest arguments *ours* then *theirs*, with one ``-k`` that both select by (pytest keeps only the last)."""
+    def split(argv: list[str]) -> tuple[list[str], str | None]:
+        rest, keyword, i = [], None, 0
+        while i < len(argv):
+            if argv[i] == "-k" and i + 1 < len(argv):
+                keyword, i = argv[i + 1], i + 2
+            elif argv[i].startswith("-k") and len(argv[i]) > 2:
+                keyword, i = argv[i][2:], i + 1
+            else:
+                rest, i = [*rest, argv[i]], i + 1
+        return rest, keyword
+
+    (mine, a), (yours, b) = split(ours), split(theirs)
+    keyword = f"({a}) and ({b})" if a and b else a or b
+    return [*mine, *yours, *(["-k", keyword] if keyword else [])]
 
 
 def gpu_missing() -> str | None:
@@ -146,7 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     # Every rank must collect the same tests in the same order: no per-process random order.
     base_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly"]
     if args.gpu:
-        runs = [(label, [*base_argv, *extra, *args.pytest_args], extra_env) for label, extra, extra_env in GPU_RUNS]
+        runs = []
+        for label, extra, where, extra_env in GPU_RUNS:
+            inside = [a for a in paths if os.path.abspath(a.split("::")[0]).startswith(where)]
+            if paths and not inside:
+                continue
+            options = _and_keywords(extra, [a for a in args.pytest_args if a not in paths])
+            runs.append((label, [*base_argv, *options, *(inside or [where])], extra_env))
+        if not runs:
+            parser.error(f"--gpu: none of the tests named after -- ({', '.join(paths)}) is in tests/")
     else:
         runs = [("", [*base_argv, *default, *args.pytest_args], {})]
     results = []
