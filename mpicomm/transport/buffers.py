@@ -127,13 +127,13 @@ def adopt(x: Any, name: str) -> Any:
     protocol (``bytearray``, ``array.array``, ``memoryview``) a NumPy array.
     Writes into the result land in the caller's object. Device memory is
     returned ready: the producer's stream has been waited for (:func:`ready`).
-    A DLPack buffer is
-    taken as mpi4py takes it: writable unless the exporter flags it read-only
-    (DLPack >= 1.0; a legacy exporter, ``__dlpack__(stream=None)`` without
+    A DLPack buffer is taken as mpi4py takes it: writable unless the exporter
+    flags it read-only (DLPack >= 1.0; a legacy exporter, ``__dlpack__(stream=None)`` without
     ``max_version``, cannot, so its buffer is writable), and the result keeps
     the exporter alive for as long as it (or a view, a plan, a persistent
     request) is used. TypeError, naming the kind and the fix, when none
-    applies or the memory is on a GPU and CuPy is not installed.
+    applies, the memory is on a GPU and CuPy is not installed, or a tensor
+    requires grad; ValueError for an interface that names stream 0.
     """
     if isinstance(x, np.ndarray):
         return x
