@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         if nodes > 1:
             hosts = ",".join(f"node{chr(65 + k)}:{per_node}" for k in range(nodes))
-            argv = pytest_argv if paths else [a for a in pytest_argv if a not in default] + NODE_TESTS
+            argv = pytest_argv if paths or args.gpu else [a for a in pytest_argv if a not in default] + NODE_TESTS
             result = mpirun.run(n, [sys.executable, "-m", "mpi4py", *argv], timeout=args.timeout, env=env,
                                 capture=False, hosts=hosts, launcher="fork")
             code, timed_out = result.returncode, result.timed_out
