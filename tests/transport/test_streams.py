@@ -233,6 +233,7 @@ def test_rma_put_waits_for_the_producer_stream(comm):
 @pytest.mark.gpu
 @pytest.mark.parametrize("async_op", [False, True])
 def test_torch_waits_for_its_current_stream(async_op):
+    cupy_or_skip()
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
