@@ -25,11 +25,24 @@ from typing import Any, NoReturn, TypeVar
 
 from mpicomm import cli
 
-__all__ = ["BACKENDS", "DEFAULT_KEEP", "checkpoint_dir", "add_checkpoint_options", "check_checkpoint_options",
+__all__ = ["BACKENDS", "bind_device", "DEFAULT_KEEP", "checkpoint_dir", "add_checkpoint_options", "check_checkpoint_options",
            "hidden_widths", "hidden_width", "parse_or_exit", "exit_error"]
 
 #: ``--backend``: the array module, in every command that has one.
 BACKENDS = ("numpy", "cupy")
+
+
+def bind_device(comm: Any) -> int | None:
+    """Bind this rank's GPU for ``--backend cupy`` (before anything is allocated): through the mpicomm
+    communicator (``comm.bind_device()``: node-local rank modulo the visible GPUs, ``MPICOMM_DEVICE``
+    overrides), or from the launcher's environment for a plain mpi4py one. The ordinal, or None without a GPU;
+    ValueError naming ``MPICOMM_DEVICE`` when it names no visible GPU."""
+    binder = getattr(comm, "bind_device", None)
+    if binder is not None:
+        return binder()
+    from mpicomm.device import bind
+
+    return bind()
 #: ``--keep``'s default: the newest checkpoint and the one before it (if the newest is damaged, the run resumes
 #: from the other).
 DEFAULT_KEEP = 2

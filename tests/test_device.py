@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from mpicomm.device import device_for, visible_devices
+from mpicomm.device import binding, device_for, visible_devices
 
 from .conftest import cupy_or_skip
 
@@ -72,3 +74,34 @@ def test_bind_makes_the_device_current(comm, monkeypatch):
     ordinal = comm.bind_device()
     assert ordinal == comm.device
     assert cupy.cuda.Device().id == ordinal
+
+
+@pytest.mark.serial
+def test_one_binding_per_device():
+    """A binding is made once per device (its stream with it, on first use); host memory has none."""
+    assert binding(None) is None
+    assert binding(1) is binding(1)
+    assert binding(1).ordinal == 1
+    assert binding(0) is not binding(1)
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+def test_a_binding_makes_its_device_and_stream_current_on_any_thread(comm):
+    cupy = cupy_or_skip()
+    bound = binding(comm.bind_device())
+    seen = []
+
+    def elsewhere():
+        with bound:
+            seen.append((cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr))
+            with bound:  # re-entrant
+                seen.append((cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr))
+        seen.append(cupy.cuda.get_current_stream(bound.ordinal).ptr)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert seen[0] == seen[1] == (bound.ordinal, bound.stream.ptr)
+    assert seen[2] != bound.stream.ptr  # restored on leaving
+    assert bound.stream.is_non_blocking

@@ -18,7 +18,7 @@ import numpy as np
 
 from apps import memory
 from apps.agree import agree
-from apps.options import BACKENDS
+from apps.options import BACKENDS, bind_device
 
 from .model import ModelError, ModelSpec, block_ranges
 from .offload import WINDOWS
@@ -253,7 +253,7 @@ def check_memory(comm: Any, cfg: Config, topo: Topology) -> None:
 
 def array_module(comm: Any, backend: str) -> Any:
     """The array module of ``--backend`` on every rank (collective): ConfigError naming the fix on every rank when
-    any rank cannot import it."""
+    any rank cannot import it (or bind its GPU: :func:`apps.options.bind_device`)."""
     module, problem = None, None
     if backend == "numpy":
         module = np
@@ -264,6 +264,11 @@ def array_module(comm: Any, backend: str) -> Any:
             module = cupy
         except ImportError:
             problem = "--backend cupy needs CuPy: pip install -e '.[cuda12]' (or cuda13), or use --backend numpy"
+        else:
+            try:
+                bind_device(comm)
+            except ValueError as exc:  # a bad MPICOMM_DEVICE: refused on every rank below
+                problem = str(exc)
     else:
         problem = f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}"
     agree(comm, problem, ConfigError)

@@ -39,6 +39,7 @@ from apps.blocks import block
 from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
 from apps.nn.xp import to_host
+from apps.options import bind_device
 from apps.sgd.buckets import DEFAULT_CAP_MB
 from apps.sgd.data import TEACHER_BLOCK, DataError, Sampler, Teacher, load_digits
 from apps.sgd.ddp import DDP, compression_dtype
@@ -320,7 +321,8 @@ def _workers(cfg: Config, size: int) -> int:
     return layout(size, cfg.servers)[0] if cfg.mode.startswith("ps") else size
 
 
-def _array_module(backend: str) -> Any:
+def _array_module(backend: str, comm: Any) -> Any:
+    """The array module of *backend*; for cupy, with this rank's GPU bound (:func:`apps.options.bind_device`)."""
     if backend == "numpy":
         return np
     if backend == "cupy":
@@ -328,6 +330,7 @@ def _array_module(backend: str) -> Any:
             import cupy
         except ImportError:
             raise ValueError("--backend cupy needs CuPy: pip install -e '.[cuda12]' (or cuda13)") from None
+        bind_device(comm)
         return cupy
     raise ValueError(f"--backend {backend!r}: choose numpy or cupy")
 
@@ -638,7 +641,7 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
     size, rank = comm.Get_size(), comm.Get_rank()
     if source is None:
         source = preflight(comm, cfg)
-    xp = _array_module(cfg.backend)
+    xp = _array_module(cfg.backend, comm)
     dtype = np.dtype(cfg.dtype)
     model = mlp([source.features, *cfg.hidden, source.classes], activation=cfg.activation, layernorm=cfg.layernorm,
                 dropout=cfg.dropout, dtype=dtype, xp=xp, seed=cfg.seed)

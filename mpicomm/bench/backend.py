@@ -72,14 +72,17 @@ def array_module(backend: str) -> ModuleType:
 
 
 def put(dst: Any, values: np.ndarray | float) -> None:
-    """``dst[...] = values`` for a NumPy or CuPy *dst*; a CuPy stream is synchronized, so MPI may read *dst*."""
+    """``dst[...] = values`` for a NumPy or CuPy *dst*; the stream that wrote it is waited for (the stream
+    contract's :func:`~mpicomm.transport.buffers.ready`), so MPI may read *dst*."""
     if isinstance(dst, np.ndarray):
         dst[...] = values
         return
     import cupy
 
+    from ..transport.buffers import ready
+
     dst[...] = cupy.asarray(values) if isinstance(values, np.ndarray) else values
-    cupy.cuda.get_current_stream().synchronize()
+    ready(dst)
 
 
 def to_host(x: Any) -> np.ndarray:

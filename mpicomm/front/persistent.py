@@ -31,6 +31,7 @@ from ..engine.progress import callback_when_done, submit
 from ..engine.requests import CollectiveRequest
 from ..plan.args import Args
 from ..plan.compile import Plan
+from ..transport.buffers import ready
 from . import dispatch
 
 __all__ = ["Prequest", "create"]
@@ -80,6 +81,10 @@ class Prequest(CollectiveRequest):
         state = plan.state
         if state.freed:
             state.check_live()
+        if self._args.device is not None:  # the stream contract: the caller's queued work on the buffers is done
+            for x in (self._args.send, self._args.recv):
+                if x is not None:
+                    ready(x)
         locked = dispatch.enter(state)
         try:
             if plan.epoch != state.epoch:  # a call failed on a disagreement since: fresh tags, so a fresh plan

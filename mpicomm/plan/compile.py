@@ -16,6 +16,11 @@ keeps a caller's array alive; the caller's cache checks that the arrays it
 was made for still exist before it runs the plan again. Device arrays (and
 every array under ``MPICOMM_TRANSFER=staged``) post fresh requests each run,
 through :mod:`mpicomm.transport.buffers` (stream synchronisation, pinned host staging).
+A device plan's own work - copies, combines, staging - runs inside the
+array's device binding (:func:`mpicomm.device.binding`: that device and
+mpicomm's stream on it, whichever thread drives the run) and is waited for
+before the step goes on, so MPI never reads a half-written buffer and a
+completed run's results are in memory for any stream (docs/gpus.md).
 
 All messages of a communicator's collectives carry one tag (its runs never
 overlap: :mod:`mpicomm.engine.progress`); the agreement's messages, and data
@@ -31,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from .. import device as _device
 from .. import trace as _trace
 from ..catalogue import family
 from ..engine.executor import AgreeStep, Program, Run, Step
@@ -238,7 +244,7 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
     arrays: list[Any] = [bind(send), bind(recv)]
     if cached and plan.direct:  # what the plan's closures keep: nothing of the caller's
         args = args.detached(arrays[SEND], arrays[RECV])
-    device = args.device
+    device = _device.binding(args.device)  # (None for host arrays)
     pre: list[Callable[[Run], None]] = []
     if args.in_place and not algorithm.in_place and send is not None:
         own = _empty(xp, device, int(send.size), send.dtype)  # the algorithm may not read what it writes
@@ -247,7 +253,10 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
         copyto = xp.copyto
 
         def copy_in(run: Run, d: Any = own, s: Any = source_array) -> None:
-            copyto(d, s)
+            with _context(device):
+                copyto(d, s)
+            if device is not None:
+                device.synchronize()
 
         pre.append(copy_in)
     for count, dt in sched.buffers[2:]:
@@ -331,7 +340,7 @@ def _step(plan: Plan, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             step.reqs = reqs
         else:
             step.post = _poster(lib, tag, [(peer, _view(arrays, v)) for peer, v in r.recvs],
-                                [(peer, _view(arrays, v)) for peer, v in r.sends])
+                                [(peer, _view(arrays, v)) for peer, v in r.sends], device)
     if r.library:
         starts = [x.start for x in r.library]
 
@@ -417,6 +426,7 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
         def copy_on_device(run: Run) -> None:
             with device:
                 copyto(d, s)
+            device.synchronize()
 
         return copy_on_device
     if kind is Combine:
@@ -435,6 +445,7 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
                     ufunc(a, b, out=o)
                 else:
                     red(a, b, o)
+            device.synchronize()
 
         return combine_on_device
     if kind is Local:
@@ -442,23 +453,36 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
     raise TypeError(f"unknown schedule op {op!r}")
 
 
-def _poster(lib: MPI.Intracomm, tag: int, recvs: list[tuple[int, Any]], sends: list[tuple[int, Any]]
-            ) -> Callable[[], tuple[list[MPI.Request], list[Callable[[], None]]]]:
-    """Posting through :mod:`mpicomm.transport.buffers` (device arrays, staged transfers): fresh requests per run."""
+def _poster(lib: MPI.Intracomm, tag: int, recvs: list[tuple[int, Any]], sends: list[tuple[int, Any]],
+            device: _device.Binding | None = None) -> Callable[[], tuple[list[MPI.Request], list[Callable[[], None]]]]:
+    """Posting through :mod:`mpicomm.transport.buffers` (device arrays, staged transfers): fresh requests per run.
+    Staging copies run inside *device*'s binding (its stream, synchronised by the transfers themselves)."""
 
     def post() -> tuple[list[MPI.Request], list[Callable[[], None]]]:
         requests, after = [], []
-        for pairs, move, begin in ((recvs, buffers.recv_buffer, lib.Irecv), (sends, buffers.send_buffer, lib.Isend)):
-            for peer, x in pairs:
-                if x.size:
-                    moved = move(x)
-                    after.append(moved.finish)
-                    requests.append(begin(moved.buf, peer, tag))
-                else:
-                    requests.append(begin(_EMPTY, peer, tag))
+        with _context(device):
+            for pairs, move, begin in ((recvs, buffers.recv_buffer, lib.Irecv),
+                                       (sends, buffers.send_buffer, lib.Isend)):
+                for peer, x in pairs:
+                    if x.size:
+                        moved = move(x)
+                        after.append(moved.finish if device is None else _bound(device, moved.finish))
+                        requests.append(begin(moved.buf, peer, tag))
+                    else:
+                        requests.append(begin(_EMPTY, peer, tag))
         return requests, after
 
     return post
+
+
+def _bound(device: _device.Binding, fn: Callable[[], None]) -> Callable[[], None]:
+    """*fn* run inside *device*'s binding (a staged receive's copy back, on whichever thread completes it)."""
+
+    def run() -> None:
+        with device:
+            fn()
+
+    return run
 
 
 def _expand(plan: Plan, sched: Schedule, arrays: list[Any], lib: MPI.Intracomm, tag: int, xp: Any, device: Any,

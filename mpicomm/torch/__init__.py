@@ -28,6 +28,14 @@ the operation does, so DDP's bucket all-reduces overlap backward
 (:mod:`.work`; ``MPICOMM_TORCH_PROGRESS=sync`` completes every operation in
 its call instead).
 
+**Which GPU.** Making the default group binds the rank's device once, through
+the communicator (:meth:`mpicomm.Comm.bind_device`: node-local rank modulo the
+visible GPUs, ``MPICOMM_DEVICE`` overrides) and makes it torch's current device
+too (:func:`bind_device`), so ``torch.device("cuda")`` means the rank's own GPU.
+CUDA tensors are shared with mpicomm through ``__cuda_array_interface__``
+(:func:`mpicomm.transport.buffers.adopt`), after torch's current stream is
+waited for (the stream contract of docs/gpus.md).
+
 Nothing of torch is imported by the rest of mpicomm.
 """
 
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
@@ -44,7 +53,7 @@ from .launch import set_environment
 from .tensors import DEVICES
 from .work import Work
 
-__all__ = ["BACKEND", "ProcessGroup", "Work", "create", "set_environment", "world_comm"]
+__all__ = ["BACKEND", "ProcessGroup", "Work", "bind_device", "create", "set_environment", "world_comm"]
 
 _WORLD: dict[str, Comm] = {}
 
@@ -55,6 +64,15 @@ def world_comm() -> Comm:
         raise RuntimeError("mpicomm backend: no default process group yet; call "
                            "torch.distributed.init_process_group('mpicomm') first")
     return _WORLD["world"]
+
+
+def bind_device(comm: Comm) -> int | None:
+    """Bind this rank's GPU through *comm* (CuPy's current device) and make it torch's current device too;
+    the ordinal, or None without a GPU."""
+    ordinal = comm.bind_device()
+    if ordinal is not None and torch.cuda.is_available() and ordinal < torch.cuda.device_count():
+        torch.cuda.set_device(ordinal)
+    return ordinal
 
 
 def create(options: Any, backend_options: Any = None) -> ProcessGroup:
@@ -69,6 +87,7 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroup:
         # Split returns a communicator of its receiver's class (an Intracomm here); mpi4py's stub says Comm
         comm = Comm(cast(MPI.Intracomm, MPI.COMM_WORLD.Split(0, rank)))
         _WORLD["world"] = comm  # a later init (after destroy_process_group) replaces it
+        bind_device(comm)
     else:
         world = world_comm()
         group = world.Get_group().Incl(members)

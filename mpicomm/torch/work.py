@@ -58,7 +58,8 @@ from mpi4py import MPI
 from .. import config
 from ..engine.requests import CollectiveRequest, watched
 
-__all__ = ["Work", "done", "started", "point_to_point", "watch", "SYNC", "synchronous"]
+__all__ = ["Work", "done", "started", "point_to_point", "watch", "SYNC", "synchronous", "cuda_devices",
+           "settle_devices"]
 
 
 def _sync_at_import() -> bool:
@@ -121,6 +122,7 @@ class Work(torch.distributed.Work):
             if error is None and self._finish is not None:
                 try:
                     self._finish()
+                    settle_devices(self._result)
                 except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits
                     error = exc
             self._error = error
@@ -203,12 +205,12 @@ class Work(torch.distributed.Work):
         if future is not None:
             return future
         if self._completed:
-            future = self._future = torch.futures.Future()
+            future = self._future = torch.futures.Future(devices=cuda_devices(self._result))
             _settle(future, self._result, self._error)
             return future
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                self._future = torch.futures.Future(devices=cuda_devices(self._result))
             future = self._future
             completed = self._completed  # completed since the check: _complete saw no future
             handed = None
@@ -316,6 +318,35 @@ def _error_of(r: Work | MPI.Request | CollectiveRequest) -> BaseException | None
     if isinstance(r, MPI.Request):
         return None
     return r.run.error
+
+
+def cuda_devices(result: Any) -> list[int | str | torch.device]:
+    """The CUDA devices of the tensors in *result* (a tensor, or lists of them), each once, in order met.
+
+    A future made with them records a CUDA event on each device's current stream when it completes, and
+    whoever waits on it (``wait()``, ``value()``, a ``then`` callback, DDP's reducer) has its own current
+    stream wait for those events: the stream half of the contract in docs/gpus.md.
+    """
+    found: list[int | str | torch.device] = []
+    stack = [result]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.is_cuda and item.device not in found:
+                found.append(item.device)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return found
+
+
+def settle_devices(result: Any) -> None:
+    """Wait on the host for the copies that delivered *result* (on this thread's current streams) to be done.
+
+    The delivery may run on the progress thread, whose current stream is not the caller's; waiting here makes
+    a completed operation's results final in device memory, whatever stream reads them next.
+    """
+    for device in cuda_devices(result):
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _settle(future: torch.futures.Future[list[Any]], result: Any, error: BaseException | None) -> None:

@@ -19,12 +19,27 @@ no-ops or plain copies; callers never branch on "is this a GPU array".
 Device buffers reach MPI one of two ways, chosen in :func:`transfer_path`:
 
 * **direct** - the MPI library is CUDA-aware (see :func:`cuda_aware`): the
-  current CUDA stream is synchronized, then MPI gets the device pointer;
+  producer's stream is synchronized (:func:`ready`), then MPI gets the
+  device pointer;
 * **staged** - it is not: data goes through reusable pinned host buffers
   (:class:`HostPool`), copied before a send and after a receive.
 
 ``MPICOMM_TRANSFER=staged`` forces the staged path for every array, NumPy
 included, so the staging machinery is exercised on machines without a GPU.
+
+**The stream contract** (docs/gpus.md) is implemented here, once:
+:func:`producer` names the stream whose queued work writes (or still reads) a
+device buffer - CuPy's current stream for CuPy arrays, torch's current stream
+for torch tensors, the ``stream`` of a ``__cuda_array_interface__`` (v3), and,
+for a DLPack exporter, CuPy's current stream after the handshake (``cupy.
+from_dlpack`` passes it as ``__dlpack__(stream=...)``, and the exporter orders
+its work before it) - and :func:`ready` waits for it on the host. A host wait,
+not an event: MPI reads and writes the memory from the host (or from its own
+CUDA-aware copies, on no stream of ours), so nothing short of the work being
+done makes the bytes safe. :func:`adopt` calls it for every buffer a public
+call is given, on the caller's thread (where "current stream" means the
+caller's); the transfers below call it again on the stream mpicomm's own work
+used (:func:`mpicomm.device.binding`).
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ import functools
 import sys
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -47,6 +62,9 @@ from ..validate import check_span
 __all__ = [
     "DTYPES",
     "adopt",
+    "Producer",
+    "producer",
+    "ready",
     "array_module",
     "check_array",
     "dtype_code",
@@ -107,13 +125,15 @@ def adopt(x: Any, name: str) -> Any:
     array library speaking the standard) a NumPy array when its memory is on
     the host, a CuPy array when it is on a GPU; anything with the buffer
     protocol (``bytearray``, ``array.array``, ``memoryview``) a NumPy array.
-    Writes into the result land in the caller's object. A DLPack buffer is
-    taken as mpi4py takes it: writable unless the exporter flags it read-only
-    (DLPack >= 1.0; a legacy exporter, ``__dlpack__(stream=None)`` without
+    Writes into the result land in the caller's object. Device memory is
+    returned ready: the producer's stream has been waited for (:func:`ready`).
+    A DLPack buffer is taken as mpi4py takes it: writable unless the exporter
+    flags it read-only (DLPack >= 1.0; a legacy exporter, ``__dlpack__(stream=None)`` without
     ``max_version``, cannot, so its buffer is writable), and the result keeps
     the exporter alive for as long as it (or a view, a plan, a persistent
     request) is used. TypeError, naming the kind and the fix, when none
-    applies or the memory is on a GPU and CuPy is not installed.
+    applies, the memory is on a GPU and CuPy is not installed, or a tensor
+    requires grad; ValueError for an interface that names stream 0.
     """
     if isinstance(x, np.ndarray):
         return x
@@ -122,9 +142,12 @@ def adopt(x: Any, name: str) -> Any:
     if type(x).__module__.partition(".")[0] == "cupy":
         cupy = cupy_module()
         if cupy is not None and isinstance(x, cupy.ndarray):
+            ready(x)
             return x
-    if hasattr(x, "__cuda_array_interface__"):
-        return _device_array(x, name, kind, "exports __cuda_array_interface__").asarray(x)
+    if _cuda_interface(x, name, kind) is not None:
+        cupy = _device_array(x, name, kind, "exports __cuda_array_interface__")
+        ready(x)  # (CuPy would sync a v3 interface's stream itself; torch's v2 names none: the producer's, here)
+        return cupy.asarray(x)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
         try:
@@ -132,7 +155,9 @@ def adopt(x: Any, name: str) -> Any:
                 return _host_dlpack(x, name, kind)
             if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
                 cupy = _device_array(x, name, kind, "is a DLPack tensor in GPU memory")
-                return _kept_alive(cupy, cupy.from_dlpack(x), x)
+                array = _kept_alive(cupy, cupy.from_dlpack(x), x)  # the handshake: x's work before CuPy's stream
+                ready(array)
+                return array
         except _Refused:
             raise
         except (BufferError, RuntimeError, TypeError) as exc:
@@ -151,6 +176,87 @@ def adopt(x: Any, name: str) -> Any:
         return np.asarray(view)
     except (TypeError, ValueError):
         return np.frombuffer(view.cast("B") if view.c_contiguous else view, np.uint8)
+
+
+def _cuda_interface(x: Any, name: str, kind: str) -> dict | None:
+    """``x.__cuda_array_interface__``, None when *x* has none; TypeError naming ``.detach()`` for a tensor that
+    requires grad (torch raises RuntimeError for those, where a CPU tensor's DLPack export would be refused)."""
+    try:
+        return getattr(x, "__cuda_array_interface__", None)
+    except RuntimeError as exc:
+        raise TypeError(f"{name} ({kind}) could not be shared through __cuda_array_interface__: {exc}; pass a plain "
+                        f"array, or for a tensor that requires grad its .detach()") from None
+
+
+# ---------------------------------------------------------------- the stream contract
+
+
+class Producer(NamedTuple):
+    """The stream whose queued work must be done before MPI reads (or writes) a device buffer.
+
+    *kind*: ``"cupy"`` (CuPy's current stream of the calling thread on *device*), ``"torch"`` (torch's current
+    stream on *device*) or ``"cuda"`` (the stream *handle* a ``__cuda_array_interface__`` names: 1 the legacy
+    default stream, 2 the per-thread default stream, any other value a ``cudaStream_t``).
+    """
+
+    kind: str
+    device: int
+    handle: int | None = None
+
+
+def producer(x: Any) -> Producer | None:
+    """The stream that produced array or exporter *x*; None for host memory, or when *x* says no wait is needed.
+
+    Only attributes are read (no CUDA call), so the choice can be checked without a GPU. CuPy arrays and torch
+    CUDA tensors: the library's current stream on the array's device (the stream the caller queued its work on).
+    A ``__cuda_array_interface__`` of version 3 with a ``stream``: that stream (0 is refused: the interface
+    forbids it as ambiguous); without one (version 2, or ``None``) the exporter declares no synchronisation
+    needed. A DLPack exporter in GPU memory: CuPy's current stream on its device, which the exporter is asked to
+    order its work before (``__dlpack__(stream=...)``, in ``cupy.from_dlpack``).
+    """
+    if isinstance(x, np.ndarray):
+        return None
+    root = type(x).__module__.partition(".")[0]
+    if root == "cupy" and hasattr(x, "device") and hasattr(x, "data"):
+        return Producer("cupy", int(x.device.id))
+    if root == "torch" and hasattr(x, "is_cuda"):
+        return Producer("torch", int(x.device.index or 0)) if x.is_cuda else None
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if interface is not None:
+        stream = interface.get("stream") if int(interface.get("version", 0)) >= 3 else None
+        if stream is None:
+            return None
+        if type(stream) is not int or stream == 0:
+            raise ValueError(f"__cuda_array_interface__ names stream {stream!r}; the interface takes an integer "
+                             f"stream other than 0 (1: legacy default, 2: per-thread default), or None")
+        return Producer("cuda", -1, stream)
+    if hasattr(x, "__dlpack_device__"):
+        device_type, device_id = x.__dlpack_device__()
+        if int(device_type) in (_DL_CUDA, _DL_CUDA_MANAGED):
+            return Producer("cupy", int(device_id))
+    return None
+
+
+def ready(x: Any) -> None:
+    """Wait on the host until the work queued on *x*'s :func:`producer` stream is done (nothing for host memory)."""
+    p = producer(x)
+    if p is not None:
+        _wait(p)
+
+
+def _wait(p: Producer) -> None:
+    if p.kind == "torch":
+        import torch  # (only ever reached with a torch tensor in hand)
+
+        torch.cuda.current_stream(p.device).synchronize()
+        return
+    cupy = cupy_module()
+    assert cupy is not None  # (a device buffer reached here only through CuPy)
+    if p.kind == "cupy":
+        with cupy.cuda.Device(p.device):
+            cupy.cuda.get_current_stream().synchronize()
+    else:  # (1 and 2 are the runtime's own handles of the legacy and per-thread default streams)
+        cupy.cuda.runtime.streamSynchronize(p.handle)
 
 
 # ---------------------------------------------------------------- DLPack, read the way mpi4py reads it
@@ -479,10 +585,9 @@ class ArrayOps:
         self.pool = HostPool(alloc_host)
 
     def synchronize(self, x: Any) -> None:
-        """Wait for queued work on *x*'s device (kernels writing a buffer MPI will read or overwrite)."""
+        """Wait for the work queued on *x*'s stream (kernels writing a buffer MPI will read or overwrite)."""
         if self.on_device:
-            with x.device:
-                self.xp.cuda.get_current_stream().synchronize()
+            ready(x)
 
     def to_host(self, src: Any, dst: np.ndarray) -> None:
         """Copy array *src* into host array *dst* (same shape and dtype); returns when done."""
@@ -619,7 +724,7 @@ def send_buffer(x: Any) -> Transfer:
         ops.synchronize(x)
         return Transfer(_bytes_spec(x, x.nbytes))
     raw, host = _host_view(ops, x)
-    ops.to_host(x, host)
+    ops.to_host(x, host)  # (on the current stream, so after the work queued there: a blocking copy)
     return Transfer(_bytes_spec(raw, x.nbytes), functools.partial(ops.pool.release, raw))
 
 

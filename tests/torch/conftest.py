@@ -1,11 +1,40 @@
-"""The torch backend's tests: PyTorch or a skip with the reason; one mpicomm default group and a gloo group."""
+"""The torch backend's tests: PyTorch or a skip with the reason; one mpicomm default group and a gloo group.
+
+``MPICOMM_TEST_TORCH_DEVICE=cuda`` (the GPU tier, ``python -m tests --gpu``) runs the same tests with CUDA
+tensors: torch's default device becomes the GPU, so every tensor a test makes without naming a device is on
+it; without a visible GPU the whole directory is skipped, saying so.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
                                             "then pip install -e '.[torch]'")
+
+DEVICE = os.environ.get("MPICOMM_TEST_TORCH_DEVICE", "cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if DEVICE == "cpu":
+        return
+    reason = None
+    if DEVICE != "cuda":
+        reason = f"MPICOMM_TEST_TORCH_DEVICE={DEVICE!r}: expected cpu or cuda"
+    elif not torch.cuda.is_available():
+        reason = "MPICOMM_TEST_TORCH_DEVICE=cuda, but torch sees no CUDA device"
+    if reason is None:
+        return
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+if DEVICE == "cuda" and torch.cuda.is_available():
+    torch.set_default_device("cuda")  # (the current device: the rank's, once the default group bound it)
 
 
 @pytest.fixture(scope="session")

@@ -518,3 +518,17 @@ def test_coalesced_async_work_completes_when_every_part_has(groups):
         ref = torch.empty_like(o)
         dist.all_gather_into_tensor(ref, i, group=gloo)
         _same(o, ref, "coalesced all_gather_into_tensor")
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+def test_the_default_group_binds_the_ranks_gpu(groups):
+    """Making the default group bound this rank's GPU (local rank % visible GPUs) for CuPy and torch alike."""
+    from mpicomm.torch import world_comm
+    from tests.conftest import cupy_or_skip
+
+    cupy = cupy_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    comm = world_comm()
+    assert torch.cuda.current_device() == comm.device == cupy.cuda.Device().id

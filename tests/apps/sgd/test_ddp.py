@@ -19,9 +19,11 @@ import mpicomm
 from apps.blocks import block, blocks
 from apps.nn import mlp, softmax_cross_entropy
 from apps.nn.optim import make
+from apps.nn.xp import to_host
 from apps.sgd.data import Sampler, load_digits
 from apps.sgd.train import Config, train
 from apps.sgd.zero import Zero
+from tests.conftest import cupy_or_skip
 
 # 1,210 float64 parameters (9.7 KB), one bucket under a 2 KB cap (the 1,024-element W of layer 0 closes it).
 BASE = Config(data="digits", hidden=(16,), dtype="float64", batch=20, steps=7, optimizer="adam", lr=1e-2,
@@ -212,3 +214,21 @@ def test_zero2_allocates_no_array_the_size_of_the_gradient():
     whole, _ = whole_blocks_after_two_steps(
         lambda comm, model, optimizer: Zero(comm, model, optimizer, stage=2, cap_mb=MANY.bucket_mb))
     assert whole == [8 * MANY_PSI] * (4 if mpicomm.Comm().Get_size() == 1 else 1)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["ddp", "zero2", "zero3"])
+def test_cupy_backend_equals_numpy(mode):
+    """The same run with parameters, gradients and buckets on the GPU (the rank's own, bound by the run): the
+    parameters of the NumPy run, identical on every rank."""
+    cupy_or_skip()
+    comm = mpicomm.Comm()
+    cfg = replace(BASE, mode=mode)
+    host, _ = _params(comm, cfg)
+    device, report = _params(comm, replace(cfg, backend="cupy"))
+    mine = to_host(device)
+    everyone = comm.allgather(mine)
+    for other in everyone:
+        np.testing.assert_array_equal(other, everyone[0])
+    _close(mine, host)
+    assert report.steps == 7
