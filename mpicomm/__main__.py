@@ -1,7 +1,10 @@
 """``python -m mpicomm info|algorithms|verify|cleanup``: what this installation sees, its algorithms, checking one, tidying up.
 
-``info``: the MPI library, CUDA-awareness, GPUs and rank layout. Run it once
-after pointing mpi4py at a cluster's MPI, or under the launcher
+``info``: the MPI library, its thread level, CUDA-awareness, GPUs and rank
+layout; then, as a doctor (:mod:`mpicomm.doctor`), the optional packages
+present and what each enables, the ``MPICOMM_*`` variables set, and stale
+MPICH segments in /dev/shm. Run it once after installing or after pointing
+mpi4py at a cluster's MPI, or under the launcher
 (``mpiexec -n 4 python -m mpicomm info``) to see every rank's placement.
 
 ``algorithms``: every registered (collective, algorithm) with its
@@ -80,7 +83,7 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
     import mpi4py
 
     import mpicomm
-    from mpicomm import config, device
+    from mpicomm import config, device, doctor
     from mpicomm.launcher import from_environment
     from mpicomm.transport import buffers
 
@@ -109,6 +112,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
         f"{'rank':>5} {'local':>7} {'node':>5}  {'host':<20} gpu",
     ]
     lines += [f"{r:>5} {lr:>3}/{ls:<3} {node:>5}  {host:<20} {dev}" for r, lr, ls, node, host, dev in rows]
+    found, variables, stale = doctor.packages(), doctor.settings(), doctor.stale_segments()
+    lines += ["", *doctor.report(found, variables, stale)]
     print("\n".join(lines))
     if json_path:
         installation = {
@@ -118,6 +123,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
             "cuda_aware": buffers.library_cuda_support(), "cuda_aware_forced": forced,
             "cupy": cupy.__version__ if cupy else None, "gpus_visible": device.visible_devices() if cupy else 0,
             "launcher": launch.launcher, "ranks": comm.size, "nodes": comm.nodes,
+            "optional": {package.name: version for package, version in found}, "settings": variables,
+            "stale_segments": None if stale is None else {"count": len(stale), "bytes": sum(s.bytes for s in stale)},
         }
         ranks = [{"rank": r, "local_rank": lr, "local_size": ls, "node": node, "host": host, "gpu": dev}
                  for r, lr, ls, node, host, dev in rows]

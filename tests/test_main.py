@@ -13,7 +13,7 @@ import pytest
 
 import mpicomm
 from mpicomm import __main__ as cli
-from mpicomm import registry
+from mpicomm import doctor, registry
 from mpicomm.cli import US
 from tests import mpirun
 
@@ -136,6 +136,15 @@ def test_info_json_holds_a_row_per_rank(tmp_path):
     installation = doc["installation"]
     assert installation["ranks"] == 2 and installation["mpicomm"] == mpicomm.__version__
     assert installation["mpi_library"] and installation["mpi_library"] in result.stdout
+    # the doctor's part: every optional package with its version or None, the settings, the stale segments
+    assert list(installation["optional"]) == [package.name for package in doctor.OPTIONAL]
+    for name, version in installation["optional"].items():
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(version or '-')} ", result.stdout, re.M), name
+    assert all(name.startswith("MPICOMM_") and f"{name}={value}" in result.stdout
+               for name, value in installation["settings"].items())
+    assert installation["stale_segments"] is None or installation["stale_segments"]["count"] >= 0
+    assert re.search(r"^MPI standard .*, thread level \w+$", result.stdout, re.M) and "CUDA-aware " in result.stdout
+    assert re.search(r"^shared memory  ", result.stdout, re.M) and re.search(r"^settings  ", result.stdout, re.M)
     for row in doc["results"]:  # the same rows as printed
         assert re.search(rf"^\s+{row['rank']}\s+{row['local_rank']}/{row['local_size']}\s+{row['node']}\s+"
                          rf"{re.escape(row['host'])}\s", result.stdout, re.M), result.stdout
