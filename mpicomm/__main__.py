@@ -69,6 +69,7 @@ import argparse
 import re
 import socket
 import sys
+import textwrap
 from dataclasses import replace
 from typing import Any
 
@@ -462,7 +463,14 @@ _COLOURS = {"message": "tab:blue", "copy": "0.6", "combine": "tab:orange", "loca
 
 
 def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str] | None = None) -> None:
-    """A space-time diagram of one call's schedules, written to *path* (PNG, SVG, PDF: by the extension).
+    """:func:`schedule_figure` written to *path* (PNG, SVG, PDF: by the extension), cropped to what it draws."""
+    fig = schedule_figure(scheds, title, problems)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # (tight: a label or the legend below is never cut off)
+    cli.pyplot().close(fig)
+
+
+def schedule_figure(scheds: list[Any], title: str, problems: list[str] | None = None) -> Any:
+    """A space-time diagram of one call's schedules (a matplotlib figure).
 
     One lane per rank, steps along x (:func:`timeline`); a round is a black bar
     from posting its messages to their completion; an arrow per message from
@@ -540,7 +548,10 @@ def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str]
     ax.set_yticklabels([f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.4, -0.6)
     ax.set_xlim(-0.6, steps + 0.1)
-    ax.set_xlabel("step: a round posts its messages (black bar), they arrive by its end, then its local work runs")
+    # Wrapped to the figure's width (about 12 characters an inch at 10 points): a narrow figure (few steps) cut
+    # the one-line label at both ends.
+    ax.set_xlabel(textwrap.fill("step: a round posts its messages (black bar), they arrive by its end, then its local "
+                                "work runs", max(30, int(fig.get_figwidth() * 12))))
     status = "" if problems is None else (" - pair check ok" if not problems else f" - {len(problems)} pair problem(s)")
     ax.set_title(title + status, fontsize=9, color="crimson" if problems else "black")
     names = {"message": "message (size)", "copy": "copy", "combine": "combine", "local": "local step",
@@ -554,8 +565,7 @@ def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, len(handles)),
                   fontsize=7, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 # ---------------------------------------------------------------- verify (mpicomm.verify)

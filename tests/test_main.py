@@ -248,6 +248,28 @@ def test_schedule_pair_problems_exit_1(capsys, monkeypatch):
 
 
 @pytest.mark.serial
+@pytest.mark.parametrize("p, count", [(2, 2), (3, 6), (7, 100)])
+def test_schedule_plot_cuts_no_text(p, count):
+    """Every label, the x-axis's included, lies inside the figure (a 2-rank plot cut its x label at both ends)."""
+    pytest.importorskip("matplotlib")
+    from mpicomm.plan.preview import schedules_for
+    from mpicomm.schedule import check_pairs
+
+    scheds = schedules_for("allreduce", "ring", p, count)
+    fig = cli.schedule_figure(scheds, f"allreduce ring p={p}", check_pairs(scheds))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        width, height = fig.bbox.width, fig.bbox.height
+        texts = [fig.axes[0].xaxis.label, fig.axes[0].title, *fig.axes[0].get_yticklabels()]
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (text.get_text(), box)
+    finally:
+        cli.cli.pyplot().close(fig)
+
+
+@pytest.mark.serial
 def test_schedule_plot_writes_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "ring.png"
