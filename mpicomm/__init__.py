@@ -63,6 +63,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+#: The version, in this one place: setup.cfg reads it (version = attr:), CHANGES.md names it (its release rule).
 __version__ = "0.1.0"
 
 _LAZY = {

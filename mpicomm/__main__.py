@@ -1,7 +1,10 @@
 """``python -m mpicomm info|algorithms|verify|cleanup``: what this installation sees, its algorithms, checking one, tidying up.
 
-``info``: the MPI library, CUDA-awareness, GPUs and rank layout. Run it once
-after pointing mpi4py at a cluster's MPI, or under the launcher
+``info``: the MPI library, its thread level, CUDA-awareness, GPUs and rank
+layout; then, as a doctor (:mod:`mpicomm.doctor`), the optional packages
+present and what each enables, the ``MPICOMM_*`` variables set, and stale
+MPICH segments in /dev/shm. Run it once after installing or after pointing
+mpi4py at a cluster's MPI, or under the launcher
 (``mpiexec -n 4 python -m mpicomm info``) to see every rank's placement.
 
 ``algorithms``: every registered (collective, algorithm) with its
@@ -66,6 +69,7 @@ import argparse
 import re
 import socket
 import sys
+import textwrap
 from dataclasses import replace
 from typing import Any
 
@@ -80,7 +84,7 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
     import mpi4py
 
     import mpicomm
-    from mpicomm import config, device
+    from mpicomm import config, device, doctor
     from mpicomm.launcher import from_environment
     from mpicomm.transport import buffers
 
@@ -109,6 +113,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
         f"{'rank':>5} {'local':>7} {'node':>5}  {'host':<20} gpu",
     ]
     lines += [f"{r:>5} {lr:>3}/{ls:<3} {node:>5}  {host:<20} {dev}" for r, lr, ls, node, host, dev in rows]
+    found, variables, stale = doctor.packages(), doctor.settings(), doctor.stale_segments()
+    lines += ["", *doctor.report(found, variables, stale)]
     print("\n".join(lines))
     if json_path:
         installation = {
@@ -118,6 +124,8 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
             "cuda_aware": buffers.library_cuda_support(), "cuda_aware_forced": forced,
             "cupy": cupy.__version__ if cupy else None, "gpus_visible": device.visible_devices() if cupy else 0,
             "launcher": launch.launcher, "ranks": comm.size, "nodes": comm.nodes,
+            "optional": {package.name: version for package, version in found}, "settings": variables,
+            "stale_segments": None if stale is None else {"count": len(stale), "bytes": sum(s.bytes for s in stale)},
         }
         ranks = [{"rank": r, "local_rank": lr, "local_size": ls, "node": node, "host": host, "gpu": dev}
                  for r, lr, ls, node, host, dev in rows]
@@ -455,7 +463,14 @@ _COLOURS = {"message": "tab:blue", "copy": "0.6", "combine": "tab:orange", "loca
 
 
 def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str] | None = None) -> None:
-    """A space-time diagram of one call's schedules, written to *path* (PNG, SVG, PDF: by the extension).
+    """:func:`schedule_figure` written to *path* (PNG, SVG, PDF: by the extension), cropped to what it draws."""
+    fig = schedule_figure(scheds, title, problems)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # (tight: a label or the legend below is never cut off)
+    cli.pyplot().close(fig)
+
+
+def schedule_figure(scheds: list[Any], title: str, problems: list[str] | None = None) -> Any:
+    """A space-time diagram of one call's schedules (a matplotlib figure).
 
     One lane per rank, steps along x (:func:`timeline`); a round is a black bar
     from posting its messages to their completion; an arrow per message from
@@ -533,7 +548,10 @@ def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str]
     ax.set_yticklabels([f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.4, -0.6)
     ax.set_xlim(-0.6, steps + 0.1)
-    ax.set_xlabel("step: a round posts its messages (black bar), they arrive by its end, then its local work runs")
+    # Wrapped to the figure's width (about 12 characters an inch at 10 points): a narrow figure (few steps) cut
+    # the one-line label at both ends.
+    ax.set_xlabel(textwrap.fill("step: a round posts its messages (black bar), they arrive by its end, then its local "
+                                "work runs", max(30, int(fig.get_figwidth() * 12))))
     status = "" if problems is None else (" - pair check ok" if not problems else f" - {len(problems)} pair problem(s)")
     ax.set_title(title + status, fontsize=9, color="crimson" if problems else "black")
     names = {"message": "message (size)", "copy": "copy", "combine": "combine", "local": "local step",
@@ -547,8 +565,7 @@ def draw_schedules(path: str, scheds: list[Any], title: str, problems: list[str]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, len(handles)),
                   fontsize=7, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 # ---------------------------------------------------------------- verify (mpicomm.verify)

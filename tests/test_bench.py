@@ -812,6 +812,6 @@ def test_inplace_rooted_collective_in_markdown(tmp_path):
     for line in table[1:]:
         cells = dict(zip(header, (c.strip() for c in line.split("|")[1:-1])))
         assert cells["type"] == "int32" and cells["redop"] == "none" and cells["root"] == "0"
-        assert float(cells["in-place Avg Latency(µs)"]) > 0
+        assert re.fullmatch(r"\d+(\.\d+)?", cells["in-place Avg Latency(µs)"]), line  # a figure (its rounding untested)
         assert cells["#wrong"] == "0" and cells["in-place #wrong"] == "0" and cells["Validation"] == "Pass"
     assert "in-place Avg Latency(µs)" in out.read_text()

@@ -13,7 +13,7 @@ import pytest
 
 import mpicomm
 from mpicomm import __main__ as cli
-from mpicomm import registry
+from mpicomm import doctor, registry
 from mpicomm.cli import US
 from tests import mpirun
 
@@ -136,6 +136,15 @@ def test_info_json_holds_a_row_per_rank(tmp_path):
     installation = doc["installation"]
     assert installation["ranks"] == 2 and installation["mpicomm"] == mpicomm.__version__
     assert installation["mpi_library"] and installation["mpi_library"] in result.stdout
+    # the doctor's part: every optional package with its version or None, the settings, the stale segments
+    assert list(installation["optional"]) == [package.name for package in doctor.OPTIONAL]
+    for name, version in installation["optional"].items():
+        assert re.search(rf"^  {re.escape(name)} +{re.escape(version or '-')} ", result.stdout, re.M), name
+    assert all(name.startswith("MPICOMM_") and f"{name}={value}" in result.stdout
+               for name, value in installation["settings"].items())
+    assert installation["stale_segments"] is None or installation["stale_segments"]["count"] >= 0
+    assert re.search(r"^MPI standard .*, thread level \w+$", result.stdout, re.M) and "CUDA-aware " in result.stdout
+    assert re.search(r"^shared memory  ", result.stdout, re.M) and re.search(r"^settings  ", result.stdout, re.M)
     for row in doc["results"]:  # the same rows as printed
         assert re.search(rf"^\s+{row['rank']}\s+{row['local_rank']}/{row['local_size']}\s+{row['node']}\s+"
                          rf"{re.escape(row['host'])}\s", result.stdout, re.M), result.stdout
@@ -236,6 +245,28 @@ def test_schedule_pair_problems_exit_1(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "pair check: FAILED - 1 problem(s):\n  rank 0 sends messages of [64] bytes to rank 1, which receives " \
            "[32]" in out
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("p, count", [(2, 2), (3, 6), (7, 100)])
+def test_schedule_plot_cuts_no_text(p, count):
+    """Every label, the x-axis's included, lies inside the figure (a 2-rank plot cut its x label at both ends)."""
+    pytest.importorskip("matplotlib")
+    from mpicomm.plan.preview import schedules_for
+    from mpicomm.schedule import check_pairs
+
+    scheds = schedules_for("allreduce", "ring", p, count)
+    fig = cli.schedule_figure(scheds, f"allreduce ring p={p}", check_pairs(scheds))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        width, height = fig.bbox.width, fig.bbox.height
+        texts = [fig.axes[0].xaxis.label, fig.axes[0].title, *fig.axes[0].get_yticklabels()]
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (text.get_text(), box)
+    finally:
+        cli.cli.pyplot().close(fig)
 
 
 @pytest.mark.serial

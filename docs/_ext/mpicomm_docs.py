@@ -9,6 +9,11 @@ Directives (in Markdown pages: ```` ```{name} argument ```` ````):
   collective, as ``python -m mpicomm algorithms`` prints them;
 * ``algorithm-reference`` - each algorithm's docstring (its steps, restrictions
   and ``Cost:`` line) through autodoc, grouped by the module that holds it;
+Generated regions (``<!-- generated: KIND [ARGUMENT] -->`` ... ``<!-- end generated -->`` in a page, filled
+afresh by the build and written into the pages by ``python docs/_ext/mpicomm_docs.py --write``, so that the
+pages read the same in a plain Markdown viewer: :data:`REGION`): ``command-help COMMAND``,
+``config-variables`` and ``install-extras``, as below.
+
 * ``command-help COMMAND`` - ``COMMAND --help`` (``python -m apps.sgd train``
   shows ``python -m apps.sgd train --help``), every one of the pages run in one
   Python process beside the build (:func:`collect_help`);
@@ -16,6 +21,9 @@ Directives (in Markdown pages: ```` ```{name} argument ```` ````):
   :mod:`mpicomm.config`'s docstring (``tests/test_reliability.py`` keeps it
   complete);
 * ``install-extras`` - the extras of ``setup.cfg`` with their packages and comments.
+
+A build with the ``docs`` extra alone works too: a command whose optional package (PyTorch, say) is missing gets
+a line naming the extra instead of its ``--help``, and ``conf.py`` has autodoc mock torch.
 
 Roles: ``{value}`module.NAME``` writes the value of a module's constant
 (``mpicomm.p2p.INLINE_BYTES``); ``{collectives-with}`shm``` lists the
@@ -106,7 +114,7 @@ def table(header: list[str], rows: list[list[str]], widths: list[int] | None = N
 
 def markdown_table(lines: list[str]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of a Markdown pipe table given as its lines (the ``|---|`` line second)."""
-    cells = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in lines]
+    cells = [[cell.strip() for cell in line.strip()[1:-1].split("|")] for line in lines]  # (empty cells too)
     return cells[0], [row for row in cells[2:]]
 
 
@@ -170,7 +178,8 @@ class AlgorithmReference(SphinxDirective):
 
 
 _HELP: dict[str, tuple[int, str]] = {}
-_HELP_DIRECTIVE = re.compile(r"^```\{command-help\}\s+(.+?)\s*$", re.MULTILINE)
+_HELP_DIRECTIVE = re.compile(r"^(?:```\{command-help\}\s+|<!-- generated: command-help )(.+?)(?: -->)?\s*$",
+                             re.MULTILINE)
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
@@ -243,6 +252,37 @@ def collect_help(commands: list[str]) -> dict[str, tuple[int, str]]:
     return results
 
 
+#: The optional packages a command may need (the import name: the setup.cfg extra that installs it).
+OPTIONAL = {"torch": "torch", "cupy": "cuda12", "numba": "compiled", "sklearn": "digits", "matplotlib": "plot"}
+
+
+def missing_optional(output: str) -> tuple[str, str] | None:
+    """(package, extra) where *output* ends in an import of an optional package that is not installed here."""
+    found = re.findall(r"ModuleNotFoundError: No module named '(\w+)", output)
+    if not found or found[-1] not in OPTIONAL:
+        return None
+    package = found[-1]
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        return package, OPTIONAL[package]
+    return None  # installed: the command failed for another reason, a warning
+
+
+def command_help(command: str) -> str:
+    """``COMMAND --help`` as a Markdown ``text`` block; where the command's optional package is not installed here,
+    a line naming the extra that installs it (a build with the docs extra alone); any other failure is a warning."""
+    status, text = help_text(command)
+    missing = missing_optional(text) if status != 0 else None
+    if missing:
+        package, extra = missing
+        return (f"{command} needs {package}, which is not installed where these pages were built: its options are "
+                f"listed in a build with pip install -e '.[{extra}]' (as CI's).\n")
+    if status != 0:
+        log.warning(f"{command} --help exited with status {status}: {text.strip()[-400:]}")
+    return "```text\n" + text.rstrip("\n") + "\n```\n"
+
+
 class CommandHelp(SphinxDirective):
     """``COMMAND --help`` as a literal block (the page gives it a heading)."""
 
@@ -252,7 +292,12 @@ class CommandHelp(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         command = self.arguments[0].strip()
         status, text = help_text(command)
-        if status != 0:
+        missing = missing_optional(text) if status != 0 else None
+        if missing:  # a build with the docs extra alone: the command's package is not here, which is not an error
+            package, extra = missing
+            text = (f"{command} needs {package}, which is not installed where these pages were built: its options "
+                    f"are listed in a build with pip install -e '.[{extra}]' (as CI's).")
+        elif status != 0:
             log.warning(f"{command} --help exited with status {status}: {text.strip()[-400:]}",
                         location=self.get_location())
         return [nodes.literal_block(text, text, language="text")]
@@ -261,18 +306,26 @@ class CommandHelp(SphinxDirective):
 # ---------------------------------------------------------------- settings
 
 
-class ConfigVariables(SphinxDirective):
-    """The ``MPICOMM_*`` table of :mod:`mpicomm.config`'s docstring."""
+def _markdown(text: str) -> str:
+    """A docstring's reST inline markup as Markdown: ````x```` and ``:mod:`x``` become ```x```."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text.replace("``", "`"))
 
-    def run(self) -> list[nodes.Node]:
-        import mpicomm.config
 
-        lines = [line for line in (mpicomm.config.__doc__ or "").splitlines() if line.startswith("|")]
-        if len(lines) < 3:
-            log.warning("mpicomm.config's docstring has no variable table", location=self.get_location())
-            return []
-        header, rows = markdown_table(lines)
-        return [table(header, rows, [5, 4, 3, 12])]
+def config_variables() -> str:
+    """The ``MPICOMM_*`` table of :mod:`mpicomm.config`'s docstring, as a Markdown list: one item a variable, so it
+    fits any width (as a four-column table its long names and values ran past a 1280-pixel window)."""
+    import mpicomm.config
+
+    lines = [line for line in (mpicomm.config.__doc__ or "").splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        raise ValueError("mpicomm.config's docstring has no variable table")
+    _, rows = markdown_table(lines)
+    items = []
+    for variable, values, default, effect in ((row + ["", "", ""])[:4] for row in rows):
+        settings = "; ".join(part for part in (values and f"takes {values}", default and f"default {default}") if part)
+        items.append(f"- {_markdown(variable)}" + (f" ({_markdown(settings)})" if settings else "")
+                     + f": {_markdown(effect)}")
+    return "\n".join(items) + "\n"
 
 
 def extras(setup_cfg: Path = REPO / "setup.cfg") -> list[tuple[str, list[str], str]]:
@@ -295,13 +348,67 @@ def extras(setup_cfg: Path = REPO / "setup.cfg") -> list[tuple[str, list[str], s
     return [(name, [r for r in section[name].split("\n") if r.strip()], comments.get(name, "")) for name in section]
 
 
-class InstallExtras(SphinxDirective):
-    """The extras of setup.cfg: ``pip install -e '.[NAME]'``, the packages, what for."""
+def install_extras() -> str:
+    """The extras of setup.cfg as a Markdown table: the extra, what it installs, what for."""
+    lines = ["| extra | installs | what for |", "|---|---|---|"]
+    lines += [f"| `{name}` | {', '.join(f'`{r}`' for r in reqs)} | {comment} |" for name, reqs, comment in extras()]
+    return "\n".join(lines) + "\n"
 
-    def run(self) -> list[nodes.Node]:
-        rows = [[f"``pip install -e '.[{name}]'``", ", ".join(f"``{r}``" for r in reqs), comment]
-                for name, reqs, comment in extras()]
-        return [table(["command", "installs", "what for"], rows, [4, 6, 8])]
+
+# ---------------------------------------------------------------- generated regions of the pages
+
+
+#: A region of a page generated from the fact's home, so that the page reads the same in a plain Markdown viewer
+#: and in the built site: ``<!-- generated: KIND [ARGUMENT] -->``, the generated Markdown, ``<!-- end generated
+#: -->``. The build fills every region afresh (:func:`fill_regions`, at ``source-read``): the site is always
+#: current. ``python docs/_ext/mpicomm_docs.py --write`` writes the same into the pages;
+#: ``tests/docs/test_pages.py`` and ``tests/docs/test_extension.py`` fail, naming that command, when a page's
+#: copy is out of date.
+REGION = re.compile(r"^<!-- generated: ([\w-]+)(?: ([^\n]+?))? -->\n(.*?)^<!-- end generated -->$", re.M | re.S)
+GENERATORS = {
+    "command-help": command_help,
+    "config-variables": lambda _: config_variables(),
+    "install-extras": lambda _: install_extras(),
+}
+WRITE = "python docs/_ext/mpicomm_docs.py --write"
+
+
+def regions(text: str) -> list[tuple[str, str, str]]:
+    """(kind, argument, the page's current content) of every generated region of *text*."""
+    return [(kind, argument or "", body) for kind, argument, body in REGION.findall(text)]
+
+
+def fill_regions(text: str) -> str:
+    """*text* with every generated region's content made afresh."""
+
+    def fill(match: re.Match[str]) -> str:
+        kind, argument = match.group(1), match.group(2) or ""
+        if kind not in GENERATORS:
+            raise ValueError(f"a generated region of unknown kind {kind!r}; known: {', '.join(GENERATORS)}")
+        head = f"<!-- generated: {kind}{' ' + argument if argument else ''} -->"
+        return f"{head}\n{GENERATORS[kind](argument)}<!-- end generated -->"
+
+    return REGION.sub(fill, text)
+
+
+def source_read(app: Sphinx, docname: str, source: list[str]) -> None:
+    """Fill the page's generated regions before it is parsed."""
+    if "<!-- generated: " in source[0]:
+        source[0] = fill_regions(source[0])
+
+
+def write_pages(srcdir: Path = DOCS) -> list[Path]:
+    """Rewrite the pages whose generated regions are out of date; the pages rewritten."""
+    _batch(srcdir)
+    changed = []
+    for page in sorted(srcdir.rglob("*.md")):
+        if "_build" in page.parts:
+            continue
+        text = page.read_text(encoding="utf-8")
+        if "<!-- generated: " in text and fill_regions(text) != text:
+            page.write_text(fill_regions(text), encoding="utf-8")
+            changed.append(page)
+    return changed
 
 
 # ---------------------------------------------------------------- roles
@@ -405,11 +512,10 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("selection-rules", SelectionRules)
     app.add_directive("algorithm-reference", AlgorithmReference)
     app.add_directive("command-help", CommandHelp)
-    app.add_directive("config-variables", ConfigVariables)
-    app.add_directive("install-extras", InstallExtras)
     app.add_role("value", ValueRole())
     app.add_role("collectives-with", CollectivesWithRole())
     app.connect("builder-inited", prefetch_help)
+    app.connect("source-read", source_read)
     app.connect("include-read", repository_links)
     app.connect("autodoc-process-docstring", docstring_tables)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
@@ -418,3 +524,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
 if __name__ == "__main__" and sys.argv[1:2] == ["--collect"]:
     answers = collect_help(sys.argv[2:])
     sys.__stdout__.write(_MARK + json.dumps(answers))
+elif __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    for written in write_pages():
+        print(f"rewrote {written.relative_to(REPO)}")

@@ -68,7 +68,7 @@ BACKEND = "mpicomm"
 
 
 #: A staged buffer (:attr:`Staged.array <.tensors.Staged.array>`): a CPU tensor's NumPy view, or a device tensor.
-_Buffer: TypeAlias = np.ndarray | torch.Tensor
+_Buffer: TypeAlias = "np.ndarray | torch.Tensor"  # (a string: the docs build reads this module with torch mocked)
 
 
 def _overlaps(a: _Buffer, b: _Buffer) -> bool:

@@ -54,6 +54,31 @@ def test_extras_keep_their_comment_and_order(ext, tmp_path):
     assert "hypothesis>=6.100" in dict((n, r) for n, r, _ in ext.extras())["test"]
 
 
+@pytest.mark.parametrize("page, kind", [("reference.md", "config-variables"), ("getting-started.md", "install-extras")])
+def test_a_page_s_generated_list_is_current(ext, page, kind):
+    """The copy a plain Markdown viewer shows is what the build generates (command-help: tests/docs/test_pages.py)."""
+    text = (Path(mpirun.REPO) / "docs" / page).read_text(encoding="utf-8")
+    found = [body for k, _, body in ext.regions(text) if k == kind]
+    assert found == [ext.GENERATORS[kind]("")], f"docs/{page}'s {kind} list is out of date: run {ext.WRITE}"
+
+
+def test_regions_are_filled_and_found(ext):
+    text = "a\n<!-- generated: install-extras -->\nold\n<!-- end generated -->\nb\n"
+    filled = ext.fill_regions(text)
+    assert filled.startswith("a\n<!-- generated: install-extras -->\n| extra | installs | what for |\n")
+    assert filled.endswith("\n<!-- end generated -->\nb\n") and ext.fill_regions(filled) == filled
+    assert ext.regions(filled) == [("install-extras", "", ext.install_extras())]
+    with pytest.raises(ValueError, match="unknown kind 'nothing'"):
+        ext.fill_regions("<!-- generated: nothing -->\n<!-- end generated -->\n")
+
+
+def test_the_variables_list_has_every_row_with_empty_cells_kept(ext):
+    assert ext.markdown_table(["| a | b | c |", "|---|---|---|", "| x | | y |"]) == (["a", "b", "c"], [["x", "", "y"]])
+    items = ext.config_variables().splitlines()
+    assert "- `MPICOMM_TIMEOUT` (takes seconds; default unset (off)): hang watchdog" in "\n".join(items)
+    assert any(item.startswith("- `MPICOMM_SLOW_TESTS`, `MPICOMM_TEST_*`: read by the test suite") for item in items)
+
+
 def test_links_of_an_included_file_point_at_the_repository(ext, tmp_path):
     class App:
         srcdir = os.path.join(mpirun.REPO, "docs")

@@ -61,6 +61,17 @@ def entry_points() -> set[str]:
     return found - INTERNAL
 
 
+def extension():
+    """docs/_ext/mpicomm_docs.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mpicomm_docs", EXTENSION)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mpicomm_docs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def collect(commands: list[str]) -> dict[str, tuple[int, str]]:
     """``COMMAND --help`` of each, in one process (the extension's collector)."""
     pytest.importorskip("sphinx", reason="the documentation's extension needs the docs extra: pip install -e '.[docs]'")
@@ -87,7 +98,15 @@ def helps() -> dict[str, tuple[int, str]]:
 
 
 def reference_commands() -> set[str]:
-    return set(re.findall(r"^```\{command-help\} (.+?)\s*$", pages()["docs/reference.md"], re.M))
+    return set(re.findall(r"^<!-- generated: command-help (.+?) -->$", pages()["docs/reference.md"], re.M))
+
+
+def test_the_reference_shows_each_command_s_current_help(helps):
+    """The page's copy of each --help (what a plain Markdown viewer shows) is the command's help now."""
+    ext = extension()
+    stale = [argument for kind, argument, body in ext.regions(pages()["docs/reference.md"])
+             if kind == "command-help" and body != "```text\n" + helps[argument][1].rstrip("\n") + "\n```\n"]
+    assert not stale, f"docs/reference.md shows an old --help of {', '.join(stale)}: run {ext.WRITE}"
 
 
 def test_subcommands_are_read_from_the_help():
@@ -105,11 +124,27 @@ def test_the_reference_lists_every_command_and_sub_command(helps):
     assert listed <= set(helps), f"docs/reference.md lists commands that do not exist: {sorted(listed - set(helps))}"
 
 
+def shell_blocks(text: str) -> list[str]:
+    """The contents of the page's bash/sh/console (or unlabelled) fenced blocks, each fence paired with its own
+    closing one (a closing fence is never taken for an opening)."""
+    blocks, language, body = [], None, []
+    for line in text.splitlines():
+        if language is None and line.startswith("```"):
+            language, body = line[3:].strip(), []
+        elif language is not None and line.strip() == "```":
+            if language in ("bash", "sh", "console", ""):
+                blocks.append("\n".join(body) + "\n")
+            language = None
+        elif language is not None:
+            body.append(line)
+    return blocks
+
+
 def command_lines(text: str) -> list[str]:
     """Each shell command of the page: its bash/sh (or unlabelled) code blocks, comments dropped, and its inline
     code that runs a command (`` `mpiexec -n 2 python -m ...` ``); split at && ; |."""
     lines = []
-    for block in re.findall(r"^```(?:bash|sh|console|)\n(.*?)^```", text, re.M | re.S):
+    for block in shell_blocks(text):
         for line in block.replace("\\\n", " ").splitlines():
             lines.append(re.sub(r"(^|\s)#.*$", "", line.lstrip("$ ")))
     lines += re.findall(r"(?<!`)`((?:mpiexec|python|OMP_NUM_THREADS|MPICOMM_)[^`\n]*)`(?!`)", text)
