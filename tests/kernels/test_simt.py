@@ -3,10 +3,8 @@ naming the fix; without a GPU and without the simulator the kernels say how to r
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -14,8 +12,6 @@ import pytest
 from kernels import simt
 
 pytestmark = pytest.mark.serial  # no MPI: the serial pass runs it
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_blocks_cover_the_items():
@@ -36,28 +32,22 @@ def test_the_simulator_runs_a_kernel(simt):
     assert buf.tolist() == [5.0, 6.0]
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX environment")
-def test_choosing_the_simulator_too_late_or_not_at_all_is_explained():
-    code = textwrap.dedent("""
-        import os
-        os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        from kernels import simt
-        print("reason:", simt.reason())
-        import numba.cuda
-        try:
-            simt.use_simulator()
-        except RuntimeError as exc:
-            print("late:", exc)
-        try:
-            simt.cuda()
-        except RuntimeError as exc:
-            print("cuda:", exc)
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
-    assert ("reason: no CUDA device is visible and numba's CUDA simulator is off; set NUMBA_ENABLE_CUDASIM=1 "
-            "(before numba.cuda is imported) or call kernels.simt.use_simulator()") in out
-    assert "late: numba.cuda is already imported without the simulator; set NUMBA_ENABLE_CUDASIM=1 before" in out
-    assert "cuda: the SIMT kernels cannot run here: no CUDA device is visible" in out
+def test_choosing_the_simulator_too_late_or_not_at_all_is_explained(monkeypatch):
+    from mpicomm import device
+
+    monkeypatch.delenv(simt.SIMULATOR_ENV, raising=False)
+    monkeypatch.delitem(sys.modules, "numba.cuda", raising=False)
+    monkeypatch.setattr(device, "visible_devices", lambda: 0)  # as on a machine without a GPU
+    assert simt.reason() == ("no CUDA device is visible and numba's CUDA simulator is off; set NUMBA_ENABLE_CUDASIM=1 "
+                             "(before numba.cuda is imported) or call kernels.simt.use_simulator() to run the kernels "
+                             "on the CPU")
+    with pytest.raises(RuntimeError, match="the SIMT kernels cannot run here: no CUDA device is visible"):
+        simt.cuda()
+    # numba.cuda imported for real GPUs (its jit from numba.cuda.decorators): too late to choose the simulator
+    real = types.ModuleType("numba.cuda")
+    real.jit = types.SimpleNamespace(__module__="numba.cuda.decorators")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "numba.cuda", real)
+    assert not simt.simulated()
+    with pytest.raises(RuntimeError, match="numba.cuda is already imported without the simulator; set "
+                                           "NUMBA_ENABLE_CUDASIM=1 before the first import of numba.cuda"):
+        simt.use_simulator()
