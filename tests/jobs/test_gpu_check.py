@@ -16,8 +16,8 @@ from tests import mpirun
 pytestmark = pytest.mark.serial  # no MPI in this process
 
 SCRIPT = os.path.join(mpirun.REPO, "jobs", "gpu-check.sh")
-FETCH = ("pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d "
-         "{wheels} mpich mpi4py pytest-mpi")
+FETCH = ("pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 "
+         "--platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d {wheels} mpich mpi4py pytest-mpi")
 
 
 def _run(args: list[str], wheels: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -47,7 +47,7 @@ def test_the_script_is_strict_bash_and_names_its_budget():
     with open(SCRIPT) as f:
         text = f.read()
     assert text.startswith("#!/bin/bash\n") and "set -uo pipefail" in text and "BUDGET=480" in text
-    assert FETCH.format(wheels="jobs/wheels") in text.replace("\\\n#       ", "")  # the README's fetch command
+    assert FETCH.format(wheels="jobs/wheels") in text.replace(" \\\n#      ", "")  # the header's fetch command
 
 
 @pytest.mark.skipif(_gpu_visible(), reason="a GPU is visible: the script would run")
