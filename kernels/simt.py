@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SIMULATOR_ENV", "WARP", "reason", "use_simulator", "simulated", "cuda", "blocks", "xp_of", "launch",
-           "sync", "Kernel"]
+           "sync", "Kernel", "numba_type"]
 
 #: The environment variable that makes numba.cuda the CPU simulator.
 SIMULATOR_ENV = "NUMBA_ENABLE_CUDASIM"
