@@ -104,7 +104,8 @@ def _stream(cuda_module: ModuleType, args: tuple[Any, ...]) -> Any:
     if simulated() or all(isinstance(a, (np.ndarray, np.generic, int, float)) for a in args):
         return 0
     cupy = importlib.import_module("cupy")
-    return cuda_module.external_stream(cupy.cuda.get_current_stream().ptr)
+    ptr = cupy.cuda.get_current_stream().ptr
+    return cuda_module.external_stream(ptr) if ptr else 0  # 0: the default stream, numba's and CuPy's alike
 
 
 def launch(kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], *args: Any) -> None:
