@@ -19,6 +19,13 @@ dimension in array indices. The CPU paths agree bit for bit; the CuPy path to
 rounding. One module per kernel (heat.py, star.py, halo.py, stream.py) holds
 its three implementations; paths.py selects them; ``python -m kernels.bench``
 measures them against the STREAM bound.
+
+Beside them, SIMT kernels written for numba-cuda (kernels/simt.py): a tiled
+matrix multiply (matmul.py), CSR SpMV in its scalar and warp-per-row forms
+(spmv.py), a fused bias + GELU (gelu.py) and the halo pack/unpack
+(``halo.pack_simt``). They run on CuPy arrays on a GPU and in numba's CUDA
+simulator on NumPy arrays, which is how CI executes their logic;
+``python -m kernels.gpubench`` measures every GPU kernel against its bound.
 """
 
 from .paths import PATHS, Kernels, available, select

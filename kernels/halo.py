@@ -12,6 +12,14 @@ fastest on contiguous buffers, so the application packs each face into a
 ``buf`` is allocated once per face and reused every step (it may be larger
 than N: one buffer can serve faces of different sizes). Packing copies values,
 so all paths agree exactly.
+
+:func:`pack_simt` and :func:`unpack_simt` are the same copies as SIMT kernels
+(numba-cuda, see kernels/simt.py): one thread per cell of a row of the box,
+``threadIdx.x`` along the last axis so that a warp reads (and writes)
+consecutive addresses of the field and of the buffer; ``blockIdx.y`` strides
+over the box's rows. CI runs them in numba's CUDA simulator; on a GPU they
+run on CuPy arrays and are measured against the device-to-device copy of the
+same bytes (``python -m kernels.gpubench``).
 """
 
 from __future__ import annotations
@@ -21,11 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from . import simt
 from .checks import Box, box_shape, box_size, check_box, check_field, slices
 from .jit import compiled
 
 __all__ = ["check", "pack_numpy", "unpack_numpy", "pack_compiled", "unpack_compiled", "pack_cupy", "unpack_cupy",
-           "PACK", "UNPACK"]
+           "pack_simt", "unpack_simt", "PACK", "UNPACK"]
+
+#: numba.cuda, set by simt.Kernel when the first kernel is built (the kernels below name it).
+cuda: Any = None
 
 
 def check(who: str, u: Any, box: Any, buf: Any, xp: ModuleType) -> Box | None:
@@ -135,6 +147,68 @@ def unpack_cupy(buf: Any, u: Any, box: Box) -> None:
     import cupy
 
     cupy.copyto(u[slices(box)], _view(buf, box))
+
+
+# ---------------------------------------------------------------- SIMT (numba-cuda)
+# A 2-D field is seen as 3-D with one plane (as in the compiled loops). Row r of the box
+# is (i, j) = (lo0 + r // n1, lo1 + r % n1); its cells are contiguous in the field and in
+# the buffer, at buffer offset r * n2.
+
+#: Threads per block along a row of the box (a multiple of the warp size).
+THREADS = 128
+#: CUDA's limit on gridDim.y; the kernels' row loops stride past it.
+_MAX_GRID_Y = 65535
+
+
+@simt.Kernel
+def halo_kernels() -> tuple[Any, Any]:
+    """The (pack, unpack) kernel pair."""
+
+    @cuda.jit
+    def pack(u, lo0, lo1, lo2, n0, n1, n2, buf):  # pragma: no cover - a CUDA kernel
+        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if col < n2:
+            for r in range(cuda.blockIdx.y, n0 * n1, cuda.gridDim.y):
+                buf[r * n2 + col] = u[lo0 + r // n1, lo1 + r % n1, lo2 + col]
+
+    @cuda.jit
+    def unpack(buf, u, lo0, lo1, lo2, n0, n1, n2):  # pragma: no cover - a CUDA kernel
+        col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if col < n2:
+            for r in range(cuda.blockIdx.y, n0 * n1, cuda.gridDim.y):
+                u[lo0 + r // n1, lo1 + r % n1, lo2 + col] = buf[r * n2 + col]
+
+    return pack, unpack
+
+
+def _simt_launch(which: int, who: str, u: Any, box: Any, buf: Any, threads: int) -> None:
+    norm = check(who, u, box, buf, simt.xp_of(u))
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024:
+        raise ValueError(f"{who}: threads = {threads!r}; a block has 1 to 1024 threads")
+    if norm is None:
+        return
+    if u.ndim == 2:
+        u, norm = u.reshape((1, *u.shape)), ((0, 1), *norm)
+    (lo0, _), (lo1, _), (lo2, _) = norm
+    n0, n1, n2 = box_shape(norm)
+    grid = (simt.blocks(n2, threads), max(1, min(n0 * n1, _MAX_GRID_Y)))
+    kernel = halo_kernels()[which]
+    bounds = (lo0, lo1, lo2, n0, n1, n2)
+    if which == 0:
+        simt.launch(kernel, grid, (threads,), u, *bounds, buf)
+    else:
+        simt.launch(kernel, grid, (threads,), buf, u, *bounds)
+
+
+def pack_simt(u: Any, box: Any, buf: Any, threads: int = THREADS) -> None:
+    """buf[:N] = u[box] in C order by the SIMT kernel (arguments checked as for :meth:`Kernels.pack`);
+    *threads* per block along a row."""
+    _simt_launch(0, "pack", u, box, buf, threads)
+
+
+def unpack_simt(buf: Any, u: Any, box: Any, threads: int = THREADS) -> None:
+    """u[box] = buf[:N] by the SIMT kernel (the inverse of :func:`pack_simt`)."""
+    _simt_launch(1, "unpack", u, box, buf, threads)
 
 
 #: Path name -> implementation (arguments already checked by :func:`check`).

@@ -178,6 +178,9 @@ def heat_compiled(u: np.ndarray, v: np.ndarray, c: np.generic, box: Box, residua
 # infinity's, so NaN wins), which lets a warp shuffle and one 64-bit atomicMax per warp
 # reduce it without a second kernel.
 
+#: The kernel templates CUDA_SOURCE defines (each compiled for float and double).
+CUDA_KERNELS = ("heat2d", "heat3d")
+
 CUDA_SOURCE = r"""
 template <typename T> __device__ __forceinline__ unsigned long long abs_bits(T x);
 template <> __device__ __forceinline__ unsigned long long abs_bits<double>(double x) {
@@ -272,7 +275,7 @@ def heat_cupy(u: Any, v: Any, c: np.generic, box: Box, residual: bool) -> float 
     else:
         name, strides = "heat3d", (np.int64(u.shape[1] * u.shape[2]), np.int64(u.shape[2]))
     bounds = [value for pair in zip(lows, counts) for value in pair]
-    kernel = gpu.function(cupy, CUDA_SOURCE, name, u.dtype, ("heat2d", "heat3d"))
+    kernel = gpu.function(cupy, CUDA_SOURCE, name, u.dtype, CUDA_KERNELS)
     kernel(gpu.row_grid(shape), (gpu.THREADS, 1, 1), (u, v, *strides, *bounds, c, two_d, result, flag))
     if not residual:
         return None

@@ -16,7 +16,8 @@ returned object without any ``if gpu:`` of its own::
 * ``cupy``: raw CUDA kernels on CuPy's current stream and device (choose the
   device first, e.g. with ``comm.bind_device()``); equal to the NumPy path up
   to rounding (FMA contraction). Needs CuPy and a GPU of compute capability
-  6.0 or newer.
+  6.0 or newer that the installed NVRTC still compiles for: 6.0 with CUDA 12,
+  7.5 with CUDA 13 (NVRTC 13 refuses compute_60; see kernels/gpu.py).
 
 Every method checks its arguments (array kind and dtype, contiguity, box
 against shape and ghost width, buffer size) and raises ``ValueError`` or
@@ -60,10 +61,27 @@ def _cupy_reason() -> str | None:
     if count == 0:
         return "CuPy is installed but no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
     capability = int(cupy.cuda.Device().compute_capability)
-    if capability < 60:
-        return (f"the current GPU has compute capability {capability // 10}.{capability % 10}; the CuPy kernels need "
-                f"6.0 or newer (double-precision atomicAdd)")
-    return None
+    try:
+        supported = list(cupy.cuda.nvrtc.getSupportedArchs())
+        nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    except Exception:  # an NVRTC too old to say: the kernels' own limit
+        supported, nvrtc = [], "of this CuPy"
+    return capability_reason(capability, supported, nvrtc)
+
+
+def capability_reason(capability: int, supported: list[int], nvrtc: str) -> str | None:
+    """Why a GPU of *capability* (10·major + minor) cannot run the CuPy kernels with an NVRTC that compiles for
+    *supported*, or None when it can."""
+    need = gpu.minimum_capability(supported)
+    if capability >= need:
+        return None
+    if capability < gpu.KERNEL_MINIMUM:
+        why, fix = "double-precision atomicAdd", "use a CPU path (kernels.select('compiled'))"
+    else:
+        why = f"the oldest architecture NVRTC {nvrtc} compiles for"
+        fix = "install CUDA 12's CuPy (pip install cupy-cuda12x), whose NVRTC still compiles for it, or use a CPU path"
+    return (f"the current GPU has compute capability {capability // 10}.{capability % 10}; the CuPy kernels need "
+            f"{need // 10}.{need % 10} or newer ({why}): {fix}")
 
 
 def available(path: str) -> tuple[bool, str]:

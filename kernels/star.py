@@ -139,6 +139,9 @@ def star_compiled(inp: np.ndarray, out: np.ndarray, r: int, box: Box) -> float:
 # One thread per cell, as in kernels/heat.py; the norm is summed per warp with shuffles
 # and added with one double atomicAdd per warp (compute capability >= 6.0).
 
+#: The kernel templates CUDA_SOURCE defines (each compiled for float and double).
+CUDA_KERNELS = ("star2d",)
+
 CUDA_SOURCE = r"""
 template <typename T>
 __global__ void star2d(const T* __restrict__ inp, T* __restrict__ out, long long nx,
@@ -177,7 +180,7 @@ def star_cupy(inp: Any, out: Any, r: int, box: Box) -> float:
     n0, n1 = box_shape(box)
     norm = cupy.zeros(1, dtype=cupy.float64)
     wp = cupy.asarray(weights(r, inp.dtype))
-    kernel = gpu.function(cupy, CUDA_SOURCE, "star2d", inp.dtype, ("star2d",))
+    kernel = gpu.function(cupy, CUDA_SOURCE, "star2d", inp.dtype, CUDA_KERNELS)
     kernel(gpu.row_grid((n0, n1)), (gpu.THREADS, 1, 1),
            (inp, out, np.int64(inp.shape[1]), np.int64(lo0), np.int64(n0), np.int64(lo1), np.int64(n1), np.int32(r),
             wp, norm))

@@ -815,3 +815,47 @@ def test_inplace_rooted_collective_in_markdown(tmp_path):
         assert re.fullmatch(r"\d+(\.\d+)?", cells["in-place Avg Latency(µs)"]), line  # a figure (its rounding untested)
         assert cells["#wrong"] == "0" and cells["in-place #wrong"] == "0" and cells["Validation"] == "Pass"
     assert "in-place Avg Latency(µs)" in out.read_text()
+
+
+class _DeviceArray(np.ndarray):
+    """Host memory standing in for a CuPy array: only the two copies the staged native rows make (get, set)."""
+
+    def get(self, out=None):
+        np.copyto(out, self)
+        return out
+
+    def set(self, arr):
+        np.copyto(self, arr)
+
+
+class _DeviceModule:
+    @staticmethod
+    def zeros(n, dtype):
+        return np.zeros(n, dtype).view(_DeviceArray)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_staged_native_rows_copy_out_call_mpi_on_host_and_copy_back(in_place):
+    """On an MPI that is not CUDA-aware, a collective's native row runs MPI on host copies of the device buffers
+    and writes the result back: the same result as the library's call on host buffers (rank- and index-dependent
+    data)."""
+    from mpi4py import MPI
+
+    from mpicomm.bench import measure
+
+    world = MPI.COMM_WORLD
+    p, rank = world.Get_size(), world.Get_rank()
+    spec = COLLECTIVES["allreduce"]
+    item = np.dtype(np.float64).itemsize
+    unit, nsend, nrecv, _ = measure.layout("allreduce", 40 * item, p, item)
+    device = measure._call_buffers(spec, _DeviceModule, np.dtype(np.float64), unit, nsend, nrecv, rank, p, "sum",
+                                   in_place)
+    assert isinstance(device.result, _DeviceArray)
+    staged = measure._staged_native(spec, world, device, np.dtype(np.float64), unit, nsend, nrecv, rank, p, "sum",
+                                    in_place)
+    host = measure._call_buffers(spec, np, np.dtype(np.float64), unit, nsend, nrecv, rank, p, "sum", in_place)
+    world.Allreduce(*host.args, op=MPI.SUM)
+    staged()
+    assert np.array_equal(np.asarray(device.result), host.result)
+    assert np.any(host.result != 0)

@@ -89,6 +89,7 @@ COMMANDS = [
     Command("python -m apps.pipeline", "apps.pipeline", ("train",)),
     Command("python -m apps.pipeline", "apps.pipeline", ("bench",)),
     Command("python -m kernels.bench", "kernels.bench"),
+    Command("python -m kernels.gpubench", "kernels.gpubench"),
     Command("python jobs/collect.py", "jobs/collect.py", positional=("runs/scaling-1",), default_out=True),
 ]
 BY_NAME = {c.name: c for c in COMMANDS}

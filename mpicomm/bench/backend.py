@@ -10,7 +10,10 @@ themselves write nothing but what MPI and mpicomm write.
 Nothing here starts MPI: :func:`problem` runs before ``MPI_Init``, on every
 rank alike, so a missing CuPy or GPU is one usage error, not a crash. Whether
 the MPI library takes device pointers is asked after MPI has started
-(:func:`mpi_problem`), because the native rows hand CuPy buffers to MPI.
+(:func:`mpi_problem`), because pingpong's native rows hand CuPy buffers to MPI;
+the collectives' native rows copy device buffers to host buffers and back
+around the library's call when it is not CUDA-aware (measure.py), so they run
+on any MPI, the PyPI MPICH included.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..cli import Progress, error_line, format_time
+from ..transport.buffers import cuda_aware
 from .backend import array_module, put, to_host
 from .metrics import (
     WINDOW,
@@ -285,6 +286,22 @@ def _call_buffers(spec: Collective, xp: Any, dtype: np.dtype, unit: int, nsend: 
     return _Call((send, MPI.IN_PLACE), send, send[rank * unit:(rank + 1) * unit])
 
 
+def _staged_native(spec: Collective, library: Any, call: _Call, dtype: np.dtype, unit: int, nsend: int, nrecv: int,
+                   rank: int, p: int, op: str, in_place: bool) -> Callable:
+    """Native MPI on device buffers when the library is not CUDA-aware: what a program does by hand without a
+    CUDA-aware MPI - copy the input to host buffers of the same layout, call the library on them, copy the result
+    back - timed as one call (mpicomm's own rows stage by themselves)."""
+    host = _call_buffers(spec, np, dtype, unit, nsend, nrecv, rank, p, op, in_place)
+    run = _bind(spec, library, host.args, None, op)
+
+    def staged() -> None:
+        call.input.get(out=host.input)  # device to host (waits for the current stream)
+        run()
+        call.result.set(host.result)  # host to device
+
+    return staged
+
+
 def _bound(spec: Collective, target: Any, send: Any, recv: Any, algorithm: str | None,
            op: str = "sum") -> Callable:
     """``target.<Method>(...)`` with this collective's arguments bound (and ``algorithm=`` for mpicomm)."""
@@ -455,6 +472,10 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     if xp is not np:
         comm.bind_device()
     names, notes = _resolve(spec, args.algorithms, comm)
+    staged = xp is not np and not cuda_aware()  # the native rows stage by hand (see _staged_native)
+    if staged:
+        notes.append("this MPI is not CUDA-aware: the native rows copy the device buffers to host buffers, call MPI "
+                     "on those and copy the result back; mpicomm's rows stage by themselves")
     pool_wanted = getattr(args, "pool", False)
     if pool_wanted and "shm" not in names:
         notes.append(f"--pool: {spec.name}'s 'shm' algorithm cannot run on this layout; no shm+pool row")
@@ -485,7 +506,9 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         warm = warmup_iterations(nbytes, iters, getattr(args, "warmup", None))
         out = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=False)
         send, recv = out.input, out.result
-        variants = [_Variant("native", None, send, recv, _bind(spec, library, out.args, None, op))]
+        native = (_staged_native(spec, library, out, dtype, unit, nsend, nrecv, rank, p, op, False) if staged
+                  else _bind(spec, library, out.args, None, op))
+        variants = [_Variant("native", None, send, recv, native)]
         variants += [_Variant(_label(n), n, send, recv, _bind(spec, comm, out.args, n, op)) for n in names]
         pool = None
         if use_pool:
@@ -501,7 +524,9 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
         inner: list[_Variant] = []
         if in_place:
             buf = _call_buffers(spec, xp, dtype, unit, nsend, nrecv, rank, p, op, in_place=True)
-            inner = [_Variant("native", None, buf.input, buf.result, _bind(spec, library, buf.args, None, op), True)]
+            native = (_staged_native(spec, library, buf, dtype, unit, nsend, nrecv, rank, p, op, True) if staged
+                      else _bind(spec, library, buf.args, None, op))
+            inner = [_Variant("native", None, buf.input, buf.result, native, True)]
             inner += [_Variant(_label(n), n, buf.input, buf.result, _bind(spec, comm, buf.args, n, op), True)
                       for n in names]
         chosen = {}

@@ -5,6 +5,11 @@ bit (``np.array_equal``), the CuPy path within a few units in the last place
 (CUDA contracts ``a + b*c`` into one FMA). The NumPy path itself is compared
 with plain Python loops over NumPy scalars (tests/kernels/loops.py), which
 follow the documented operation order one cell at a time.
+
+The SIMT kernels (kernels/simt.py) run on CuPy arrays where a GPU is visible
+and otherwise in numba's CUDA simulator on NumPy arrays: the ``simt`` fixture
+gives the array module, and chooses the simulator before numba.cuda is first
+imported.
 """
 
 from __future__ import annotations
@@ -17,6 +22,34 @@ from tests.conftest import cupy_or_skip
 
 DTYPES = [np.float64, np.float32]
 DTYPE_IDS = ["float64", "float32"]
+
+
+def simt_module():
+    """The SIMT kernels' array module: CuPy on a visible GPU, else NumPy with numba's CUDA simulator (skipped
+    without numba)."""
+    from kernels import simt
+    from mpicomm.device import visible_devices
+
+    if visible_devices() > 0 and not simt.simulated():
+        cupy = cupy_or_skip()
+        from mpicomm.device import bind
+        from mpicomm.launcher import from_environment
+
+        bind(from_environment().local_rank or 0)
+        xp = cupy
+    else:
+        simt.use_simulator()
+        xp = np
+    why = simt.reason()
+    if why is not None:
+        pytest.skip(f"the SIMT kernels cannot run here: {why}")
+    return xp
+
+
+@pytest.fixture
+def simt():
+    """The array module the SIMT kernels run on here (CuPy on a GPU, NumPy in the simulator)."""
+    return simt_module()
 
 
 def kernels_or_skip(path: str) -> kernels.Kernels:

@@ -94,3 +94,39 @@ def test_box_must_lie_inside_the_array(k):
         k.pack(u, ((0, 2), (5, 8)), k.xp.zeros(10))
     with pytest.raises(ValueError, match="axis 0"):
         k.unpack(k.xp.zeros(10), u, ((-1, 1), (0, 5)))
+
+
+SIMT_CASES = [(shape, w, name, send, recv) for shape, w in (((11, 9), 2), ((9, 10, 11), 1))
+              for name, send, recv in faces(shape, 3, w)]
+
+
+@pytest.mark.parametrize("shape, w, name, send, recv", SIMT_CASES,
+                         ids=[f"{'x'.join(map(str, c[0]))}-w{c[1]}-{c[2]}" for c in SIMT_CASES])
+def test_simt_pack_unpack_round_trip(simt, shape, w, name, send, recv):
+    """The SIMT kernels (numba's simulator here, CuPy on a GPU): blocks of 4 threads, so rows span blocks."""
+    from kernels import halo
+
+    u_host = field(shape, np.float32, seed=w)
+    n = int(np.prod([hi - lo for lo, hi in send]))
+    buf = simt.asarray(np.full(n + 3, -7, dtype=np.float32))
+    halo.pack_simt(simt.asarray(u_host), send, buf, threads=4)
+    got = host(buf)
+    assert np.array_equal(got[:n], u_host[index(send)].ravel())
+    assert np.all(got[n:] == -7)
+    target_host = field(shape, np.float32, seed=100 + w)
+    target = simt.asarray(target_host)
+    halo.unpack_simt(buf, target, recv, threads=4)
+    expected = target_host.copy()
+    expected[index(recv)] = u_host[index(send)]
+    assert np.array_equal(host(target), expected)
+
+
+def test_simt_checks_its_arguments_as_the_paths_do():
+    from kernels import halo
+
+    u = field((6, 7))
+    with pytest.raises(ValueError, match=r"buf holds 9 elements but box \(\(0, 2\), \(1, 6\)\) has 10 cells"):
+        halo.pack_simt(u, ((0, 2), (1, 6)), np.zeros(9))
+    with pytest.raises(ValueError, match="threads = 0"):
+        halo.unpack_simt(np.zeros(10), u, ((0, 2), (1, 6)), threads=0)
+    halo.pack_simt(u, ((2, 2), (0, 6)), np.zeros(0))  # an empty box: nothing launched

@@ -62,3 +62,17 @@ def test_a_numpy_path_refuses_gpu_style_and_foreign_arrays():
     k = kernels.select("numpy")
     with pytest.raises(TypeError, match="numpy path takes numpy.ndarray"):
         k.triad(np.zeros(3), np.zeros(3), (1.0, 2.0, 3.0), 1.0)
+
+
+def test_the_cupy_path_names_the_capability_it_needs():
+    from kernels.paths import capability_reason
+
+    cuda12, cuda13 = [50, 60, 70, 75, 80, 90], [75, 80, 90, 100]
+    assert capability_reason(90, cuda13, "13.0") is None and capability_reason(60, cuda12, "12.9") is None
+    assert capability_reason(52, cuda12, "12.9") == (
+        "the current GPU has compute capability 5.2; the CuPy kernels need 6.0 or newer (double-precision "
+        "atomicAdd): use a CPU path (kernels.select('compiled'))")
+    reason = capability_reason(70, cuda13, "13.0")
+    assert reason is not None and reason.startswith(
+        "the current GPU has compute capability 7.0; the CuPy kernels need 7.5 or newer (the oldest architecture "
+        "NVRTC 13.0 compiles for): install CUDA 12's CuPy")
