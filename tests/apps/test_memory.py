@@ -40,7 +40,7 @@ def test_a_run_that_cannot_fit_is_refused_on_every_rank_with_the_same_message():
     assert all(kind == "refused" for kind, _ in got), got
     assert len({message for _, message in got}) == 1, got
     message = got[0][1]
-    ranks = comm.Get_size()  # every rank of this job is on this machine
+    ranks = _on_node(comm)  # the node's memory is shared by its ranks
     budget = 22 * GiB // ranks
     best = budget // 1024
     assert message.startswith("--batch 1000000000000: needs about 931 TiB of memory per rank, but this machine has "
