@@ -224,7 +224,7 @@ def plot(runs: list[Run], path: str, kinds: list[str]) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Gather the JSON results of a scaling study (jobs/scaling.sbatch) into one Markdown table "
                     "per row kind and a plot of latency against ranks.",
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plot:
         if importlib.util.find_spec("matplotlib") is not None:
             picture = args.plot or os.path.join(where, "scaling.png")
-        elif args.plot:
-            p.error("--plot needs matplotlib, which is not installed: pip install matplotlib")
+        elif args.plot:  # pragma: no cover - the parser refuses --plot without matplotlib first
+            cli.require(p, "--plot", "matplotlib")
     try:
         runs = load(args.inputs)
     except ValueError as exc:
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--rows: {', '.join(unknown)} not in these results; they have: {', '.join(sorted(known))}")
     if not args.no_plot and picture is None:
-        print(f"{PROG}: no plot (matplotlib is not installed: pip install matplotlib)", file=sys.stderr)
+        print(f"{PROG}: no plot (matplotlib is not installed: pip install -e '.[plot]')", file=sys.stderr)
     text = tables(runs, kinds)
     if picture:
         text += f"\n![latency against ranks]({os.path.relpath(picture, os.path.dirname(os.path.abspath(out)))})\n"

@@ -271,8 +271,11 @@ def lookup(collective: str, name: str) -> Algorithm:
         return _TABLE[collective][name]
     except (KeyError, TypeError):
         names = algorithms(collective)  # an unknown collective raises here, naming the known ones
+        from .cli import did_you_mean
+
         raise ValueError(
-            f"unknown {collective} algorithm {name!r}; registered: {', '.join(names)} (or 'auto')"
+            f"unknown {collective} algorithm {name!r}{did_you_mean(str(name), names)}; registered: "
+            f"{', '.join(names)} (or 'auto')"
         ) from None
 
 

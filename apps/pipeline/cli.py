@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its ``schedule``, ``train`` and ``bench`` sub-commands."""
     from apps import options
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
                     "interleaved 1F1B and zero-bubble schedules as data, tensor and data parallelism "

@@ -114,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     from apps import options
     from apps.sgd.train import MODES
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Distributed SGD on mpicomm's collectives: data parallelism with overlapped bucketed all-reduce "
                     "(ddp), ZeRO stages 1-3, parameter servers (sync, async, bounded staleness).",

@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     from .halo import MODES
     from .problem import PROBLEMS
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Structured-grid stencil solver over a Cartesian communicator: halo exchange overlapped with "
         "compute, a global residual with mpicomm's allreduce, atomic checkpoints, and a check against the closed-form "

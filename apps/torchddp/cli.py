@@ -111,7 +111,7 @@ def _train_options(t: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its ``train`` and ``bench`` sub-commands (:func:`parse` checks the values)."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description=_wrap("PyTorch DistributedDataParallel on the mpicomm torch.distributed backend "
                           "(import mpicomm.torch; dist.init_process_group('mpicomm')), under mpiexec or srun."),
