@@ -480,10 +480,14 @@ def pyplot() -> Any:
 
 #: The extras of ``pip install -e '.[EXTRA]'`` that provide a module a command may need (the module's import name).
 EXTRAS = {"matplotlib": "plot", "numba": "compiled", "torch": "torch", "sklearn": "digits", "cupy": "cuda12"}
+#: The names users install them by, where the import name differs.
+_PACKAGES = {"sklearn": "scikit-learn", "cupy": "CuPy"}
 
 # A negative number argparse takes as a value, not an option: sizes too (-1M, -64KiB, -1e6), so that their type
 # refuses them with its rule instead of argparse saying "expected one argument".
 _NEGATIVE = re.compile(r"^-(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?([KMGTkmgt](i?[Bb])?|[Bb])?$")
+# reST markup of a docstring reused as a description (``code``, :func:`name`): plain text in --help.
+_REST = re.compile(r"``(.+?)``|:[a-z]+:`~?(.+?)`")
 # argparse's "argument --size: must ..." (a type's refusal) in the rule's form "--size must ...".
 _TYPE_RULE = re.compile(r"^argument (?:-[^\s/:]+/)*(-[^\s/:]+): (must|each) ")
 
@@ -495,6 +499,8 @@ class Parser(argparse.ArgumentParser):
     * a negative size (``--size -1M``) reaches its type, which states the rule;
     * a type's refusal reads like every other rule (``--size must be >= 1, got
       0``, not ``argument --size: must …``);
+    * ``--help`` is plain text: the reST markup of a docstring used as the
+      description is removed;
     * ``--plot FILE.png`` (any option whose metavar is ``FILE.png``) needs
       matplotlib: without it the command is refused before any work, naming the
       extra to install (:func:`require`);
@@ -515,6 +521,9 @@ class Parser(argparse.ArgumentParser):
 
             self.add_argument("--version", action="version", version=f"mpicomm {__version__}",
                               help="print the version of mpicomm and exit")
+
+    def format_help(self) -> str:
+        return _REST.sub(lambda m: m.group(1) or m.group(2), super().format_help())
 
     def add_subparsers(self, **kwargs: Any) -> Any:
         kwargs.setdefault("parser_class", _SubParser)
@@ -567,19 +576,34 @@ def require(parser: argparse.ArgumentParser, option: str, module: str, extra: st
         found = False
     if not found:
         extra = extra or EXTRAS.get(module.split(".")[0], module)
-        parser.error(f"{option} needs {module}, which is not installed: pip install -e '.[{extra}]'")
+        name = _PACKAGES.get(module, module)
+        parser.error(f"{option} needs {name}, which is not installed: pip install -e '.[{extra}]'")
 
 
 def refuse_unless(parser: argparse.ArgumentParser, args: argparse.Namespace, applies: bool, where: str,
                   *options: str) -> None:
-    """The usage error for an option given where it does nothing: each of *options* that differs from its default
-    is refused unless *applies* (``--staleness applies to --mode ps-async only; drop it``)."""
+    """Refuse each of *options* given where it does nothing (unless *applies*): an option the chosen mode ignores
+    is a usage error, never silently ignored.
+
+    *where* names the mode it belongs to, as the user writes it (``--mode
+    ps-async``): ``--staleness 5 applies to --mode ps-async only; drop it or use
+    --mode ps-async``. An option counts as given when its value differs from
+    its default.
+    """
     if applies:
         return
     for option in options:
-        dest = option.lstrip("-").replace("-", "_")
-        if getattr(args, dest, None) != parser.get_default(dest):
-            parser.error(f"{option} applies to {where} only; drop it")
+        action = parser._option_string_actions[option]
+        value = getattr(args, action.dest, None)
+        if value != action.default:
+            shown = option if action.nargs == 0 else f"{option} {_shown(value)}"
+            parser.error(f"{shown} applies to {where} only; drop it or use {where}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return _number(value) if isinstance(value, (int, float)) else str(value)
 
 
 def launched_ranks(environ: Any = None) -> tuple[int, int]:

@@ -57,8 +57,9 @@ W_ = "must be a whole number with an optional unit"
 @pytest.mark.parametrize("bad,message", [
     ("1.5", "must be a whole number, got '1.5', which is 1.5"),  # 1.5 bytes
     ("0.1K", "must be a whole number, got '0.1K', which is 102.4"),
-    ("0", "must be >= 1, got '0'"),
-    ("-1", W_),
+    ("0", "must be >= 1, got 0"),
+    ("-1M", "must be >= 1, got -1M"),  # a negative size meets the same rule
+    ("-1", "must be >= 1, got -1"),
     ("x", W_),
     ("", W_),
     ("64Q", W_),
@@ -79,7 +80,8 @@ def test_parse_size_refuses_stating_the_rule_and_the_value(bad, message):
     text = str(info.value)
     assert text.startswith("size ")  # names what it parsed
     assert message in text
-    assert text.endswith(f"got {bad!r}") or f"got {bad!r}," in text, "the message ends with the offending value"
+    assert text.endswith((f"got {bad!r}", f"got {bad}")) or f"got {bad!r}," in text, \
+        "the message ends with the offending value (a number as the user wrote it, other text quoted)"
     assert "not a size" not in text  # the rule, not a verdict
 
 
@@ -87,7 +89,7 @@ def test_parse_size_names_what_and_honours_the_minimum():
     with pytest.raises(ValueError, match=r"^--block must be a whole number with an optional unit .*, got 'x'$"):
         cli.parse_size("x", what="--block")
     assert cli.parse_size("0", minimum=0) == 0
-    with pytest.raises(ValueError, match="^size must be >= 8, got '4'$"):
+    with pytest.raises(ValueError, match="^size must be >= 8, got 4$"):
         cli.parse_size("4", minimum=8)
     # the accepted forms are listed, so the message says how to fix it
     with pytest.raises(ValueError, match="4096, 64K, 64KiB, 1M, 1.5G, 1e6"):
@@ -136,7 +138,7 @@ def test_parse_sizes_ranges_and_lists(text, expected):
     ("8:x", "sizes must be a whole number with an optional unit"),
     ("8,,16", "sizes must be a whole number with an optional unit"),
     ("8:16:32", "sizes must be a whole number with an optional unit"),
-    ("0:8", "sizes must be >= 1, got '0'"),
+    ("0:8", "sizes must be >= 1, got 0"),
     ("1.5,8", "sizes must be a whole number, got '1.5'"),
 ])
 def test_parse_sizes_refuses(bad, message):

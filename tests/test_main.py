@@ -270,7 +270,7 @@ def test_schedule_out_follows_the_out_rule(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--schedule", "allreduse", "ring", "-p", "4"], "unknown collective 'allreduse'; known: "),
     (["--schedule", "allreduce", "rong", "-p", "4"],
-     "unknown allreduce algorithm 'rong'; registered: hierarchical, naive, rabenseifner, recursive_doubling, ring"),
+     "unknown allreduce algorithm 'rong' (did you mean 'ring'?); registered: hierarchical, naive, rabenseifner, recursive_doubling, ring"),
     (["--schedule", "allreduce", "ring"], "--schedule needs -p P"),
     (["--schedule", "allreduce", "ring", "-p", "0"], "-p 0: must be >= 1"),
     (["--schedule", "allreduce", "ring", "-p", "2..4"], "takes one number of ranks"),

@@ -175,6 +175,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
         from apps import options
 
         options.check_checkpoint_options(own, args)
+        cli.refuse_unless(own, args, args.activations == "offload", "--activations offload", "--offload-window")
         try:
             config_from(args).check_values()
         except ConfigError as exc:

@@ -90,6 +90,8 @@ def parse(argv: list[str] | None):
     cli.at_least(p, args, 1, "--size", "--check-every")
     cli.at_least(p, args, 0, "--iters")
     options.check_checkpoint_options(p, args)
+    cli.refuse_unless(p, args, args.problem == "star", "--problem star", "--radius")
+    cli.refuse_unless(p, args, args.problem == "heat", "--problem heat", "--c")
     if args.tol < 0:
         p.error(f"--tol must be >= 0, got {args.tol:g}")
     if args.rank_dims is not None and len(args.rank_dims) != args.dims:

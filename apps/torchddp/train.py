@@ -16,7 +16,7 @@ one a single process makes on the whole batch with ``cross_entropy(..., "mean")`
 batches) and compares the parameters.
 
 Metrics: each rank sums its samples' losses and correct predictions; every
-``--log-every`` steps one small all-reduce turns them into the global batch's
+``--progress-every`` steps one small all-reduce turns them into the global batch's
 loss and accuracy for the progress line (rank 0, stderr). At the end the model
 is evaluated on a held-out stream of the same teacher.
 

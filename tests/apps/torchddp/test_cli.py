@@ -45,7 +45,7 @@ def _document(path) -> dict:
 @pytest.mark.parametrize("model", ["mlp", "transformer"])
 def test_train_check_passes_and_reports(model, tmp_path):
     js = tmp_path / "run.json"
-    args = ["train", "--steps", "12", "--batch", "15", "--check", "--log-every", "4", "--json", str(js)]
+    args = ["train", "--steps", "12", "--batch", "15", "--check", "--progress-every", "4", "--json", str(js)]
     args += TINY_TRANSFORMER if model == "transformer" else ["--model", "mlp", "--hidden", "64,64"]
     out = _run(args)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -215,7 +215,7 @@ def test_help_describes_every_option():
     for option in ("--model", "{mlp,transformer}", "--dist-backend", "{mpicomm,gloo}", "--steps", "--batch",
                    "GLOBAL batch", "--lr", "--bucket-mb", "--check", "--checkpoint-dir", "--checkpoint-every",
                    "--keep", "--restart", "--json",
-                   "--log-every", "--threads", "teacher"):
+                   "--progress-every", "--eval-samples", "--threads", "teacher"):
         assert option in train, option
     bench = help_of("bench")
     for option in ("--configs", "wide-mlp", "--repeat", "--steps", "--warmup", "--out", "--append", "--force",
