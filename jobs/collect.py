@@ -240,8 +240,8 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see the module docstring); returns the exit status."""
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], str, str | None, list[Any]]:
+    """The checked command line: the options, the rows asked for, the report, the picture and the runs read."""
     p = parser()
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.rows.split(",") if k.strip()]
@@ -254,11 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join(where, "scaling.md")
     cli.check_out(p, args, default=out)
     picture = None
-    if not args.no_plot:
-        if importlib.util.find_spec("matplotlib") is not None:
-            picture = args.plot or os.path.join(where, "scaling.png")
-        elif args.plot:  # pragma: no cover - the parser refuses --plot without matplotlib first
-            cli.require(p, "--plot", "matplotlib")
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:  # --plot without it: refused
+        picture = args.plot or os.path.join(where, "scaling.png")
     try:
         runs = load(args.inputs)
     except ValueError as exc:
@@ -267,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in kinds if k not in known]
     if unknown:
         p.error(f"--rows: {', '.join(unknown)} not in these results; they have: {', '.join(sorted(known))}")
+    return args, kinds, out, picture, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status."""
+    args, kinds, out, picture, runs = cli.parse_or_exit(_parse, argv)
     if not args.no_plot and picture is None:
         print(f"{PROG}: no plot (matplotlib is not installed: pip install -e '.[plot]')", file=sys.stderr)
     text = tables(runs, kinds)
