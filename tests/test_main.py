@@ -18,6 +18,7 @@ from mpicomm.cli import US
 from tests import mpirun
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])
@@ -34,6 +35,7 @@ def test_algorithms_lists_every_registered_algorithm_with_its_cost(capsys):
                 f"{collective}/{name} is missing from python -m mpicomm algorithms")
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_markdown_table_is_the_rows_the_documentation_shows(capsys):
     """``--markdown`` prints the table the documentation builds from :func:`algorithm_rows` (the registry's rows);
     the README no longer holds a copy, so there is no ``--readme`` updater."""

@@ -262,7 +262,7 @@ def run(argv: list[str] | None = None) -> int:
         return _train(comm, args, say)
     except (ValueError, CheckpointError, OSError) as exc:
         # The same settings give the same error on every rank (checkpoint directory, data and memory
-        # verdicts are agreed on by every rank first): each rank says it, all exit with status 2.
+        # verdicts are agreed on by every rank first): said once, every rank exits with status 2.
         options.exit_error(prog, str(exc), rank, comm.Get_size())
     return 0
 

@@ -157,7 +157,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         res = solve(comm, cfg, say)
     except (ValueError, CheckpointError) as exc:
-        # The same settings, hence the same error, on every rank: each says it, all exit.
+        # The same settings, hence the same error, on every rank: said once, every rank exits with status 2.
         options.exit_error(parser.prog, str(exc), rank, comm.Get_size())
     report(res, say)
     if args.plot:

@@ -109,6 +109,8 @@ def _train_options(t: argparse.ArgumentParser) -> None:
     cli.renamed(g, "--log-every", "--progress-every", "--log names a metrics file in apps.sgd and apps.pipeline")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     cli.add_json(g, "the settings and the run's report")
+    g.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="train loss and accuracy of each progress interval against step and wall time (rank 0)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -347,4 +349,9 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
         json_report.write_json(args.json, PROG, args.argv, p, {"config": config, "report": asdict(report)},
                                settings=settings, environment=settings, torch=torch.__version__)
         say(f"wrote {args.json}")
+    if args.plot and dist.get_rank() == 0:
+        from apps.sgd.plots import curves
+
+        curves({cfg.spec.kind: report.history}, args.plot, title=f"apps.torchddp train: {cfg.spec.describe()}")
+        say(f"wrote {args.plot}")
     return code

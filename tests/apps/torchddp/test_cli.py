@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -46,6 +47,8 @@ def _document(path) -> dict:
 def test_train_check_passes_and_reports(model, tmp_path):
     js = tmp_path / "run.json"
     args = ["train", "--steps", "12", "--batch", "15", "--check", "--progress-every", "4", "--json", str(js)]
+    if model == "mlp" and importlib.util.find_spec("matplotlib") is not None:
+        args += ["--plot", str(tmp_path / "curves.png")]
     args += TINY_TRANSFORMER if model == "transformer" else ["--model", "mlp", "--hidden", "64,64"]
     out = _run(args)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -62,6 +65,9 @@ def test_train_check_passes_and_reports(model, tmp_path):
     assert body["config"]["model"] == model and body["config"]["dtype"] == "float64"
     assert body["report"]["check"]["passed"] is True and body["report"]["digest"] == _digest(out.stdout)
     assert body["report"]["steps_per_s"] > 0 and 0 <= body["report"]["eval_accuracy"] <= 1
+    assert [row["step"] for row in body["report"]["history"]] == [4, 8, 12]  # one row per progress line
+    if "--plot" in args:
+        assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote " in out.stdout
 
 
 def test_gloo_and_mpicomm_train_the_same_model():
