@@ -641,7 +641,8 @@ def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
     exits with that rank's status - also the ranks whose own checks passed, for
     a check of a file can fail on one rank only. A rank never waits for a rank
     that cannot answer: every rank reaches the agreement, whatever its parsing
-    found. On one process the text is printed and the process exits.
+    found (an exception other than a usage error is status 1, with its
+    traceback). On one process the text is printed and the process exits.
     """
     import contextlib
     import io
@@ -653,6 +654,11 @@ def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
             result = parse(argv)
         except SystemExit as exc:
             code = _status(exc.code)
+        except Exception:  # noqa: BLE001 - a bug of the parsing: reported once, every rank exits 1, none waits
+            import traceback
+
+            code = 1
+            err.write(traceback.format_exc())
     rank, size = launched_ranks()
     codes = [code]
     if size > 1:

@@ -6,7 +6,8 @@ captured on each rank); the ranks' outputs go to rank 0 and back to the test.
 A case passes when the error line (``<prog>: error: …``, and the usage block
 for a usage error) appears exactly once over both ranks, no traceback appears,
 and both ranks exit with the expected status. An error that only one rank
-finds (the probe script below) is said by that rank alone and still ends both.
+finds (the probe script below) is said by that rank alone and still ends both;
+so does a bug in one rank's parsing (status 1 everywhere, its traceback once).
 A case that aborted the job (a rank exiting alone) ends the whole job, and the
 test with it. One command also runs as its own job, to count the lines the
 launcher itself prints.
@@ -41,6 +42,7 @@ class Case:
     code: int = 2
     usage: bool = True  #: a usage error: argparse's usage block comes with it (once)
     env: dict[str, str] = field(default_factory=dict)
+    crash: bool = False  #: not a usage error but a bug: its traceback, once
 
     @property
     def name(self) -> str:
@@ -56,10 +58,13 @@ _PROBE = textwrap.dedent('''
 
     def parse(argv):
         parser = cli.Parser(prog="probe")
-        parser.add_argument("--fail-on", type=int, required=True)
+        parser.add_argument("--fail-on", type=int)
+        parser.add_argument("--raise-on", type=int)
         args = parser.parse_args(argv)
         if args.fail_on == cli.launched_ranks()[0]:
             parser.error(f"only rank {args.fail_on} finds this")
+        if args.raise_on == cli.launched_ranks()[0]:
+            raise RuntimeError(f"a bug on rank {args.raise_on} only")
         return args
 
 
@@ -108,6 +113,7 @@ CASES = [
     # a check that fails on one rank only: that rank says it, both exit 2, no rank starts the work
     Case("PROBE", ("--fail-on", "1"), r"only rank 1 finds this$"),
     Case("PROBE", ("--fail-on", "0"), r"only rank 0 finds this$"),
+    Case("PROBE", ("--raise-on", "1"), r"RuntimeError: a bug on rank 1 only", code=1, crash=True),
 ]
 #: PyTorch's commands: importing PyTorch on 2 ranks takes seconds, so they run as a job of their own in the slower
 #: tier (python -m tests --slow).
@@ -168,6 +174,9 @@ def torch_outcomes(tmp_path_factory):
 def _check(ranks: list, case: Case) -> None:
     every = "".join(out + err for _, out, err in ranks)
     assert [code for code, _, _ in ranks] == [case.code] * RANKS, f"{case.name}: exit statuses {ranks}"
+    if case.crash:
+        assert every.count("Traceback") == 1 and re.search(case.says, every) and "the work started" not in every, every
+        return
     assert "Traceback" not in every and "aborting the job" not in every, every[-3000:]
     usages = [line for line in every.splitlines() if line.startswith("usage:")]
     if case.code == 0:
