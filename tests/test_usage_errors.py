@@ -86,6 +86,7 @@ CASES = [
     Case("apps.sgd", ("train", "--data", "teacher", "--data-file", "foo.npz"),
          r"--data-file foo.npz applies to --data file only"),
     Case("apps.sgd", ("train", "--mode", "ps-sync", "--no-overlap"), r"--no-overlap applies to --mode ddp"),
+    Case("apps.sgd", ("train", "--epochs", "3", "--steps", "10"), r"--steps sets the run's length alone; give one$"),
     Case("apps.pipeline", ("schedule", "--schedule", "gpipe", "--chunks", "2"),
          r"--chunks 2 applies to the interleaved schedule only"),
     Case("apps.pipeline", ("train", "--offload-window", "rma"), r"--offload-window rma applies to --activations offload"),

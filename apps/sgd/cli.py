@@ -207,6 +207,8 @@ def _check_pairs(own: argparse.ArgumentParser, args: argparse.Namespace) -> None
     cli.refuse_unless(own, args, args.data == "file", "--data file", "--data-file")
     cli.refuse_unless(own, args, args.data == "teacher", "--data teacher", "--samples", "--features")
     cli.refuse_unless(own, args, args.optimizer == "sgd", "--optimizer sgd", "--momentum")
+    if args.steps is not None and args.epochs != own.get_default("epochs"):
+        own.error(f"--epochs {args.epochs} and --steps {args.steps}: --steps sets the run's length alone; give one")
 
 
 def config_from(args: argparse.Namespace) -> Any:
