@@ -17,7 +17,7 @@ kept unless ``--force``); the checkpoint options are every application's
 (``--checkpoint-dir``, default ``checkpoints/mapreduce``), except that a job
 has one point to resume from, after the map phase, so ``--checkpoint-every`` is
 1 (checkpoint it) or 0 (never) and there is no ``--keep``. Arguments are
-checked before MPI starts: a usage error, ``<prog>: error: …`` and status 2.
+checked before the work starts: a usage error, ``<prog>: error: …`` and status 2, once per job.
 Inputs are checked collectively before any work: every rank prints what is
 wrong (``<prog>: error: rank r of N: …``) and the job exits with status 2
 instead of hanging. Progress goes to stderr from rank 0 (``[i/N]`` lines with
@@ -67,7 +67,7 @@ def _job_options(p: argparse.ArgumentParser, output: str) -> None:
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its four sub-commands (:func:`parse` checks the values)."""
     parser = cli.Parser(prog=PROG,
-                                     description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
+                        description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
     sub = parser.add_subparsers(dest="command", required=True)
     wc = sub.add_parser("wordcount", help="count words; print the most frequent",
                         description="Count words (Unicode-aware; see apps/mapreduce/wordcount.py for the policy).")
@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    """The checked command line; a usage error exits with status 2 (argparse's) before MPI starts."""
+    """The checked command line; a usage error exits with status 2 (argparse's) before the work starts."""
     top = parser()
     args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out

@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parsed and checked command line: usage errors exit with status 2 before MPI starts."""
+    """The parsed and checked command line: usage errors exit with status 2 before the work starts."""
     from apps.pipeline.config import ConfigError
     from apps.pipeline.schedules import ScheduleError, check_shape
 

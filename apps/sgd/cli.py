@@ -6,7 +6,7 @@ The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: sizes as 4096,
 benchmark's Markdown report only (an existing one is kept unless ``--append`` or
 ``--force``); ``--plot FILE.png`` draws; the checkpoint options are every
 application's (``--checkpoint-dir``, default ``checkpoints/sgd``). Settings are
-checked before MPI starts; what depends on the ranks (the batch against the
+checked before the work starts; what depends on the ranks (the batch against the
 workers, the data, memory) once it has, with the same verdict on every rank.
 """
 
@@ -160,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parsed and checked command line; usage errors exit with status 2 before MPI starts."""
+    """The parsed and checked command line; usage errors exit with status 2 before the work starts."""
     top = parser()
     args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out

@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None):
-    """The parser and the checked options; usage errors exit with status 2 (argparse's) before MPI starts."""
+    """The parser and the checked options; usage errors exit with status 2 (argparse's) before the work starts."""
     from apps import options
     from kernels import available
 

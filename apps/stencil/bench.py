@@ -94,8 +94,8 @@ def parser() -> argparse.ArgumentParser:
     from kernels import PATHS
 
     parser = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
-                                            "--out STENCIL.md --json stencil.json")
+                        epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
+                               "--out STENCIL.md --json stencil.json")
     parser.add_argument("--ranks", type=_ranks, default=[1, 2], metavar="N[,N…]",
                         help="rank counts, comma-separated; the first is the baseline (default: 1,2)")
     parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")

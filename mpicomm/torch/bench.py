@@ -237,8 +237,8 @@ def _method(args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.torch.bench "
-                                            "--sizes 8:16M --out torch-allreduce.md")
+                        epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.torch.bench "
+                               "--sizes 8:16M --out torch-allreduce.md")
     parser.add_argument("--sizes", type=cli.sizes_arg, default=cli.parse_sizes("8:16M"),
                         help="message sizes in bytes: LOW:HIGH (doubling) or a list (default: 8:16M)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
