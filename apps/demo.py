@@ -47,7 +47,7 @@ def _count(text: str) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="A tour of mpicomm: topology, push, pull, barriers and collectives, each checked.",
         epilog=f"example: {USAGE_EXAMPLE} --count 64K --iters 50 --json demo.json",
@@ -199,7 +199,7 @@ class Report:
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args = cli.parse_or_exit(parse, argv)
     xp = importlib.import_module(args.backend)
     from mpi4py import MPI
 

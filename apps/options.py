@@ -9,9 +9,10 @@
   (:func:`hidden_width` where they are all alike, as in the pipeline's blocks).
 * ``--backend numpy|cupy``: the array module (:data:`BACKENDS`).
 * Errors (:func:`parse_or_exit`, :func:`exit_error`): usage errors are
-  argparse's (``<prog>: error: …``, status 2) on every rank before MPI starts;
-  an error found once the run has started reads the same
-  (:func:`mpicomm.cli.error_line`), and every rank exits with status 2 together.
+  argparse's (``<prog>: error: …``, status 2), printed once per job by the
+  lowest rank that found one, before the work starts; an error found once the
+  run has started reads the same (:func:`mpicomm.cli.error_line`), printed once,
+  and every rank exits with status 2 together.
 
 The rest of the conventions (sizes, ``--json``, ``--out``, ``--repeat``) are
 :mod:`mpicomm.cli`'s, shared with the library's own commands.
@@ -114,25 +115,16 @@ def hidden_width(text: str) -> int:
 
 
 def parse_or_exit(parse: Callable[[list[str] | None], T], argv: list[str] | None) -> T:
-    """``parse(argv)``; a usage error (argparse's SystemExit) makes every rank of the job exit together.
-
-    argparse has already printed ``<prog>: error: …``; without MPI (one
-    process) it is an ordinary exit.
-    """
-    try:
-        return parse(argv)
-    except SystemExit as exc:
-        if exc.code:
-            from mpicomm.runtime import exit_together
-
-            exit_together(exc.code if isinstance(exc.code, int) else 2)
-        raise
+    """``parse(argv)``; a usage error is printed once per job and every rank exits with its status
+    (:func:`mpicomm.cli.parse_or_exit`)."""
+    result: T = cli.parse_or_exit(parse, argv)
+    return result
 
 
 def exit_error(prog: str, message: str, rank: int = 0, size: int = 1) -> NoReturn:
-    """Print ``<prog>: error: …`` (naming the rank when there are several) and exit with status 2, every rank
-    together: for the errors every rank finds alike (see :mod:`apps.agree`)."""
+    """Print ``<prog>: error: …`` once per job and exit with status 2, every rank together: for the errors every
+    rank finds alike (see :mod:`apps.agree`). A rank whose peers never arrive names itself in the line."""
     from mpicomm.runtime import exit_together
 
-    exit_together(2, cli.error_line(prog, message, rank, size))
+    exit_together(2, cli.error_line(prog, message), alone=cli.error_line(prog, message, rank, size))
     raise AssertionError("exit_together returned")  # pragma: no cover - it exits

@@ -224,7 +224,7 @@ def plot(runs: list[Run], path: str, kinds: list[str]) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Gather the JSON results of a scaling study (jobs/scaling.sbatch) into one Markdown table "
                     "per row kind and a plot of latency against ranks.",
@@ -240,8 +240,8 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see the module docstring); returns the exit status."""
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], str, str | None, list[Any]]:
+    """The checked command line: the options, the rows asked for, the report, the picture and the runs read."""
     p = parser()
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.rows.split(",") if k.strip()]
@@ -254,11 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join(where, "scaling.md")
     cli.check_out(p, args, default=out)
     picture = None
-    if not args.no_plot:
-        if importlib.util.find_spec("matplotlib") is not None:
-            picture = args.plot or os.path.join(where, "scaling.png")
-        elif args.plot:
-            p.error("--plot needs matplotlib, which is not installed: pip install matplotlib")
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:  # --plot without it: refused
+        picture = args.plot or os.path.join(where, "scaling.png")
     try:
         runs = load(args.inputs)
     except ValueError as exc:
@@ -267,8 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in kinds if k not in known]
     if unknown:
         p.error(f"--rows: {', '.join(unknown)} not in these results; they have: {', '.join(sorted(known))}")
+    return args, kinds, out, picture, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring); returns the exit status."""
+    args, kinds, out, picture, runs = cli.parse_or_exit(_parse, argv)
     if not args.no_plot and picture is None:
-        print(f"{PROG}: no plot (matplotlib is not installed: pip install matplotlib)", file=sys.stderr)
+        print(f"{PROG}: no plot (matplotlib is not installed: pip install -e '.[plot]')", file=sys.stderr)
     text = tables(runs, kinds)
     if picture:
         text += f"\n![latency against ranks]({os.path.relpath(picture, os.path.dirname(os.path.abspath(out)))})\n"

@@ -211,7 +211,7 @@ def _machine(paths: list[str]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog="python -m kernels.bench",
         description="Heat/Jacobi sweep rate of each kernel path next to a STREAM triad measured in the same run, "
                     "and the fraction of the memory bound it reaches (24 bytes per cell and 32 per triad element "
@@ -265,9 +265,8 @@ def _requested_paths(parser: argparse.ArgumentParser, text: str) -> list[str]:
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse the command line, measure, print the table; write --out / --json."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[int]]:
+    """The checked command line: the options, the paths and the dimensions to measure."""
     p = parser()
     args = p.parse_args(argv)
     paths = _requested_paths(p, args.paths)
@@ -279,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--dims must be 2, 3 or 2,3; got {args.dims!r}")
     cli.at_least(p, args, 1, "--iters", "--repeat")
     cli.check_out(p, args)
+    return args, paths, dims
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, measure, print the table; write --out / --json."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, paths, dims = cli.parse_or_exit(_parse, argv)
 
     rows = []
     progress = cli.Progress(len(paths) * len(dims) * args.repeat, "kernels.bench", show=not args.quiet)

@@ -70,6 +70,7 @@ import re
 import socket
 import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -636,12 +637,6 @@ def cleanup(dry_run: bool = False, directory: str | None = None, json_path: str 
 COMMANDS = {"info": info, "algorithms": algorithms, "cleanup": cleanup, "verify": verify}
 
 
-def _version() -> str:
-    import mpicomm
-
-    return mpicomm.__version__
-
-
 #: Options of one mode only: (option, attribute, where it goes) - a usage error anywhere else.
 _SCHEDULE_ONLY = (("--count", "count"), ("--counts", "counts"), ("--rank", "rank"), ("--root", "root"),
                   ("--nodes", "nodes"), ("--dtype", "dtype"), ("--plot", "plot"))
@@ -737,8 +732,13 @@ def _schedule_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"mpicomm {_version()}")
+    work = cli.parse_or_exit(_parse, argv)
+    return int(work())
+
+
+def _parse(argv: list[str] | None) -> Callable[[], int]:
+    """The checked command line, as the work it asks for (usage errors exit with status 2 before any work)."""
+    parser = cli.Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS),
                         help="info: the MPI library, GPUs and rank layout; algorithms: every algorithm and its cost "
                              "(--explain: why auto picks one; --schedule: what one does on every rank); verify: "
@@ -841,17 +841,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.timeout is not None and args.timeout <= 0:
             parser.error(f"--timeout {args.timeout:g}: must be > 0 seconds")
-        return verify(collective, algorithm, ps, quick=args.quick, modules=args.module, timeout=args.timeout,
+        return lambda: verify(collective, algorithm, ps, quick=args.quick, modules=args.module, timeout=args.timeout,
                       json_path=args.json, out=args.out, append=args.append, argv=argv)
     if schedule_mode:
-        return schedule(**_schedule_args(parser, args), json_path=args.json, plot=args.plot, out=args.out,
+        return lambda: schedule(**_schedule_args(parser, args), json_path=args.json, plot=args.plot, out=args.out,
                         append=args.append, argv=argv)
     if (args.dry_run or args.dir) and args.command != "cleanup":
         parser.error("--dry-run and --dir go with the cleanup command: python -m mpicomm cleanup --dry-run")
     if args.command == "cleanup":
         if args.markdown or args.explain or args.ranks is not None:
             parser.error("cleanup takes --dry-run, --dir and --json only")
-        return cleanup(args.dry_run, args.dir, args.json, argv)
+        return lambda: cleanup(args.dry_run, args.dir, args.json, argv)
     if args.ranks is not None and args.ranks < 1:
         parser.error(f"--ranks {args.ranks}: must be >= 1")
     if (args.explain or args.ranks is not None) and args.command != "algorithms":
@@ -867,10 +867,10 @@ def main(argv: list[str] | None = None) -> int:
             size = cli.parse_size(text, f"--explain {collective} SIZE")
         except ValueError as exc:
             parser.error(str(exc))
-        return explain(collective, size, args.ranks, args.json, argv)
+        return lambda: explain(collective, size, args.ranks, args.json, argv)
     if args.command == "algorithms":
-        return algorithms(args.markdown, args.json, argv)
-    return info(args.json, argv)
+        return lambda: algorithms(args.markdown, args.json, argv)
+    return lambda: info(args.json, argv)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,18 @@ and write alike:
   (:func:`add_repeat`), ``--iters N`` counts timed iterations per size and
   ``--warmup N`` untimed ones before them; an option that was renamed is a usage
   error naming the new one (:func:`renamed`), never a hidden alias;
+- parsers: every command's parser is a :class:`Parser` (``--version``; a
+  negative size such as ``-1M`` is a value its type refuses, not an unknown
+  option; a type's rule reads ``--size must be >= 1, got 0``);
 - errors: usage errors go through ``parser.error`` (``<prog>: error: <message>``,
   exit status 2) and state the rule and the value (:func:`at_least`:
-  ``--repeat must be >= 1, got 0``); errors found once the work has started
-  read the same (:func:`error_line`), naming the rank only when there are
-  several.
+  ``--repeat must be >= 1, got 0``); :func:`parse_or_exit` runs a command's
+  parsing and checks so that, under ``mpiexec``, the lowest rank that found a
+  usage error prints it and every rank exits with its status (the ranks agree
+  first: a check of a file may fail on one rank only); errors found once the
+  work has started read the same (:func:`error_line`), printed once per job
+  where every rank finds them alike; an optional dependency missing for an
+  option is a usage error naming the extra to install (:func:`require`).
 
 Nothing here starts MPI: the MPI library's version is read only when a JSON
 document is written, after the command has started MPI itself.
@@ -58,7 +65,8 @@ from .config import describe_cpu
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "US", "parse_size", "size_arg", "parse_sizes", "sizes_arg",
            "format_size", "format_time", "Progress", "add_json", "add_out", "add_output", "check_out", "write_out",
            "markdown_table", "add_repeat", "renamed", "at_least", "subparser", "error_line", "command_line", "versions",
-           "document", "write_json", "pyplot", "run_main"]
+           "document", "write_json", "pyplot", "run_main", "Parser", "parse_or_exit", "launched_ranks", "require",
+           "EXTRAS", "refuse_unless", "did_you_mean"]
 
 #: The ``schema`` field of every ``--json`` document, and its version (raised when a field changes meaning).
 SCHEMA = "mpicomm-results"
@@ -68,7 +76,7 @@ SCHEMA_VERSION = 1
 US = "µs"
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+]?\d+))?\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(-?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+]?\d+))?\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 
 
 _FORMS = ("a whole number with an optional unit K, M, G or T (powers of 1024; KiB, MiB... also "
@@ -85,7 +93,7 @@ def parse_size(text: str | int, what: str = "size", minimum: int = 1) -> int:
     K, M, G, T (with or without ``iB``/``B``) are powers of 1024; ``1e6`` is
     10⁶. The result must be a whole number ≥ *minimum*; anything else raises
     ValueError stating the rule, naming *what* and the value
-    (``--size must be >= 1, got '0'``).
+    (``--size must be >= 1, got 0``; a negative size gets the same rule).
     """
     lead = _lead(what)
     if isinstance(text, bool) or not isinstance(text, (int, str)):
@@ -94,10 +102,11 @@ def parse_size(text: str | int, what: str = "size", minimum: int = 1) -> int:
         value = text
     else:
         m = _SIZE.match(text)
-        if not m or (m.group(2) and m.group(3)):
+        if not m or (m.group(3) and m.group(4)):
             raise ValueError(f"{lead}must be {_FORMS}, got {text!r}")
         try:
-            exact = float(m.group(1)) * 10.0 ** int(m.group(2) or 0) * _UNITS[m.group(3).upper()]
+            sign = -1.0 if m.group(1) else 1.0
+            exact = sign * float(m.group(2)) * 10.0 ** int(m.group(3) or 0) * _UNITS[m.group(4).upper()]
             if not math.isfinite(exact):
                 raise OverflowError
             value = int(exact)
@@ -106,13 +115,13 @@ def parse_size(text: str | int, what: str = "size", minimum: int = 1) -> int:
         if value != exact:
             raise ValueError(f"{lead}must be a whole number, got {text!r}, which is {exact:g}")
     if value < minimum:
-        raise ValueError(f"{lead}must be >= {minimum}, got {text!r}")
+        raise ValueError(f"{lead}must be >= {minimum}, got {str(text).strip()}")  # the rule's form: got 0, got -1M
     return value
 
 
 def size_arg(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=`` (its message becomes the usage error: ``argument --size: must
-    be >= 1, got '0'``)."""
+    """:func:`parse_size` as an argparse ``type=`` (its message becomes the usage error; a :class:`Parser` writes it
+    ``--size must be >= 1, got 0``)."""
     try:
         return parse_size(text, what="")
     except ValueError as exc:
@@ -465,3 +474,209 @@ def pyplot() -> Any:
     except ImportError:
         raise ValueError("plots need matplotlib: pip install -e '.[plot]'") from None
     return plt
+
+
+# ---------------------------------------------------------------- one parser, one error path for every command
+
+#: The extras of ``pip install -e '.[EXTRA]'`` that provide a module a command may need (the module's import name).
+EXTRAS = {"matplotlib": "plot", "numba": "compiled", "torch": "torch", "sklearn": "digits", "cupy": "cuda12"}
+#: The names users install them by, where the import name differs.
+_PACKAGES = {"sklearn": "scikit-learn", "cupy": "CuPy"}
+
+# A negative number argparse takes as a value, not an option: sizes too (-1M, -64KiB, -1e6), so that their type
+# refuses them with its rule instead of argparse saying "expected one argument".
+_NEGATIVE = re.compile(r"^-(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?([KMGTkmgt](i?[Bb])?|[Bb])?$")
+# reST markup of a docstring reused as a description (``code``, :func:`name`): plain text in --help.
+_REST = re.compile(r"``(.+?)``|:[a-z]+:`~?(.+?)`")
+# argparse's "argument --size: must ..." (a type's refusal) in the rule's form "--size must ...".
+_TYPE_RULE = re.compile(r"^argument (?:-[^\s/:]+/)*(-[^\s/:]+): (must|each) ")
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of every command: argparse's, in the dialect of this module.
+
+    * ``--version`` on every command (``mpicomm <version>``);
+    * a negative size (``--size -1M``) reaches its type, which states the rule;
+    * a type's refusal reads like every other rule (``--size must be >= 1, got
+      0``, not ``argument --size: must …``);
+    * ``--help`` is plain text: the reST markup of a docstring used as the
+      description is removed;
+    * ``--plot FILE.png`` (any option whose metavar is ``FILE.png``) needs
+      matplotlib: without it the command is refused before any work, naming the
+      extra to install (:func:`require`);
+    * the ``MPICOMM_*`` settings are checked with the options (what a ``Comm``
+      would refuse later, with a traceback on every rank, is a usage error
+      here: ``MPICOMM_ALLREDUCE_ALGORITHM='rign' is not an algorithm of
+      allreduce (did you mean 'ring'?)``).
+
+    Its sub-commands' parsers are Parsers too (without their own ``--version``).
+    """
+
+    def __init__(self, *args: Any, version: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE
+        self._top = version
+        if version and self.add_help:
+            from . import __version__
+
+            self.add_argument("--version", action="version", version=f"mpicomm {__version__}",
+                              help="print the version of mpicomm and exit")
+
+    def format_help(self) -> str:
+        return _REST.sub(lambda m: m.group(1) or m.group(2), super().format_help())
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", _SubParser)
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if action.metavar == "FILE.png" and getattr(parsed, action.dest, None):
+                require(self, action.option_strings[-1], "matplotlib")
+        if self._top and any(name.startswith("MPICOMM_") for name in os.environ):
+            from . import config, registry
+            from .catalogue import COLLECTIVES
+
+            found = config.problems(COLLECTIVES, registry.algorithms, registry.import_modules, writes_trace=False)
+            if found:
+                self.error("; ".join(found))
+        return parsed, extras
+
+    def error(self, message: str) -> Any:
+        super().error(_TYPE_RULE.sub(r"\1 \2 ", message))
+
+
+class _SubParser(Parser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, version=False, **kwargs)
+
+
+def did_you_mean(value: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'ring'?)`` for a misspelt *value* close to one of *choices*, else ``""``: every message
+    that refuses a name (an algorithm, a collective) offers the same hint."""
+    import difflib
+
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def require(parser: argparse.ArgumentParser, option: str, module: str, extra: str | None = None) -> None:
+    """The usage error for *option* when *module* is not installed, naming the extra that provides it.
+
+    ``--plot needs matplotlib, which is not installed: pip install -e '.[plot]'``.
+    One rule for every optional dependency: checked while the command line is
+    checked, before any work (or MPI) starts, exit status 2.
+    """
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        extra = extra or EXTRAS.get(module.split(".")[0], module)
+        name = _PACKAGES.get(module, module)
+        parser.error(f"{option} needs {name}, which is not installed: pip install -e '.[{extra}]'")
+
+
+def refuse_unless(parser: argparse.ArgumentParser, args: argparse.Namespace, applies: bool, where: str,
+                  *options: str) -> None:
+    """Refuse each of *options* given where it does nothing (unless *applies*): an option the chosen mode ignores
+    is a usage error, never silently ignored.
+
+    *where* names the mode it belongs to, as the user writes it (``--mode
+    ps-async``): ``--staleness 5 applies to --mode ps-async only; drop it or use
+    --mode ps-async``. An option counts as given when its value differs from
+    its default.
+    """
+    if applies:
+        return
+    for option in options:
+        action = parser._option_string_actions[option]
+        value = getattr(args, action.dest, None)
+        if value != action.default:
+            shown = option if action.nargs == 0 else f"{option} {_shown(value)}"
+            parser.error(f"{shown} applies to {where} only; drop it or use {where}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return _number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def launched_ranks(environ: Any = None) -> tuple[int, int]:
+    """(rank, size) of this process as its launcher (``mpiexec``, ``srun --mpi``) says, before MPI starts.
+
+    Only a launcher's own per-rank variables count: inside a Slurm job's batch
+    script, ``SLURM_NTASKS`` describes the allocation, not this process.
+    """
+    env = os.environ if environ is None else environ
+    for size_var, rank_var in (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
+        try:
+            size = int(env.get(size_var, ""))
+        except ValueError:
+            continue
+        try:
+            return int(env.get(rank_var, "0")), size
+        except ValueError:
+            return 0, size
+    return 0, 1
+
+
+def _status(code: Any) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
+    """``parse(argv)``, a command's whole parsing and checking; on a usage error (or ``--help``) every rank exits
+    together with the same status, and the text is printed once per job.
+
+    What *parse* prints is held back. Under a launcher with several ranks the
+    ranks first agree (one ``allgather`` over ``COMM_WORLD``, which starts MPI):
+    the lowest rank whose parsing ended prints what it printed, and every rank
+    exits with that rank's status - also the ranks whose own checks passed, for
+    a check of a file can fail on one rank only. A rank never waits for a rank
+    that cannot answer: every rank reaches the agreement, whatever its parsing
+    found (an exception other than a usage error is status 1, with its
+    traceback). On one process the text is printed and the process exits.
+    """
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | None = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            result = parse(argv)
+        except SystemExit as exc:
+            code = _status(exc.code)
+        except Exception:  # noqa: BLE001 - a bug of the parsing: reported once, every rank exits 1, none waits
+            import traceback
+
+            code = 1
+            err.write(traceback.format_exc())
+    rank, size = launched_ranks()
+    codes = [code]
+    if size > 1:
+        from mpi4py import MPI
+
+        codes = MPI.COMM_WORLD.allgather(code)
+        rank = MPI.COMM_WORLD.Get_rank()
+    first = next((r for r, c in enumerate(codes) if c is not None), None)
+    if first is None or first == rank:
+        sys.stdout.write(out.getvalue())
+        sys.stderr.write(err.getvalue())
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if first is None:
+        return result
+    status = int(codes[first] or 0)
+    if size > 1:
+        from .runtime import exit_agreed
+
+        exit_agreed(status)
+    raise SystemExit(status)

@@ -271,8 +271,12 @@ def lookup(collective: str, name: str) -> Algorithm:
         return _TABLE[collective][name]
     except (KeyError, TypeError):
         names = algorithms(collective)  # an unknown collective raises here, naming the known ones
+        import difflib
+
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""  # the hint of MPICOMM_<COLLECTIVE>_ALGORITHM's
         raise ValueError(
-            f"unknown {collective} algorithm {name!r}; registered: {', '.join(names)} (or 'auto')"
+            f"unknown {collective} algorithm {name!r}{hint}; registered: {', '.join(names)} (or 'auto')"
         ) from None
 
 

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["main", "abort", "exit_together", "handle_interrupts"]
+__all__ = ["main", "abort", "exit_together", "exit_agreed", "handle_interrupts"]
 
 #: The exit status of a job ended by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
@@ -160,27 +160,47 @@ def _watch(read_fd: int) -> None:
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
-def exit_together(code: int, message: str = "", wait: float = 10.0) -> None:
+def exit_together(code: int, message: str = "", wait: float = 10.0, alone: str | None = None) -> None:
     """Print *message* and exit with *code* once every rank has arrived here too (or after *wait* seconds).
 
     For errors every rank finds on its own (bad arguments, a grid too small for
-    the rank grid): each rank says it, and no rank's exit tears the job down
-    before a slower rank has said it too. A rank that never arrives costs at
-    most *wait* seconds, never a hang.
+    the rank grid): no rank's exit tears the job down before a slower rank has
+    arrived. With *alone* (an error every rank finds alike, in the same words)
+    rank 0 alone prints *message*, once all have arrived; a rank that waited in
+    vain prints *alone* (the message naming its rank). A rank that never arrives costs at most
+    *wait* seconds, never a hang.
     """
-    if message:
-        sys.stderr.write(message if message.endswith("\n") else message + "\n")
-        sys.stderr.flush()
     from mpi4py import MPI
 
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+    several = MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1
+    once = alone is not None
+    if message and not (once and several):
+        _say(message)
+    if several:
         request = MPI.COMM_WORLD.Ibarrier()
         deadline = time.monotonic() + wait
         while not (done := request.Test()) and time.monotonic() < deadline:
             time.sleep(0.005)
+        if message and once:
+            if not done:
+                _say(alone or message)
+            elif MPI.COMM_WORLD.Get_rank() == 0:
+                _say(message)
         if done:
             _agreed.append(code)  # every rank exits the same way: main() need not abort the job
     sys.exit(code)
+
+
+def exit_agreed(code: int) -> None:
+    """Exit with *code*, a status every rank has agreed on and exits with (:func:`mpicomm.cli.parse_or_exit`):
+    :func:`main` lets the job end by itself instead of aborting it."""
+    _agreed.append(code)
+    sys.exit(code)
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(message if message.endswith("\n") else message + "\n")
+    sys.stderr.flush()
 
 
 _agreed: list[int] = []

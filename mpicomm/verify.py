@@ -623,9 +623,10 @@ def _skip_label(case: Case, reason: str) -> str:
     return reason
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``mpiexec -n P python -m mpicomm.verify COLLECTIVE ALGORITHM [--quick] [--module M] [--report FILE]``."""
-    parser = argparse.ArgumentParser(
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The checked command line: an unknown collective or algorithm (or a module that does not import) is a usage
+    error, printed once per job."""
+    parser = cli.Parser(
         prog="python -m mpicomm.verify",
         description="One MPI job of python -m mpicomm verify: every case of one algorithm against the MPI "
                     "library's own collective, on the ranks mpiexec started (run it under mpiexec; "
@@ -640,10 +641,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from . import registry
 
-    if args.module:
-        registry.import_modules(args.module, "--module")
-    registry.lookup(args.collective, args.algorithm)  # an unknown name fails on every rank alike, before MPI
+    try:
+        if args.module:
+            registry.import_modules(args.module, "--module")
+        registry.lookup(args.collective, args.algorithm)  # an unknown name fails on every rank alike
+    except (ImportError, ValueError) as exc:
+        parser.error(str(exc))
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``mpiexec -n P python -m mpicomm.verify COLLECTIVE ALGORITHM [--quick] [--module M] [--report FILE]``."""
+    args = cli.parse_or_exit(_parse, argv)
     import mpicomm
 
     comm = mpicomm.Comm()

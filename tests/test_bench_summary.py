@@ -63,6 +63,7 @@ def test_several_rank_counts_make_several_sections_and_bad_files_are_named(tmp_p
         summary.summarize([str(tmp_path / "bad.json")])
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_the_command_refuses_to_replace_a_file_without_force(tmp_path, capsys):
     a = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "x")])
     out = tmp_path / "targets.md"
@@ -101,6 +102,7 @@ def test_the_command_appends_with_append(tmp_path):
     assert text.startswith("earlier\n") and "### p = 2" in text
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_a_file_that_is_not_a_benchmarks_is_a_usage_error(tmp_path, capsys):
     good = _write(tmp_path, "a.json", 2, [_row("bcast", MiB, "native", 10.0), _row("bcast", MiB, "auto", 9.0, "x")])
     (tmp_path / "bad.json").write_text("[1, 2]")

@@ -57,8 +57,9 @@ W_ = "must be a whole number with an optional unit"
 @pytest.mark.parametrize("bad,message", [
     ("1.5", "must be a whole number, got '1.5', which is 1.5"),  # 1.5 bytes
     ("0.1K", "must be a whole number, got '0.1K', which is 102.4"),
-    ("0", "must be >= 1, got '0'"),
-    ("-1", W_),
+    ("0", "must be >= 1, got 0"),
+    ("-1M", "must be >= 1, got -1M"),  # a negative size meets the same rule
+    ("-1", "must be >= 1, got -1"),
     ("x", W_),
     ("", W_),
     ("64Q", W_),
@@ -79,7 +80,8 @@ def test_parse_size_refuses_stating_the_rule_and_the_value(bad, message):
     text = str(info.value)
     assert text.startswith("size ")  # names what it parsed
     assert message in text
-    assert text.endswith(f"got {bad!r}") or f"got {bad!r}," in text, "the message ends with the offending value"
+    assert text.endswith((f"got {bad!r}", f"got {bad}")) or f"got {bad!r}," in text, \
+        "the message ends with the offending value (a number as the user wrote it, other text quoted)"
     assert "not a size" not in text  # the rule, not a verdict
 
 
@@ -87,7 +89,7 @@ def test_parse_size_names_what_and_honours_the_minimum():
     with pytest.raises(ValueError, match=r"^--block must be a whole number with an optional unit .*, got 'x'$"):
         cli.parse_size("x", what="--block")
     assert cli.parse_size("0", minimum=0) == 0
-    with pytest.raises(ValueError, match="^size must be >= 8, got '4'$"):
+    with pytest.raises(ValueError, match="^size must be >= 8, got 4$"):
         cli.parse_size("4", minimum=8)
     # the accepted forms are listed, so the message says how to fix it
     with pytest.raises(ValueError, match="4096, 64K, 64KiB, 1M, 1.5G, 1e6"):
@@ -136,7 +138,7 @@ def test_parse_sizes_ranges_and_lists(text, expected):
     ("8:x", "sizes must be a whole number with an optional unit"),
     ("8,,16", "sizes must be a whole number with an optional unit"),
     ("8:16:32", "sizes must be a whole number with an optional unit"),
-    ("0:8", "sizes must be >= 1, got '0'"),
+    ("0:8", "sizes must be >= 1, got 0"),
     ("1.5,8", "sizes must be a whole number, got '1.5'"),
 ])
 def test_parse_sizes_refuses(bad, message):
@@ -602,3 +604,116 @@ def test_run_main_runs_a_command_in_this_process_and_keeps_its_exit(tmp_path):
     script.write_text("import sys\nprint('before')\nraise RuntimeError('on purpose ' + sys.argv[1])\n")
     code, out, err = cli.run_main(str(script), ["x"])
     assert (code, out) == (1, "before\n") and "RuntimeError: on purpose x" in err and sys.argv == argv
+
+
+# ---------------------------------------------------------------- one parser, one error path
+
+
+def _error_of(parser: argparse.ArgumentParser, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+def test_parser_states_a_type_rule_as_every_rule_and_takes_negative_sizes_as_values(capsys):
+    parser = cli.Parser(prog="prog")
+    parser.add_argument("-s", "--size", type=cli.size_arg)
+    parser.add_argument("--name")
+    assert _error_of(parser, ["--size", "0"], capsys) == "prog: error: --size must be >= 1, got 0"
+    assert _error_of(parser, ["--size", "-1M"], capsys) == "prog: error: --size must be >= 1, got -1M"
+    assert _error_of(parser, ["--size", "-64KiB"], capsys) == "prog: error: --size must be >= 1, got -64KiB"
+    assert _error_of(parser, ["--size", "x"], capsys).startswith("prog: error: --size must be a whole number")
+    # argparse's own messages stay as argparse writes them
+    assert _error_of(parser, ["--name"], capsys) == "prog: error: argument --name: expected one argument"
+    assert parser.parse_args(["--size", "1e3"]).size == 1000
+
+
+def test_parser_has_version_and_plain_help_and_its_subcommands_are_parsers_too(capsys):
+    import mpicomm
+
+    parser = cli.Parser(prog="prog", description="``python -m prog``: see :func:`mpicomm.cli.parse_size`")
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run")
+    run.add_argument("--size", type=cli.size_arg)
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"mpicomm {mpicomm.__version__}"
+    text = parser.format_help()
+    assert "python -m prog: see mpicomm.cli.parse_size" in text and "``" not in text and ":func:" not in text
+    assert isinstance(run, cli.Parser) and "--version" not in run.format_help()
+    assert _error_of(parser, ["run", "--size", "-2"], capsys) == "prog run: error: --size must be >= 1, got -2"
+
+
+def test_refuse_unless_names_the_option_its_value_and_the_mode_it_belongs_to(capsys):
+    parser = cli.Parser(prog="prog")
+    parser.add_argument("--mode", choices=("a", "b"), default="a")
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--no-overlap", dest="overlap", action="store_false")
+    for argv in (["--mode", "b", "--depth", "2"], ["--mode", "a", "--depth", "3"], ["--depth", "3"]):
+        args = parser.parse_args(argv)
+        cli.refuse_unless(parser, args, args.mode == "a", "--mode a", "--depth")  # its default, or its own mode
+    args = parser.parse_args(["--mode", "b", "--depth", "3"])
+    with pytest.raises(SystemExit):
+        cli.refuse_unless(parser, args, args.mode == "a", "--mode a", "--depth")
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "prog: error: --depth 3 applies to --mode a only; drop it or use --mode a"
+    args = parser.parse_args(["--mode", "b", "--no-overlap"])
+    with pytest.raises(SystemExit):
+        cli.refuse_unless(parser, args, args.mode == "a", "--mode a", "--depth", "--no-overlap")
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --no-overlap applies to --mode a only; drop it "
+                                                            "or use --mode a")
+
+
+def test_a_missing_optional_dependency_names_the_extra_before_any_work(capsys):
+    parser = cli.Parser(prog="prog")
+    cli.require(parser, "--plot", "json")  # installed: nothing to say
+    with pytest.raises(SystemExit) as info:
+        cli.require(parser, "--data digits", "sklearn_that_is_not_there", "digits")
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("prog: error: --data digits needs sklearn_that_is_not_there, "
+                                                       "which is not installed: pip install -e '.[digits]'")
+    if importlib.util.find_spec("matplotlib") is None:  # --plot FILE.png is checked by every Parser
+        parser.add_argument("--plot", metavar="FILE.png")
+        assert "--plot needs matplotlib, which is not installed: pip install -e '.[plot]'" in \
+            _error_of(parser, ["--plot", "x.png"], capsys)
+
+
+def test_a_misspelt_setting_is_a_usage_error_with_the_hint(monkeypatch, capsys):
+    parser = cli.Parser(prog="prog")
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "rign")
+    assert "MPICOMM_ALLREDUCE_ALGORITHM='rign' is not an algorithm of allreduce (did you mean 'ring'?)" in \
+        _error_of(parser, [], capsys)
+    monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "ring")
+    parser.parse_args([])
+    assert cli.did_you_mean("rign", ["ring", "tree"]) == " (did you mean 'ring'?)"
+    assert cli.did_you_mean("tornado", ["ring", "tree"]) == ""
+
+
+def test_launched_ranks_reads_only_a_launchers_own_variables():
+    assert cli.launched_ranks({}) == (0, 1)
+    assert cli.launched_ranks({"PMI_RANK": "3", "PMI_SIZE": "4"}) == (3, 4)
+    assert cli.launched_ranks({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == (1, 2)
+    assert cli.launched_ranks({"SLURM_NTASKS": "8", "SLURM_PROCID": "0"}) == (0, 1)  # an allocation, not this process
+
+
+def test_parse_or_exit_holds_back_what_parsing_printed_until_it_is_decided(capsys, monkeypatch):
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def parse(argv):
+        parser = cli.Parser(prog="prog")
+        parser.add_argument("--iters", type=int, default=1)
+        args = parser.parse_args(argv)
+        cli.at_least(parser, args, 0, "--iters")
+        return args
+
+    assert cli.parse_or_exit(parse, ["--iters", "3"]).iters == 3
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(SystemExit) as info:
+        cli.parse_or_exit(parse, ["--iters", "-1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("prog: error: --iters must be >= 0, got -1") == 1
+    with pytest.raises(SystemExit) as info:
+        cli.parse_or_exit(parse, ["--help"])
+    assert info.value.code == 0 and capsys.readouterr().out.startswith("usage: prog")

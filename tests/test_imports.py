@@ -130,7 +130,8 @@ def test_mpicomm_has_no_import_cycle():
 #: algorithms and its rules) which algorithm runs, the plan layer compiles that algorithm's schedule (coll/),
 #: and the engine runs it through the transport.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("tools", ("mpicomm.__main__", "mpicomm.verify", "mpicomm.bench", "mpicomm.tune", "mpicomm.torch",
+    # mpicomm.cli, the commands' parser and conventions, checks the MPICOMM_* settings against the registry
+    ("tools", ("mpicomm.__main__", "mpicomm.verify", "mpicomm.bench", "mpicomm.tune", "mpicomm.torch", "mpicomm.cli",
                "mpicomm.doctor")),
     ("front", ("mpicomm", "mpicomm.comm", "mpicomm.collectives", "mpicomm.p2p", "mpicomm.rma", "mpicomm.rendezvous",
                "mpicomm.shm", "mpicomm.state", "mpicomm.front")),
@@ -140,7 +141,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("mpicomm.engine", "mpicomm.trace")),
     ("transport", ("mpicomm.transport",)),
     ("floor", ("mpicomm.catalogue", "mpicomm.config", "mpicomm.ops", "mpicomm.schedule", "mpicomm.launcher",
-               "mpicomm.device", "mpicomm.cleanup", "mpicomm.runtime", "mpicomm.cli", "mpicomm.validate")),
+               "mpicomm.device", "mpicomm.cleanup", "mpicomm.runtime", "mpicomm.validate")),
 ]
 
 

@@ -18,6 +18,7 @@ from mpicomm.cli import US
 from tests import mpirun
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])
@@ -34,6 +35,7 @@ def test_algorithms_lists_every_registered_algorithm_with_its_cost(capsys):
                 f"{collective}/{name} is missing from python -m mpicomm algorithms")
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_markdown_table_is_the_rows_the_documentation_shows(capsys):
     """``--markdown`` prints the table the documentation builds from :func:`algorithm_rows` (the registry's rows);
     the README no longer holds a copy, so there is no ``--readme`` updater."""
@@ -301,7 +303,7 @@ def test_schedule_out_follows_the_out_rule(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--schedule", "allreduse", "ring", "-p", "4"], "unknown collective 'allreduse'; known: "),
     (["--schedule", "allreduce", "rong", "-p", "4"],
-     "unknown allreduce algorithm 'rong'; registered: hierarchical, naive, rabenseifner, recursive_doubling, ring"),
+     "unknown allreduce algorithm 'rong' (did you mean 'ring'?); registered: hierarchical, naive, rabenseifner, recursive_doubling, ring"),
     (["--schedule", "allreduce", "ring"], "--schedule needs -p P"),
     (["--schedule", "allreduce", "ring", "-p", "0"], "-p 0: must be >= 1"),
     (["--schedule", "allreduce", "ring", "-p", "2..4"], "takes one number of ranks"),

@@ -70,7 +70,7 @@ def test_pair_check_covers_every_count_and_root():
 @pytest.mark.parametrize("argv, message", [
     (["verify", "allreduce", "ring"], "verify needs -p"),
     (["verify", "allreduce", "-p", "2"], "verify takes COLLECTIVE ALGORITHM, got allreduce"),
-    (["verify", "allreduce", "rong", "-p", "2"], "unknown allreduce algorithm 'rong'; registered: "),
+    (["verify", "allreduce", "rong", "-p", "2"], "unknown allreduce algorithm 'rong' (did you mean 'ring'?); registered: "),
     (["verify", "allreduse", "ring", "-p", "2"], "unknown collective 'allreduse'"),
     (["verify", "allreduce", "ring", "-p", "0..2"], "p = 0 is not a number of ranks"),
     (["verify", "allreduce", "ring", "-p", "2", "--timeout", "0"], "--timeout 0: must be > 0"),

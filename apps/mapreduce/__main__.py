@@ -17,7 +17,7 @@ kept unless ``--force``); the checkpoint options are every application's
 (``--checkpoint-dir``, default ``checkpoints/mapreduce``), except that a job
 has one point to resume from, after the map phase, so ``--checkpoint-every`` is
 1 (checkpoint it) or 0 (never) and there is no ``--keep``. Arguments are
-checked before MPI starts: a usage error, ``<prog>: error: …`` and status 2.
+checked before the work starts: a usage error, ``<prog>: error: …`` and status 2, once per job.
 Inputs are checked collectively before any work: every rank prints what is
 wrong (``<prog>: error: rank r of N: …``) and the job exits with status 2
 instead of hanging. Progress goes to stderr from rank 0 (``[i/N]`` lines with
@@ -66,8 +66,8 @@ def _job_options(p: argparse.ArgumentParser, output: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its four sub-commands (:func:`parse` checks the values)."""
-    parser = argparse.ArgumentParser(prog=PROG,
-                                     description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
+    parser = cli.Parser(prog=PROG,
+                        description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
     sub = parser.add_subparsers(dest="command", required=True)
     wc = sub.add_parser("wordcount", help="count words; print the most frequent",
                         description="Count words (Unicode-aware; see apps/mapreduce/wordcount.py for the policy).")
@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    """The checked command line; a usage error exits with status 2 (argparse's) before MPI starts."""
+    """The checked command line; a usage error exits with status 2 (argparse's) before the work starts."""
     top = parser()
     args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
@@ -123,6 +123,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         cli.at_least(own, args, 1, "--repeat", "--top", "--files", "--vocabulary")
         cli.check_out(own, args)
     if args.command == "corpus":
+        if cli.launched_ranks()[1] > 1:
+            own.error("run corpus without mpiexec (one process writes the files)")
         cli.at_least(own, args, 1, "--files", "--vocabulary")
         if not args.zipf > 0:
             own.error(f"--zipf must be > 0, got {args.zipf:g}")
@@ -170,11 +172,11 @@ def run_job(args: argparse.Namespace) -> int:
         else:
             from .invindex import invindex as job
         best, mr = job(comm, args.files, **options)
-    except InputError as exc:
+    except InputError as exc:  # agreed by every rank (apps.agree): said once, every rank exits with status 2
         sys.stdout.flush()
-        sys.stderr.write(cli.error_line(f"{PROG} {args.command}", str(exc), comm.rank, comm.size) + "\n")
-        sys.stderr.flush()
-        return 2
+        from apps.options import exit_error
+
+        exit_error(f"{PROG} {args.command}", str(exc), comm.rank, comm.size)
     try:
         summary = mr.summary()
         words = sum(v for _, v in mr.items()) if args.command == "wordcount" else 0
@@ -233,14 +235,6 @@ def run_corpus(args: argparse.Namespace) -> int:
 
     from .corpus import generate
 
-    # Only a launcher's own variables say this process is one rank of several (inside a Slurm job's batch
-    # script, SLURM_NTASKS describes the allocation, not this process).
-    size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
-    if size and int(size) > 1:
-        rank = int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or 0)
-        sys.stderr.write(cli.error_line(f"{PROG} corpus", "run corpus without mpiexec (one process writes the files)",
-                                        rank, int(size)) + "\n")
-        return 2
     try:
         memory.check(None, lambda v: v["--vocabulary"] * VOCABULARY_BYTES + (64 << 20),
                      [memory.Knob("--vocabulary", args.vocabulary)])
@@ -260,7 +254,7 @@ def run_corpus(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args = cli.parse_or_exit(parse, argv)
     if args.command == "corpus":
         return run_corpus(args)
     from mpicomm.runtime import main as guarded

@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its ``schedule``, ``train`` and ``bench`` sub-commands."""
     from apps import options
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
                     "interleaved 1F1B and zero-bubble schedules as data, tensor and data parallelism "
@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parsed and checked command line: usage errors exit with status 2 before MPI starts."""
+    """The parsed and checked command line: usage errors exit with status 2 before the work starts."""
     from apps.pipeline.config import ConfigError
     from apps.pipeline.schedules import ScheduleError, check_shape
 
@@ -175,6 +175,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
         from apps import options
 
         options.check_checkpoint_options(own, args)
+        cli.refuse_unless(own, args, args.activations == "offload", "--activations offload", "--offload-window")
         try:
             config_from(args).check_values()
         except ConfigError as exc:

@@ -6,13 +6,14 @@ The conventions of :mod:`mpicomm.cli` and :mod:`apps.options`: sizes as 4096,
 benchmark's Markdown report only (an existing one is kept unless ``--append`` or
 ``--force``); ``--plot FILE.png`` draws; the checkpoint options are every
 application's (``--checkpoint-dir``, default ``checkpoints/sgd``). Settings are
-checked before MPI starts; what depends on the ranks (the batch against the
+checked before the work starts; what depends on the ranks (the batch against the
 workers, the data, memory) once it has, with the same verdict on every rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from typing import Any
 
@@ -114,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     from apps import options
     from apps.sgd.train import MODES
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Distributed SGD on mpicomm's collectives: data parallelism with overlapped bucketed all-reduce "
                     "(ddp), ZeRO stages 1-3, parameter servers (sync, async, bounded staleness).",
@@ -159,11 +160,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """The parsed and checked command line; usage errors exit with status 2 before MPI starts."""
+    """The parsed and checked command line; usage errors exit with status 2 before the work starts."""
     top = parser()
     args = top.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command line in --json and --out
     own = cli.subparser(top, args.command)
+    if args.command == "plot":
+        try:
+            args.curves = {_label(p): _read_csv(p) for p in args.csv}
+        except OSError as exc:
+            own.error(f"{exc.filename}: {exc.strerror}; give the metrics CSV files that train --log wrote")
+        except (ValueError, TypeError, csv.Error) as exc:
+            own.error(f"not a metrics CSV of train --log ({exc}); give the files that train --log wrote")
     if args.command == "bench":
         from apps.sgd.bench import check_options
 
@@ -173,6 +181,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
         from apps.sgd.train import check_settings
 
         options.check_checkpoint_options(own, args)
+        _check_pairs(own, args)
+        if args.data == "digits":
+            cli.require(own, "--data digits", "sklearn")
         if args.timeline_step is not None and args.timeline_step < 0:
             own.error(f"--timeline-step must be >= 0, got {args.timeline_step}")
         if args.timeline_step is not None and not args.plot_timeline:
@@ -184,6 +195,20 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
         except ValueError as exc:
             own.error(str(exc))
     return top, args
+
+
+def _check_pairs(own: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``train``'s options that one mode, data set or optimizer uses: given with another, a usage error."""
+    ps = args.mode.startswith("ps")
+    cli.refuse_unless(own, args, args.mode == "ps-async", "--mode ps-async", "--staleness")
+    cli.refuse_unless(own, args, ps, "--mode ps-sync or ps-async", "--servers")
+    cli.refuse_unless(own, args, not ps, "--mode ddp, zero1, zero2 or zero3", "--algorithm", "--bucket",
+                      "--bucket-mb", "--no-overlap", "--per-parameter", "--accumulate")
+    cli.refuse_unless(own, args, args.data == "file", "--data file", "--data-file")
+    cli.refuse_unless(own, args, args.data == "teacher", "--data teacher", "--samples", "--features")
+    cli.refuse_unless(own, args, args.optimizer == "sgd", "--optimizer sgd", "--momentum")
+    if args.steps is not None and args.epochs != own.get_default("epochs"):
+        own.error(f"--epochs {args.epochs} and --steps {args.steps}: --steps sets the run's length alone; give one")
 
 
 def config_from(args: argparse.Namespace) -> Any:
@@ -216,7 +241,7 @@ def run(argv: list[str] | None = None) -> int:
     if args.command == "plot":
         from apps.sgd.plots import curves
 
-        curves({_label(p): _read_csv(p) for p in args.csv}, args.png)
+        curves(args.curves, args.png)
         print(f"wrote {args.png}")
         return 0
 
@@ -239,7 +264,7 @@ def run(argv: list[str] | None = None) -> int:
         return _train(comm, args, say)
     except (ValueError, CheckpointError, OSError) as exc:
         # The same settings give the same error on every rank (checkpoint directory, data and memory
-        # verdicts are agreed on by every rank first): each rank says it, all exit with status 2.
+        # verdicts are agreed on by every rank first): said once, every rank exits with status 2.
         options.exit_error(prog, str(exc), rank, comm.Get_size())
     return 0
 
@@ -326,7 +351,5 @@ def _label(path: str) -> str:
 
 
 def _read_csv(path: str) -> list[dict[str, float]]:
-    import csv
-
     with open(path, newline="") as f:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]

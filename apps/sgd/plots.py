@@ -10,7 +10,12 @@ __all__ = ["curves", "timeline"]
 
 
 def curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str, title: str = "") -> None:
-    """Loss and test accuracy against step and against wall time, one line per run."""
+    """Loss and accuracy against step and against wall time, one line per run.
+
+    Rows hold ``step``, ``seconds`` and ``train_loss``, with ``test_loss`` and
+    ``test_accuracy`` where the run evaluates as it goes (apps.sgd), else
+    ``train_accuracy`` (apps.torchddp's progress intervals).
+    """
     plt = cli.pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharey="row")
     for label, rows in runs.items():
@@ -18,12 +23,15 @@ def curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str, title: 
             continue
         steps = [r["step"] for r in rows]
         seconds = [r["seconds"] for r in rows]
+        tested = "test_loss" in rows[0]
+        accuracy = "test_accuracy" if tested else "train_accuracy"
         for col, xs in enumerate((steps, seconds)):
             axes[0][col].plot(xs, [r["train_loss"] for r in rows], marker=".", label=f"{label} train")
-            axes[0][col].plot(xs, [r["test_loss"] for r in rows], linestyle="--", label=f"{label} test")
-            axes[1][col].plot(xs, [r["test_accuracy"] for r in rows], marker=".", label=label)
+            if tested:
+                axes[0][col].plot(xs, [r["test_loss"] for r in rows], linestyle="--", label=f"{label} test")
+            axes[1][col].plot(xs, [r[accuracy] for r in rows], marker=".", label=label)
+        axes[1][0].set_ylabel(accuracy.replace("_", " "))
     axes[0][0].set_ylabel("loss")
-    axes[1][0].set_ylabel("test accuracy")
     axes[1][0].set_xlabel("optimizer step")
     axes[1][1].set_xlabel("wall time (s)")
     for ax in axes.flat:

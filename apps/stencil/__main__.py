@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     from .halo import MODES
     from .problem import PROBLEMS
 
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Structured-grid stencil solver over a Cartesian communicator: halo exchange overlapped with "
         "compute, a global residual with mpicomm's allreduce, atomic checkpoints, and a check against the closed-form "
@@ -79,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None):
-    """The parser and the checked options; usage errors exit with status 2 (argparse's) before MPI starts."""
+    """The parser and the checked options; usage errors exit with status 2 (argparse's) before the work starts."""
     from apps import options
     from kernels import available
 
@@ -90,6 +90,8 @@ def parse(argv: list[str] | None):
     cli.at_least(p, args, 1, "--size", "--check-every")
     cli.at_least(p, args, 0, "--iters")
     options.check_checkpoint_options(p, args)
+    cli.refuse_unless(p, args, args.problem == "star", "--problem star", "--radius")
+    cli.refuse_unless(p, args, args.problem == "heat", "--problem heat", "--c")
     if args.tol < 0:
         p.error(f"--tol must be >= 0, got {args.tol:g}")
     if args.rank_dims is not None and len(args.rank_dims) != args.dims:
@@ -174,7 +176,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         res = solve(comm, cfg, say)
     except (ValueError, CheckpointError) as exc:
-        # The same settings, hence the same error, on every rank: each says it, all exit.
+        # The same settings, hence the same error, on every rank: said once, every rank exits with status 2.
         options.exit_error(parser.prog, str(exc), rank, comm.Get_size())
     report(res, say)
     if args.plot:

@@ -93,9 +93,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line's parser."""
     from kernels import PATHS
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
-                                            "--out STENCIL.md --json stencil.json")
+    parser = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                        epilog="example: python -m apps.stencil.bench --ranks 1,2 --size 4K --iters 300 "
+                               "--out STENCIL.md --json stencil.json")
     parser.add_argument("--ranks", type=_ranks, default=[1, 2], metavar="N[,N…]",
                         help="rank counts, comma-separated; the first is the baseline (default: 1,2)")
     parser.add_argument("--dims", type=int, choices=(2, 3), default=2, help="2 or 3 dimensions (default: 2)")
@@ -117,10 +117,10 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, str]:
+    """The checked command line and the mpiexec that starts the runs."""
     from kernels import available
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     p = parser()
     args = p.parse_args(argv)
     cli.check_out(p, args)
@@ -134,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     mpiexec = _mpiexec()
     if not mpiexec:
         p.error("no mpiexec next to this Python or on PATH (pip install -e '.[mpich]')")
+    return args, mpiexec
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, mpiexec = cli.parse_or_exit(_parse, argv)
     ranks, modes, scalings = args.ranks, args.halo, args.scaling
     size = args.size or (4096 if args.dims == 2 else 256)
 

@@ -87,8 +87,9 @@ def _train_options(t: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None,
                    help="torch threads per rank (default: $OMP_NUM_THREADS, else 1 as torchrun sets)")
     g = t.add_argument_group("run")
-    g.add_argument("--eval", type=int, default=1024, metavar="N", dest="eval_samples",
+    g.add_argument("--eval-samples", type=int, default=1024, metavar="N",
                    help="held-out samples scored at the end (default: 1024)")
+    cli.renamed(g, "--eval", "--eval-samples", "--eval-every K is a rhythm in apps.sgd")
     g.add_argument("--check", action="store_true",
                    help="train in float64, then compare the parameters with one process (rank 0) trained on the "
                         "whole global batch from the same initial parameters on the same data; exit status 1 if "
@@ -103,15 +104,18 @@ def _train_options(t: argparse.ArgumentParser) -> None:
                 "optimizer, batch, seed or dtype is refused on every rank")
     cli.renamed(g, "--checkpoint", "--checkpoint-dir")
     cli.renamed(g, "--resume", "--restart")
-    g.add_argument("--log-every", type=int, default=None, metavar="K",
+    g.add_argument("--progress-every", type=int, default=None, metavar="K",
                    help="a progress line every K steps (default: about ten lines)")
+    cli.renamed(g, "--log-every", "--progress-every", "--log names a metrics file in apps.sgd and apps.pipeline")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
     cli.add_json(g, "the settings and the run's report")
+    g.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="train loss and accuracy of each progress interval against step and wall time (rank 0)")
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its ``train`` and ``bench`` sub-commands (:func:`parse` checks the values)."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description=_wrap("PyTorch DistributedDataParallel on the mpicomm torch.distributed backend "
                           "(import mpicomm.torch; dist.init_process_group('mpicomm')), under mpiexec or srun."),
@@ -176,15 +180,17 @@ def _check_bench(b: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def _check_train(t: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from apps import options
 
-    cli.at_least(t, args, 1, "--steps", "--batch", "--log-every")
-    if args.eval_samples < 1:
-        t.error(f"--eval must be >= 1, got {args.eval_samples}")
+    cli.at_least(t, args, 1, "--steps", "--batch", "--progress-every", "--eval-samples")
     if args.lr is not None and not args.lr > 0:
         t.error(f"--lr must be > 0, got {args.lr:g}")
     if not args.bucket_mb > 0:
         t.error(f"--bucket-mb must be > 0, got {args.bucket_mb:g}")
     cli.at_least(t, args, 0, "--momentum", "--weight-decay")
     options.check_checkpoint_options(t, args)
+    cli.refuse_unless(t, args, args.model == "mlp", "--model mlp", "--features", "--hidden")
+    cli.refuse_unless(t, args, args.model == "transformer", "--model transformer", "--vocab", "--seq", "--d-model",
+                      "--heads", "--layers", "--ff")
+    cli.refuse_unless(t, args, args.optimizer == "sgd", "--optimizer sgd", "--momentum")
     if args.check and args.dtype == "float32":
         t.error("--check compares in float64 (float32 rounding would hide or fake a difference): drop --dtype float32")
     args.dtype = args.dtype or ("float64" if args.check else "float32")
@@ -213,7 +219,7 @@ def config_from(args: argparse.Namespace) -> Any:
                   optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                   bucket_mb=args.bucket_mb, dtype=args.dtype, seed=args.seed, eval_samples=args.eval_samples,
                   check=args.check, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                  keep=args.keep, restart=args.restart, log_every=args.log_every, progress=not args.quiet)
+                  keep=args.keep, restart=args.restart, log_every=args.progress_every, progress=not args.quiet)
 
 
 def _threads(requested: int | None) -> int:
@@ -343,4 +349,9 @@ def _train(args: argparse.Namespace, settings: dict[str, str], threads: int, say
         json_report.write_json(args.json, PROG, args.argv, p, {"config": config, "report": asdict(report)},
                                settings=settings, environment=settings, torch=torch.__version__)
         say(f"wrote {args.json}")
+    if args.plot and dist.get_rank() == 0:
+        from apps.sgd.plots import curves
+
+        curves({cfg.spec.kind: report.history}, args.plot, title=f"apps.torchddp train: {cfg.spec.describe()}")
+        say(f"wrote {args.plot}")
     return code

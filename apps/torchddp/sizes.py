@@ -62,8 +62,8 @@ def check(comm: Any, cfg: Any, ranks: int) -> None:
     from apps import memory
 
     spec = cfg.spec
-    knobs = [memory.Knob("--batch", cfg.batch, low=ranks), memory.Knob("--eval", cfg.eval_samples)]
-    fields = {"--batch": "batch", "--eval": "eval_samples"}
+    knobs = [memory.Knob("--batch", cfg.batch, low=ranks), memory.Knob("--eval-samples", cfg.eval_samples)]
+    fields = {"--batch": "batch", "--eval-samples": "eval_samples"}
     sizes = {}
     if spec.kind == "mlp":
         knobs.append(memory.Knob("--features", spec.features))

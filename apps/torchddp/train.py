@@ -16,7 +16,7 @@ one a single process makes on the whole batch with ``cross_entropy(..., "mean")`
 batches) and compares the parameters.
 
 Metrics: each rank sums its samples' losses and correct predictions; every
-``--log-every`` steps one small all-reduce turns them into the global batch's
+``--progress-every`` steps one small all-reduce turns them into the global batch's
 loss and accuracy for the progress line (rank 0, stderr). At the end the model
 is evaluated on a held-out stream of the same teacher.
 
@@ -119,6 +119,8 @@ class Report:
     checkpoint: str | None = None
     check: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    #: one row per progress line: step, seconds (training only), train_loss and train_accuracy of the interval
+    history: list[dict[str, float]] = field(default_factory=list)
 
 
 def make_optimizer(params: Any, cfg: Config) -> torch.optim.Optimizer:
@@ -273,6 +275,7 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
     paused = 0.0  # seconds spent writing checkpoints (not training)
     begin = time.perf_counter()
     mark, marked = begin, start
+    history: list[dict[str, float]] = []
     for step in range(start, cfg.steps):
         x, y = teacher.batch(step, cfg.batch, dtype)
         loss, correct = train_step(ddp, opt, x[mine], y[mine], scale)
@@ -285,6 +288,8 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
             rate = (done - marked) * cfg.batch / max(now - mark, 1e-12)
             where = f"step {done}  " if start else ""  # a resumed run's [i/N] counts this run's steps
             progress.step(f"{where}loss {last[0]:.4f}  acc {last[1]:.3f}  {rate:,.0f} samples/s", steps=done - marked)
+            history.append({"step": done, "seconds": now - begin - paused, "train_loss": last[0],
+                            "train_accuracy": last[1]})
             window, mark, marked = [0.0, 0.0, 0.0], now, done
         if every_ck and (done % every_ck == 0 or done == cfg.steps):
             t = time.perf_counter()
@@ -297,7 +302,7 @@ def train(cfg: Config, say: Callable[[str], None]) -> Report:
     report = Report(parameters=count_parameters(model), start_step=start, steps=cfg.steps, seconds=seconds,
                     steps_per_s=todo / seconds, samples_per_s=todo * cfg.batch / seconds, train_loss=last[0],
                     train_accuracy=last[1], eval_loss=eval_loss, eval_accuracy=eval_accuracy, digest=digest(model),
-                    checkpoint=saved, notes=notes)
+                    checkpoint=saved, notes=notes, history=history)
     if cfg.check:
         report.check = _check(cfg, model, rank)
     return report

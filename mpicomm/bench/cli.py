@@ -8,7 +8,6 @@ the two to argparse and to the exit status every rank agrees on.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import traceback
 from collections.abc import Callable
@@ -118,7 +117,7 @@ _FORMAT_HELP = ("what to print: markdown (default) the table; osu OSU micro-benc
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command line: one sub-command per benchmark (returned too, by name, for their own errors)."""
-    parser = argparse.ArgumentParser(
+    parser = shared.Parser(
         prog=PROG,
         description="Benchmarks of mpicomm against native MPI (mpi4py), measured interleaved in the same run.",
         epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.bench allreduce --validate; "
@@ -222,44 +221,11 @@ def _has_shm(spec: Collective) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the benchmark on every rank, print and write the results on rank 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, subs = _parser()
-    args = parser.parse_args(argv)
-    parser = subs[args.benchmark]  # errors from here on show the benchmark's own usage
-    shared.at_least(parser, args, 1, "--iters", "--repeat", *(("--window",) if hasattr(args, "window") else ()))
-    shared.at_least(parser, args, 0, "--warmup")
-    if not hasattr(args, "sizes"):
-        args.sizes = [0]  # barrier: no data
-    shared.check_out(parser, args)
-    why = problem(args.backend)
-    if why:
-        parser.error(why)
-    bench = BENCHMARKS[args.benchmark]
-    if bench.collective:
-        try:
-            names = _requested(COLLECTIVES[args.benchmark], args.algorithms)
-        except ValueError as exc:
-            parser.error(str(exc))
-        if getattr(args, "pool", False) and "shm" not in names:
-            parser.error(f"--pool measures the shm algorithm, which --algorithms {args.algorithms} leaves out: "
-                         "add shm to --algorithms or drop --pool")
-        if args.plot and importlib.util.find_spec("matplotlib") is None:
-            parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
-                         "(or install mpicomm with the plot extra: pip install -e '.[plot]')")
-        if getattr(args, "pool", False) and args.backend != "numpy":
-            parser.error("--pool measures buffers of the host's shared-memory pool; it does not go with --backend "
-                         f"{args.backend}: drop --pool or use --backend numpy")
-
+    args = shared.parse_or_exit(_parse, argv)
     from mpi4py import MPI
 
-    # every rank asks its library: all exit alike (the collectives' native rows stage device buffers by hand on a
-    # library that is not CUDA-aware; pingpong's hand them to MPI)
-    why = None if bench.collective else mpi_problem(args.backend)
-    if why:
-        parser.error(why)
     world = MPI.COMM_WORLD
-    if not bench.collective and world.Get_size() < 2:  # one rank: only it can say so
-        parser.error(f"pingpong needs at least 2 ranks, got {world.Get_size()}: "
-                     f"mpiexec -n 2 {PROG} pingpong {' '.join(argv[1:])}".rstrip())
+    bench = BENCHMARKS[args.benchmark]
     code = 0
     try:
         report = bench.run(args)
@@ -281,3 +247,43 @@ def main(argv: list[str] | None = None) -> int:
             world.Abort(1)
         raise
     return world.allreduce(code, op=MPI.MAX)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The checked command line: every usage error before any benchmark starts (MPI's own checks included)."""
+    parser, subs = _parser()
+    args = parser.parse_args(argv)
+    parser = subs[args.benchmark]  # errors from here on show the benchmark's own usage
+    shared.at_least(parser, args, 1, "--iters", "--repeat", *(("--window",) if hasattr(args, "window") else ()))
+    shared.at_least(parser, args, 0, "--warmup")
+    if not hasattr(args, "sizes"):
+        args.sizes = [0]  # barrier: no data
+    shared.check_out(parser, args)
+    why = problem(args.backend)
+    if why:
+        parser.error(why)
+    bench = BENCHMARKS[args.benchmark]
+    if bench.collective:
+        try:
+            names = _requested(COLLECTIVES[args.benchmark], args.algorithms)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if getattr(args, "pool", False) and "shm" not in names:
+            parser.error(f"--pool measures the shm algorithm, which --algorithms {args.algorithms} leaves out: "
+                         "add shm to --algorithms or drop --pool")
+        if getattr(args, "pool", False) and args.backend != "numpy":
+            parser.error("--pool measures buffers of the host's shared-memory pool; it does not go with --backend "
+                         f"{args.backend}: drop --pool or use --backend numpy")
+
+    from mpi4py import MPI
+
+    # every rank asks its library: all exit alike (the collectives' native rows stage device buffers by hand on a
+    # library that is not CUDA-aware; pingpong's hand them to MPI)
+    why = None if bench.collective else mpi_problem(args.backend)
+    if why:
+        parser.error(why)
+    world = MPI.COMM_WORLD
+    if not bench.collective and world.Get_size() < 2:  # one rank: only it can say so
+        parser.error(f"pingpong needs at least 2 ranks, got {world.Get_size()}: "
+                     f"mpiexec -n 2 {PROG} pingpong {' '.join(argv[1:])}".rstrip())
+    return args

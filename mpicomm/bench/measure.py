@@ -621,7 +621,11 @@ def _requested(spec: Collective, requested: str) -> list[str]:
     names = [n.strip() for n in requested.split(",") if n.strip()]
     bad = [n for n in names if n not in known and n != "auto"]
     if bad or not names:
-        raise ValueError(f"--algorithms {requested!r}: unknown {spec.name} algorithm(s) {', '.join(map(repr, bad))}; "
+        from mpicomm.cli import did_you_mean
+
+        hint = did_you_mean(bad[0], known + ["all", "auto"]) if len(bad) == 1 else ""
+        raise ValueError(f"--algorithms {requested!r}: unknown {spec.name} algorithm(s) {', '.join(map(repr, bad))}"
+                         f"{hint}; "
                          f"valid: all, auto, {', '.join(known)} (comma-separated)")
     return list(dict.fromkeys(names))
 

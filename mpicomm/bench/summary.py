@@ -36,7 +36,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..cli import SCHEMA, US, add_out, check_out
+from ..cli import SCHEMA, US, Parser, add_out, check_out, parse_or_exit
 
 __all__ = ["summarize", "main"]
 
@@ -171,9 +171,19 @@ def summarize(paths: Iterable[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0],
-                                     epilog="e.g. python -m mpicomm.bench.summary jobs/results/p*/bench-*.json "
-                                            "--out jobs/results/targets.md --force")
+    args, text = parse_or_exit(_parse, argv)
+    print(text)
+    if args.out:
+        with open(args.out, "a" if args.append else "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, str]:
+    """The checked command line and the summary (a file that is not a benchmark's is a usage error)."""
+    parser = Parser(prog="python -m mpicomm.bench.summary", description=__doc__.splitlines()[0],
+                    epilog="e.g. python -m mpicomm.bench.summary jobs/results/p*/bench-*.json "
+                           "--out jobs/results/targets.md --force")
     parser.add_argument("files", nargs="+", metavar="RESULTS.json", help="files from python -m mpicomm.bench --json")
     add_out(parser, "the summary")
     args = parser.parse_args(argv)
@@ -182,11 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         text = summarize(args.files)
     except ValueError as exc:  # a file that is not a benchmark's: the command line named the wrong file
         parser.error(str(exc))
-    print(text)
-    if args.out:
-        with open(args.out, "a" if args.append else "w") as f:
-            f.write(text + "\n")
-    return 0
+    return args, text
 
 
 if __name__ == "__main__":

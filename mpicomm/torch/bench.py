@@ -236,9 +236,9 @@ def _method(args: argparse.Namespace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.torch.bench "
-                                            "--sizes 8:16M --out torch-allreduce.md")
+    parser = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                        epilog="Run under the launcher, e.g. mpiexec -n 2 python -m mpicomm.torch.bench "
+                               "--sizes 8:16M --out torch-allreduce.md")
     parser.add_argument("--sizes", type=cli.sizes_arg, default=cli.parse_sizes("8:16M"),
                         help="message sizes in bytes: LOW:HIGH (doubling) or a list (default: 8:16M)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default: float32)")
@@ -261,13 +261,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _parser()
     args = parser.parse_args(argv)
     cli.at_least(parser, args, 1, "--repeat", "--iters")
     cli.at_least(parser, args, 0, "--warmup")
     cli.check_out(parser, args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = cli.parse_or_exit(_parse, argv)
     variables = settings()
     if not dist.is_initialized():
         dist.init_process_group("mpicomm")

@@ -186,7 +186,7 @@ def _collective_names(text: str) -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser (:func:`main` checks which options go together)."""
-    parser = argparse.ArgumentParser(
+    parser = cli.Parser(
         prog=PROG,
         description="Fit the alpha-beta-gamma cost model on this machine and rank layout and save it, or (with "
                     "--collectives) measure every algorithm and save the fastest per size as selection rules "
@@ -264,7 +264,7 @@ def _command(argv: Sequence[str] | None, p: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status."""
-    args = _parse(argv)
+    args = cli.parse_or_exit(_parse, argv)
     from mpi4py import MPI
 
     import mpicomm

@@ -122,10 +122,10 @@ def test_every_kernel_is_warmed_up_before_the_first_timed_loop(monkeypatch, resi
 @pytest.mark.parametrize("argv, message", [
     (["--paths", "fortran"], "--paths must be all or a comma-separated list of numpy, compiled, cupy; got 'fortran'"),
     (["--dims", "4"], "--dims must be 2, 3 or 2,3; got '4'"),
-    (["--size", "0"], "argument --size: must be N or N,M, sides >= 1 such as 2048, 2K or 1e3 (e.g. 2048 or "
+    (["--size", "0"], "--size must be N or N,M, sides >= 1 such as 2048, 2K or 1e3 (e.g. 2048 or "
                       "2048,128); got '0'"),
-    (["--size", "1,2,3"], "argument --size: must be N or N,M"),
-    (["--size", "8,x"], "argument --size: must be N or N,M"),
+    (["--size", "1,2,3"], "--size must be N or N,M"),
+    (["--size", "8,x"], "--size must be N or N,M"),
     (["--iters", "0"], "--iters must be >= 1, got 0"),
     (["--repeat", "0"], "--repeat must be >= 1, got 0"),
     (["--append"], "--append needs --out FILE.md"),

@@ -17,6 +17,7 @@ from tests import mpirun
 from tests.tune.test_reports import marks
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 @pytest.mark.parametrize("argv,message", [
     (["--sizes", "8"], "--sizes must hold at least two sizes"),
     (["--iters", "0"], "--iters must be >= 1, got 0"),
@@ -31,6 +32,7 @@ def test_bad_options_are_named(capsys, argv, message):
     assert info.value.code == 2 and message in err and "python -m mpicomm.tune: error: " in err
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_help_explains_the_command(capsys):
     with pytest.raises(SystemExit):
         command.main(["--help"])
@@ -107,6 +109,7 @@ def test_tune_needs_two_ranks_and_show_needs_a_fit(tmp_path):
     assert advised(result.stderr) == [(2, []), (2, ["--show"])]
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 @pytest.mark.parametrize("argv,message", [
     (["--collectives", "--collective", "allreduce,spiral"], "unknown collective(s) 'spiral'"),
     (["--collective", "allreduce"], "--collective needs --collectives"),
@@ -126,6 +129,7 @@ def test_bad_collectives_options_are_named(capsys, argv, message):
     assert info.value.code == 2 and "python -m mpicomm.tune: error: " in err and message in err
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 @pytest.mark.parametrize("mode", [[], ["--collectives"]])
 def test_output_is_used_in_both_modes_and_never_replaced_without_force(tmp_path, capsys, mode):
     """``--output`` names the fit's file and, with --collectives, the rules' (it was silently ignored there)."""
@@ -139,6 +143,7 @@ def test_output_is_used_in_both_modes_and_never_replaced_without_force(tmp_path,
     assert path.read_text() == "{}"
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 def test_help_names_repeat_with_its_median_and_no_rounds(capsys):
     with pytest.raises(SystemExit):
         command.main(["--help"])
@@ -199,6 +204,7 @@ def test_show_without_a_saved_file_advises_commands_that_run(p, nodes, options):
         assert "at least 2 ranks" in text and commands[-1] == (2, [*options, "--show"])
 
 
+@pytest.mark.serial  # under mpiexec only the lowest rank prints a usage error: one process checks it
 @pytest.mark.parametrize("argv", [["--collective", "allreduce"], ["--repeat", "2", "--sizes", "8,64"]])
 def test_option_errors_advise_commands_that_run(capsys, argv):
     with pytest.raises(SystemExit):

@@ -97,16 +97,12 @@ PIPELINE = [sys.executable, "-m", "apps.pipeline", "train"]
 
 
 @pytest.mark.launches
-def test_the_command_line_exits_2_with_the_message_once_per_rank():
+def test_the_command_line_exits_2_with_the_message_once_per_job():
     n = 3
     out = mpirun.run(n, PIPELINE + ["--stages", "3", "--batch", str(10 ** 12)], timeout=60,
                      env={"OMP_NUM_THREADS": "1"})
     assert not out.timed_out, out.stderr
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     lines = [line for line in out.stderr.splitlines() if "error:" in line]
-    assert len(lines) == n, out.stderr
-    messages = {line.split(f" of {n}: ", 1)[1] for line in lines}
-    assert len(messages) == 1, out.stderr
-    assert {line.split(f" of {n}: ")[0] for line in lines} == {f"python -m apps.pipeline train: error: rank {r}"
-                                                              for r in range(n)}
-    assert next(iter(messages)).startswith("--batch 1000000000000: needs about "), out.stderr
+    assert len(lines) == 1, out.stderr  # every rank found it: said once, every rank exits with status 2
+    assert lines[0].startswith("python -m apps.pipeline train: error: --batch 1000000000000: needs about "), out.stderr

@@ -69,9 +69,8 @@ def _run(args: list[str]) -> mpirun.Result:
 def test_the_command_line_refuses_a_huge_batch_on_every_rank():
     out = _run(["--batch", str(10 ** 12)])
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    for r in range(2):
-        assert f"python -m apps.torchddp train: error: rank {r} of 2: --batch 1000000000000: needs about " \
-            in out.stderr, out.stderr
+    assert out.stderr.count("python -m apps.torchddp train: error: --batch 1000000000000: needs about ") == 1, \
+        out.stderr
 
 
 @pytest.mark.launches
@@ -80,7 +79,6 @@ def test_the_command_line_refuses_an_unwritable_checkpoint_directory_at_start(tm
     blocker.write_text("")
     out = _run(["--steps", "400", "--checkpoint-every", "100", "--checkpoint-dir", str(blocker / "ck")])
     assert out.returncode == 2, out.stderr
-    for r in range(2):
-        assert (f"python -m apps.torchddp train: error: rank {r} of 2: --checkpoint-dir {blocker / 'ck'}: "
-                f"checkpoints cannot be written there: ") in out.stderr, out.stderr
+    assert out.stderr.count(f"python -m apps.torchddp train: error: --checkpoint-dir {blocker / 'ck'}: "
+                            f"checkpoints cannot be written there: ") == 1, out.stderr
     assert "parameter digest" not in out.stdout
