@@ -19,12 +19,14 @@ from apps.checkpoint import CheckpointError
 from apps.pipeline.config import Config, ConfigError
 from apps.pipeline.data import micro_slices, reference
 from apps.pipeline.model import ModelSpec
-from apps.pipeline.schedules import SCHEDULES
+from apps.pipeline.schedules import CHUNKED, SCHEDULES, default_chunks, splits_backward
 from apps.pipeline.stage import STRATEGIES
 from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
 BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
+#: The schedules tested at 2 ranks only (CI time): their rows are tested in full, pure, in test_schedules.
+TWO_RANKS_ONLY = ("looped-bfs", "zb-h2", "zb-v", "dualpipev")
 
 
 def _splits(n):
@@ -42,15 +44,22 @@ def _close(a, b):
 @pytest.mark.parametrize("activations", STRATEGIES)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_split_equals_one_process(schedule, activations):
-    if schedule == "zb-h1" and activations == "recompute":
+    if splits_backward(schedule) and activations == "recompute":
         pytest.skip("refused by design (see test_bad_options_raise_on_every_rank)")
     comm = mpicomm.Comm()
     n = comm.Get_size()
+    if schedule in TWO_RANKS_ONLY and (n != 2 or (schedule == "looped-bfs" and activations != "store")):
+        pytest.skip("the newer schedules train at 2 ranks only (T x S = 1 x 2 and 2 x 1); looped-bfs, a reordering "
+                    "of whole backwards, with stored activations only")
     for t, s in _splits(n):
-        for chunks in ((2, 3) if schedule == "interleaved" else (1,)):
+        if schedule in TWO_RANKS_ONLY and t * s == 1:
+            continue
+        chunk_counts = (2, 3) if schedule == "interleaved" else (2,) if schedule in CHUNKED else \
+            (default_chunks(schedule),)
+        for chunks in chunk_counts:
             if SPEC.blocks % (s * chunks):
                 continue
-            micro = 2 * s if schedule == "interleaved" else 3  # 3 < S = 4: fewer micro-batches than stages
+            micro = 2 * s if schedule in ("interleaved", "dualpipev") else 3  # 3 < S = 4: fewer than stages
             cfg = replace(BASE, stages=s, tensor=t, schedule=schedule, chunks=chunks, micro=micro,
                           activations=activations)
             result = train(comm, cfg)
@@ -91,6 +100,9 @@ def test_measurements_add_up():
     (dict(schedule="interleaved", chunks=2, micro=3, stages=2), r"multiple of the stages \(2\)"),
     (dict(schedule="interleaved", chunks=5, micro=2, stages=1), r"blocks \(24\) divisible by stages x chunks \(5\)"),
     (dict(schedule="zb-h1", activations="recompute"), "zb-h1 with --activations recompute is not supported"),
+    (dict(schedule="dualpipev", chunks=2, activations="recompute"), "dualpipev with --activations recompute is not"),
+    (dict(schedule="dualpipev", chunks=2, micro=1), r"dualpipev needs at least twice as many micro-batches"),
+    (dict(schedule="zb-v"), "zb-v places exactly two chunks on each rank .*; use --chunks 2"),
     (dict(tensor=3), "--hidden 8 is not divisible by --tensor 3"),
     (dict(schedule="bogus"), "--schedule 'bogus': choose one of"),
     (dict(batch=2, micro=3), "--batch 2 is smaller than --micro 3"),
@@ -113,10 +125,14 @@ def test_ranks_not_t_times_s_times_d():
 
 
 @pytest.mark.mpi
-def test_restart_resumes_bit_for_bit(shared_dir):
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipev"])
+def test_restart_resumes_bit_for_bit(shared_dir, schedule):
     comm = mpicomm.Comm()
+    if schedule in TWO_RANKS_ONLY and comm.Get_size() != 2:
+        pytest.skip("the newer schedules train at 2 ranks only")
     directory = shared_dir
-    cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=4, checkpoint_dir=directory)
+    cfg = replace(BASE, stages=comm.Get_size(), micro=4, steps=4, checkpoint_dir=directory, schedule=schedule,
+                  chunks=default_chunks(schedule))
     straight = train(comm, cfg)
     train(comm, replace(cfg, steps=2, checkpoint_every=2))
     resumed = train(comm, replace(cfg, restart=True, checkpoint_every=2))
