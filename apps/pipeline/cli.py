@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
-                    "interleaved 1F1B and zero-bubble schedules as data, tensor and data parallelism "
+                    "interleaved 1F1B, looped BFS, zero-bubble (H1, H2, V) and DualPipeV schedules as data, tensor and "
+                    "data parallelism "
                     "(N = T x S x D ranks), activations stored, recomputed or offloaded; bubbles and memory measured.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{schedule,train,bench}")
@@ -130,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_split_options(s, schedule_only=True)
     s.add_argument("--comms", action="store_true", help="print the sends and receives too")
+    s.add_argument("--chart", action="store_true",
+                   help="draw the planned timetable as text: one line per rank, F3 = forward of micro-batch 3, "
+                        "lower case for a rank's second chunk, '-' while an action lasts, '·' idle")
     s.add_argument("--plot", metavar="FILE.png", default=None, help="the planned timetable as a Gantt chart")
     cli.add_json(s, "the schedule, its timetable and bubbles")
 
@@ -150,9 +154,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress lines")
 
     b = sub.add_parser("bench", help="the benchmark table: bubbles, memory and throughput measured (under mpiexec)",
-                       description="Measured in one run at this job's rank count: GPipe and 1F1B bubbles against the "
-                                   "formula, interleaved and ZB-H1 at the same (S, M), the activation strategies' "
-                                   "memory and time, and S stages against one rank on the same model and batch.")
+                       description="Measured in one run at this job's rank count: every schedule's bubble against "
+                                   "its planned timetable and formula, its first rank's peak activations against the "
+                                   "papers' count, at the same (S, M); the activation strategies' memory and time, "
+                                   "and S stages against one rank on the same model and batch.")
     add_model_options(b, **BENCH_MODEL)
     b.add_argument("--micro", type=int, default=8, help="micro-batches (default: 8)")
     cli.add_repeat(b, 1, "each row (the run with the median step time is reported)")
@@ -242,6 +247,14 @@ def _schedule(args: argparse.Namespace) -> int:
           + (", I before W" if splits_backward(name) else "") + ", sends match receives, no deadlock")
     for r, row in enumerate(rows):
         print(f"rank {r}: " + " ".join(row))
+    if args.chart:
+        from apps.pipeline.plots import text_chart
+        from apps.pipeline.schedules import stages_of
+
+        chunk = {st: c for r in range(p) for c, st in enumerate(stages_of(name, p, v, r))}
+        print("\nplanned timetable (one column pair per " + ("half " if v > 1 else "") + "forward):")
+        for line in text_chart(tt, chunk.get if v > 1 else None):
+            print(line)
     print()
     print(f"{'rank':>4}  {'busy':>6}  {'bubble':>7}  {'peak in flight':>14}")
     for r in range(p):
