@@ -46,8 +46,9 @@ rank - 1F1B's peak on the first rank), ``looped-bfs`` (breadth-first, Lamy-Poiri
 chunk 1...; backwards from the last chunk, GPipe-like memory), ``zb-h2`` (zero
 bubble with more memory: 2(p − rank) − 1 warm-up forwards, so the first
 gradient arrives just as the warm-up ends; up to 2p − 1 micro-batches in
-flight; the same construction as ZB-H1 with a larger cap), ``zb-v`` (zero bubble in a V, Qi et al.: two chunks per rank, 1F1B's
-memory; PyTorch's ``ScheduleZBVZeroBubble`` order) and ``dualpipev``
+flight; the same construction as ZB-H1 with a larger cap), ``zb-v`` (zero
+bubble in a V, Qi et al.: two chunks per rank, 1F1B's memory; PyTorch's
+``ScheduleZBVZeroBubble`` order) and ``dualpipev``
 (DeepSeek's DualPipe cut in half: the V layout, the steady state made of
 pairs - a forward of one chunk overlapped with a backward of the other - and
 the backward split into I and W only where W can fill a bubble; DeepSeek's

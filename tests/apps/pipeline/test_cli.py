@@ -37,6 +37,15 @@ def test_schedule_prints_validates_draws_and_writes_json(tmp_path):
     assert results["bubble"] == pytest.approx(3 / 11) and results["rows"][0][:2] == ["0F0", "SEND_F 0F0 →1"]
 
 
+def test_schedule_draws_a_v_as_text_with_two_chunks_by_default():
+    out = _serial(["schedule", "--stages", "2", "--micro", "4", "--schedule", "zb-v", "--chart"])
+    assert out.returncode == 0, out.stderr
+    assert "v=2 chunks" in out.stdout  # zb-v's own chunk count, without --chunks
+    assert "rank 0  F0F1F2f0i0w0f1i1w1F3I0W0f2i2w2I1W1f3i3w3I2W2I3W3·" in out.stdout  # f: stage 3, the V's top
+    assert "rank 1  · F0f0F1f1i0w0F2I0W0f2i1w1F3I1W1f3i2w2I2i3I3W2w3W3" in out.stdout
+    assert "formula (p-1)/(6m+p-1) = 4.0%" in out.stdout and "published 2p = 4" in out.stdout
+
+
 def test_schedule_bad_shape_exits_2_naming_the_fix():
     out = _serial(["schedule", "--stages", "3", "--micro", "4", "--schedule", "interleaved", "--chunks", "2"])
     assert out.returncode == 2
@@ -46,7 +55,8 @@ def test_schedule_bad_shape_exits_2_naming_the_fix():
 def test_help_lists_the_schedules_and_strategies():
     out = _serial(["train", "--help"])
     assert out.returncode == 0
-    for word in ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "recompute", "offload", "--tensor", "--balance"):
+    for word in ("naive", "gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipev",
+                 "recompute", "offload", "--tensor", "--balance"):
         assert word in out.stdout
 
 
