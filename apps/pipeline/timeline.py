@@ -102,6 +102,17 @@ class Timetable:
             return 1.0 - self.busy(rank) / self.makespan
         return 1.0 - sum(self.busy(r) for r in range(self.p)) / (self.p * self.makespan)
 
+    def peak_waiting(self, rank: int) -> int:
+        """Most micro-batches rank *rank* holds between their I and their W at once (0 without a split backward)."""
+        live, peak = 0, 0
+        for s in self.slots[rank]:
+            if s.action.op == "I":
+                live += 1
+                peak = max(peak, live)
+            elif s.action.op == "W":
+                live -= 1
+        return peak
+
     def peak_in_flight(self, rank: int) -> int:
         """Most micro-batches whose activations rank *rank* holds at once (forward done, backward not)."""
         live, peak = 0, 0

@@ -84,8 +84,8 @@ def test_two_dimensional_run_with_tensor_parallelism(tmp_path):
 
 @pytest.mark.parametrize("args,message,usage", [
     (["--stages", "2", "--micro", "0"], "--micro must be an integer >= 1, got 0", True),
-    (["--stages", "2", "--schedule", "zb-h1", "--activations", "recompute"],
-     "--schedule zb-h1 with --activations recompute is not supported", True),
+    (["--stages", "2", "--schedule", "dualpipev", "--micro", "3"],
+     r"dualpipev needs at least twice as many micro-batches as stages (m >= 2p = 4), got 3; use --micro 4", True),
     (["--stages", "2", "--blocks", "1"], "2 stages but the model has 1 blocks", True),
     (["--stages", "2", "--keep", "0"], "--keep must be >= 1, got 0", True),
     (["--stages", "2", "--hidden", "32,64"], "argument --hidden: must be one width", True),

@@ -44,15 +44,14 @@ def _close(a, b):
 @pytest.mark.parametrize("activations", STRATEGIES)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_split_equals_one_process(schedule, activations):
-    if splits_backward(schedule) and activations == "recompute":
-        pytest.skip("refused by design (see test_bad_options_raise_on_every_rank)")
     comm = mpicomm.Comm()
     n = comm.Get_size()
-    if schedule in TWO_RANKS_ONLY and (n != 2 or (schedule == "looped-bfs" and activations != "store")):
-        pytest.skip("the newer schedules train at 2 ranks only (T x S = 1 x 2 and 2 x 1); looped-bfs, a reordering "
-                    "of whole backwards, with stored activations only")
+    newer = schedule in TWO_RANKS_ONLY or (splits_backward(schedule) and activations == "recompute")
+    if newer and (n != 2 or (schedule == "looped-bfs" and activations != "store")):
+        pytest.skip("the newer schedules (and recompute with a split backward) train at 2 ranks only (T x S = 1 x 2 "
+                    "and 2 x 1); looped-bfs, a reordering of whole backwards, with stored activations only")
     for t, s in _splits(n):
-        if schedule in TWO_RANKS_ONLY and t * s == 1:
+        if newer and t * s == 1:
             continue
         chunk_counts = (2, 3) if schedule == "interleaved" else (2,) if schedule in CHUNKED else \
             (default_chunks(schedule),)
@@ -67,6 +66,19 @@ def test_every_split_equals_one_process(schedule, activations):
                 losses, params = reference(cfg, replicas=n // (t * s))
                 _close(np.array(result.losses), np.array(losses))
                 _close(result.full, params)
+
+
+@pytest.mark.mpi
+def test_recompute_with_a_split_backward_holds_less_than_store():
+    """DualPipeV on 2 stages: recompute keeps the stage inputs from F to I, and what W needs only from I to W."""
+    comm = mpicomm.Comm()
+    if comm.Get_size() != 2:
+        pytest.skip("the newer schedules train at 2 ranks only")
+    cfg = replace(BASE, stages=2, micro=4, steps=2, schedule="dualpipev", chunks=2, spec=replace(SPEC, blocks=4))
+    store = train(comm, cfg).stats
+    recompute = train(comm, replace(cfg, activations="recompute")).stats
+    assert recompute["peak_micro"] == store["peak_micro"] == store["planned_peak"] == 5  # 2p + 1 chunk micro-batches
+    assert recompute["peak_bytes"] < store["peak_bytes"]
 
 
 @pytest.mark.mpi
@@ -99,8 +111,6 @@ def test_measurements_add_up():
     (dict(micro=0), "--micro must be an integer >= 1, got 0"),
     (dict(schedule="interleaved", chunks=2, micro=3, stages=2), r"multiple of the stages \(2\)"),
     (dict(schedule="interleaved", chunks=5, micro=2, stages=1), r"blocks \(24\) divisible by stages x chunks \(5\)"),
-    (dict(schedule="zb-h1", activations="recompute"), "zb-h1 with --activations recompute is not supported"),
-    (dict(schedule="dualpipev", chunks=2, activations="recompute"), "dualpipev with --activations recompute is not"),
     (dict(schedule="dualpipev", chunks=2, micro=1), r"dualpipev needs at least twice as many micro-batches"),
     (dict(schedule="zb-v"), "zb-v places exactly two chunks on each rank .*; use --chunks 2"),
     (dict(tensor=3), "--hidden 8 is not divisible by --tensor 3"),
