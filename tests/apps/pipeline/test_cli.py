@@ -126,12 +126,16 @@ def test_bench_writes_the_table_and_json(tmp_path):
     out = _run(2, ["bench", *SMALL, "--micro", "4", "--out", str(md), "--json", str(doc)], timeout=240)
     assert out.returncode == 0, out.stderr
     text = md.read_text()
-    for row in ("| naive |", "| gpipe |", "| 1f1b | 1 | store |", "| interleaved | 2 |", "| zb-h1 |",
-                "| 1f1b | 1 | recompute |", "| 1f1b | 1 | offload |", "| one rank |"):
+    for row in ("| naive |", "| gpipe |", "| 1f1b | 1 | store |", "| interleaved | 2 |", "| looped-bfs | 2 |",
+                "| zb-h1 |", "| zb-h2 |", "| zb-v | 2 |", "| dualpipev | 2 |", "| 1f1b | 1 | recompute |",
+                "| 1f1b | 1 | offload |", "| one rank |"):
         assert row in text
     assert "against one rank on the same model and global batch" in text
     rows = json.loads(doc.read_text())["results"]
-    assert len(rows) == 8 and all(r["step_s"] > 0 for r in rows)
+    assert len(rows) == 12 and all(r["step_s"] > 0 for r in rows)
+    # every schedule holds what it planned, and the papers' count: zb-v 2p = 4 chunk micro-batches, dualpipev 5
+    assert all(r["peak_micro"] == r["planned_peak"] for r in rows)
+    assert {r["schedule"]: r["memory"] for r in rows if r["activations"] == "store"}["dualpipev"] == 5
     again = _run(2, ["bench", *SMALL, "--out", str(md)], timeout=60)
     assert again.returncode == 2 and "python -m apps.pipeline bench: error: --out " in again.stderr
     assert "exists; add --append" in again.stderr
