@@ -9,11 +9,13 @@ waiting rank and what it waits for - the check that catches the crossed
 sends/receives of interleaved schedules and the m < p cases where real systems
 have hung. :func:`validate` adds the static rules: each micro-batch exactly once
 per stage and op, every forward before its backward, I before W, sends and
-receives in matching pairs.
+receives in matching pairs, a hand-off between two stages of one rank in order.
 
 The bubble of a timetable is the idle share of ``p · makespan``; the formulas
-(uniform stages, communication free) are those of the literature, see
-:func:`formula`.
+(uniform stages, communication free, a step whose ranks start together) are
+those of the literature, see :func:`formula` (and :data:`PUBLISHED` for the
+papers' own, per iteration); :func:`memory` gives the papers' peak of
+micro-batches in flight, which :meth:`Timetable.peak_in_flight` meets.
 """
 
 from __future__ import annotations
