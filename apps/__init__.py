@@ -5,7 +5,7 @@
 * ``apps.mapreduce`` - a map-reduce engine (word count, inverted index), shuffle by alltoallv.
 * ``apps.sgd`` - distributed SGD: DDP with overlapped buckets, ZeRO 1-2, parameter servers.
 * ``apps.torchddp`` - PyTorch DistributedDataParallel on the mpicomm torch backend.
-* ``apps.pipeline`` - pipeline training: GPipe, 1F1B, interleaved and zero-bubble schedules, T x S x D ranks.
+* ``apps.pipeline`` - pipeline training: GPipe, 1F1B, interleaved, zero-bubble and DualPipeV schedules, T x S x D ranks.
 * ``apps.checkpoint`` - the checkpoint format they share: atomic files, checksums, manifest last, no pickle;
   and the check at start that every rank can write the checkpoint directory.
 * ``apps.memory`` - the check before allocating that a run fits the memory available, the same on every rank.

@@ -3,9 +3,10 @@
 Modules, from the bottom up (each imports only those above it in this list):
 
 * :mod:`~apps.pipeline.schedules` - pure generators of each rank's actions for
-  naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1, printed as ``"2F0"``;
+  naive, GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1, ZB-H2, ZB-V and
+  DualPipeV (the last two on two chunks per rank placed in a V), printed as ``"2F0"``;
 * :mod:`~apps.pipeline.timeline` - the validator (static rules and a simulated
-  run that must not deadlock), planned timetables, the bubble formulas;
+  run that must not deadlock), planned timetables, the bubble and memory formulas;
 * :mod:`~apps.pipeline.tensor` - Megatron's column- and row-parallel Linear, and
   the scatter-gather of activations between stages;
 * :mod:`~apps.pipeline.model` - the MLP of blocks, its balanced split, its initial values;

@@ -3,10 +3,12 @@
 At this job's N ranks the pipeline has S = N stages (T = D = 1) and runs, on the
 same model, global batch and M micro-batches:
 
-* naive, GPipe, 1F1B, interleaved 1F1B (V = 2, where the blocks and M allow it)
-  and ZB-H1, activations stored: the measured bubble (idle share of the step
-  on each rank, averaged over ranks), the planned one (the simulated timetable)
-  and the formula, and the first rank's peak activation memory;
+* every schedule - naive, GPipe, 1F1B, interleaved 1F1B and looped BFS (V = 2,
+  where the blocks and M allow it), ZB-H1, ZB-H2, ZB-V and DualPipeV -
+  activations stored: the measured bubble (idle share of the step on each rank,
+  averaged over ranks) against the planned one (the simulated timetable) and
+  the formula, and the first rank's peak activations (bytes, and micro-batches
+  in flight against the plan and the papers' count);
 * 1F1B with activations recomputed and offloaded (parked in the next rank's
   node-shared window where it shares the node, its RMA window otherwise;
   fetched back ahead of each backward): their memory and step time against
@@ -37,14 +39,15 @@ from .config import Config
 from .engine import wait_sleeping
 from .measure import summary
 from .model import ModelSpec
-from .timeline import FORMULAS
+from .timeline import FORMULAS, MEMORY, memory
 from .train import train
 
 __all__ = ["bench", "ROWS"]
 
 #: (schedule, chunks, activations) of each row, in table order.
 ROWS = (("naive", 1, "store"), ("gpipe", 1, "store"), ("1f1b", 1, "store"), ("interleaved", 2, "store"),
-        ("zb-h1", 1, "store"), ("1f1b", 1, "recompute"), ("1f1b", 1, "offload"))
+        ("looped-bfs", 2, "store"), ("zb-h1", 1, "store"), ("zb-h2", 1, "store"), ("zb-v", 2, "store"),
+        ("dualpipev", 2, "store"), ("1f1b", 1, "recompute"), ("1f1b", 1, "offload"))
 
 
 def _config(args: argparse.Namespace, stages: int, schedule: str, chunks: int, activations: str) -> Config:
@@ -93,6 +96,7 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
             rows.append({"schedule": schedule, "S": world, "M": cfg.micro, "V": chunks, "activations": activations,
                          "bubble": summ["bubble"], "planned": summ["planned"], "formula": summ["formula"],
                          "peak_bytes": first["peak_bytes"], "peak_micro": first["peak_micro"],
+                         "planned_peak": first["planned_peak"], "memory": memory(schedule, world, cfg.micro, chunks),
                          "offload_bytes": first["offload_bytes"], "offload_window": first["offload_window"],
                          "step_s": summ["step_s"],
                          "samples_per_s": summ["samples_per_s"]})
@@ -109,7 +113,8 @@ def bench(comm: Any, args: argparse.Namespace, say: Callable[[str], None]) -> in
         one = {"schedule": "one rank", "S": 1, "M": cfg.micro, "V": 1, "activations": "store",
                "bubble": summ["bubble"], "planned": 0.0, "formula": 0.0,
                "peak_bytes": summ["per_rank"][0]["peak_bytes"], "peak_micro": summ["per_rank"][0]["peak_micro"],
-               "offload_bytes": 0, "step_s": summ["step_s"], "samples_per_s": summ["samples_per_s"]}
+               "planned_peak": 1, "memory": 1, "offload_bytes": 0, "step_s": summ["step_s"],
+               "samples_per_s": summ["samples_per_s"]}
         c.Free()
     wait_sleeping(comm.Ibarrier())  # the other ranks sleep while rank 0 runs alone
     progress.step("one rank")
@@ -147,20 +152,24 @@ def _table(args: argparse.Namespace, world: int, rows: list[dict[str, Any]], ski
         f"Model: {args.blocks} blocks {args.width}→{args.hidden}→{args.width}, {args.features} features, "
         f"{args.classes} classes, {args.dtype}; global batch {args.batch}; {args.steps} steps per row (the first "
         f"not counted). Bubble: idle share of the step, averaged over the ranks; planned: the simulated timetable "
-        f"(F = 1, B = 2, I = W = 1); peak: activations held by rank 0 (the first stage).",
+        f"(F = 1, B = 2, I = W = 1; a chunk's costs halved at V = 2); off by: measured against planned; peak: "
+        f"activations held by rank 0 (the first stage, and in a V the last), in bytes and in micro-batches of one "
+        f"stage (of one chunk at V = 2) - measured (planned) and the papers' count.",
         "",
         "| schedule | V | activations | bubble measured | planned | formula | off by | peak activations rank 0 "
-        "| in flight | step | samples/s | vs 1F1B store |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| in flight (plan) | papers | step | samples/s | vs 1F1B store |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        off = (r["bubble"] - r["formula"]) / r["formula"] if r["formula"] else float("nan")
+        off = (r["bubble"] - r["planned"]) / r["planned"] if r["planned"] else float("nan")
         ratio = (r["step_s"] / store["step_s"]) if store and store["step_s"] else float("nan")
         formula = FORMULAS.get(r["schedule"], "-")
+        paper = f"{r['memory']} `{MEMORY[r['schedule']]}`" if r["schedule"] in MEMORY else "-"
         lines.append(
             f"| {r['schedule']} | {r['V']} | {r['activations']} | {r['bubble']:.1%} | {r['planned']:.1%} | "
-            f"{r['formula']:.1%} `{formula}` | {off:+.0%} | {r['peak_bytes'] / 1024:,.0f} KiB | {r['peak_micro']} | "
-            f"{cli.format_time(r['step_s'])} | {r['samples_per_s']:,.0f} | {ratio:.2f}× time |")
+            f"{r['formula']:.1%} `{formula}` | {off:+.0%} | {r['peak_bytes'] / 1024:,.0f} KiB | {r['peak_micro']} "
+            f"({r['planned_peak']}) | {paper} | {cli.format_time(r['step_s'])} | {r['samples_per_s']:,.0f} | "
+            f"{ratio:.2f}× time |")
     strategies = {r["activations"]: r for r in rows if r["schedule"] == "1f1b"}
     if len(strategies) > 1:
         lines += ["", "Activations at 1F1B, side by side (step time, and the first rank's peak activations): " + "; ".join(

@@ -22,8 +22,10 @@ PROG = "python -m apps.pipeline"
 EXAMPLES = """examples:
   python -m apps.pipeline schedule --stages 4 --micro 8 --schedule 1f1b --plot 1f1b.png
   python -m apps.pipeline schedule --stages 4 --micro 8 --schedule interleaved --chunks 2
+  python -m apps.pipeline schedule --stages 4 --micro 8 --schedule dualpipev --comms --plot dualpipev.png
   mpiexec -n 2 python -m apps.pipeline train                                  # 1F1B, 2 stages, 8 micro-batches
   mpiexec -n 4 python -m apps.pipeline train --stages 4 --micro 16 --schedule zb-h1 --plot run.png
+  mpiexec -n 2 python -m apps.pipeline train --schedule zb-v --check           # two chunks per rank, in a V
   mpiexec -n 4 python -m apps.pipeline train --stages 2 --tensor 2 --activations recompute   # T x S = 2 x 2
   mpiexec -n 4 python -m apps.pipeline train --stages 2 --checkpoint-every 5 --checkpoint-dir ckpt [--restart]
   mpiexec -n 2 python -m apps.pipeline bench --out jobs/results/pipeline-bench.md --force --json pipeline-bench.json
@@ -81,9 +83,14 @@ def add_split_options(p: argparse.ArgumentParser, *, schedule_only: bool = False
     g.add_argument("--schedule", choices=SCHEDULES, default=c.schedule,
                    help=f"naive: one micro-batch at a time; gpipe: all forwards, then all backwards; 1f1b: "
                         f"one forward, one backward; interleaved: 1F1B over --chunks model chunks per rank; "
-                        f"zb-h1: zero bubble, backward split into input and weight gradients (default: {c.schedule})")
-    g.add_argument("--chunks", type=int, default=c.chunks, metavar="V",
-                   help="interleaved: model chunks per rank (default: 1; 2 or more to interleave)")
+                        f"looped-bfs: every micro-batch through each chunk in turn; zb-h1: zero bubble, backward "
+                        f"split into input and weight gradients, 1F1B's memory; zb-h2: zero bubble with up to 2S-1 "
+                        f"micro-batches in flight; zb-v: zero bubble on two chunks per rank placed in a V, 1F1B's "
+                        f"memory; dualpipev: DeepSeek's DualPipe cut in half, a V of forward-backward pairs "
+                        f"(default: {c.schedule})")
+    g.add_argument("--chunks", type=int, default=None, metavar="V",
+                   help="model chunks per rank: interleaved and looped-bfs take any V (default 1; 2 or more to "
+                        "interleave); zb-v and dualpipev have 2; the others 1")
     if schedule_only:
         return
     from apps.pipeline.stage import STRATEGIES
@@ -111,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     parser = cli.Parser(
         prog=PROG,
         description="Pipeline training on mpicomm's point-to-point, one-sided windows and collectives: GPipe, 1F1B, "
-                    "interleaved 1F1B and zero-bubble schedules as data, tensor and data parallelism "
+                    "interleaved 1F1B, looped BFS, zero-bubble (H1, H2, V) and DualPipeV schedules as data, tensor and "
+                    "data parallelism "
                     "(N = T x S x D ranks), activations stored, recomputed or offloaded; bubbles and memory measured.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{schedule,train,bench}")
@@ -123,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_split_options(s, schedule_only=True)
     s.add_argument("--comms", action="store_true", help="print the sends and receives too")
+    s.add_argument("--chart", action="store_true",
+                   help="draw the planned timetable as text: one line per rank, F3 = forward of micro-batch 3, "
+                        "lower case for a rank's second chunk, '-' while an action lasts, '·' idle")
     s.add_argument("--plot", metavar="FILE.png", default=None, help="the planned timetable as a Gantt chart")
     cli.add_json(s, "the schedule, its timetable and bubbles")
 
@@ -143,9 +154,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress lines")
 
     b = sub.add_parser("bench", help="the benchmark table: bubbles, memory and throughput measured (under mpiexec)",
-                       description="Measured in one run at this job's rank count: GPipe and 1F1B bubbles against the "
-                                   "formula, interleaved and ZB-H1 at the same (S, M), the activation strategies' "
-                                   "memory and time, and S stages against one rank on the same model and batch.")
+                       description="Measured in one run at this job's rank count: every schedule's bubble against "
+                                   "its planned timetable and formula, its first rank's peak activations against the "
+                                   "papers' count, at the same (S, M); the activation strategies' memory and time, "
+                                   "and S stages against one rank on the same model and batch.")
     add_model_options(b, **BENCH_MODEL)
     b.add_argument("--micro", type=int, default=8, help="micro-batches (default: 8)")
     cli.add_repeat(b, 1, "each row (the run with the median step time is reported)")
@@ -165,6 +177,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Nam
     args = top.parse_args(argv)
     args.argv = list(argv) if argv is not None else None
     own = cli.subparser(top, args.command)
+    if getattr(args, "chunks", 0) is None:  # the schedule's own: 2 for the V schedules, else 1
+        from apps.pipeline.schedules import default_chunks
+
+        args.chunks = default_chunks(args.schedule)
     if args.command == "schedule":
         cli.at_least(own, args, 1, "--stages", "--micro", "--chunks")
         try:
@@ -221,7 +237,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     from apps.pipeline.schedules import splits_backward, table
-    from apps.pipeline.timeline import FORMULAS, formula, plan
+    from apps.pipeline.timeline import FORMULAS, MEMORY, PUBLISHED, formula, memory, plan
 
     p, m, v, name = args.stages, args.micro, args.chunks, args.schedule
     tt = plan(name, p, m, v)  # validated here, before anything is printed
@@ -232,12 +248,23 @@ def _schedule(args: argparse.Namespace) -> int:
           + (", I before W" if splits_backward(name) else "") + ", sends match receives, no deadlock")
     for r, row in enumerate(rows):
         print(f"rank {r}: " + " ".join(row))
+    if args.chart:
+        from apps.pipeline.plots import text_chart
+        from apps.pipeline.schedules import stages_of
+
+        chunk = {st: c for r in range(p) for c, st in enumerate(stages_of(name, p, v, r))}
+        print("\nplanned timetable (one column pair per " + ("half " if v > 1 else "") + "forward):")
+        for line in text_chart(tt, chunk.get if v > 1 else None):
+            print(line)
     print()
     print(f"{'rank':>4}  {'busy':>6}  {'bubble':>7}  {'peak in flight':>14}")
     for r in range(p):
         print(f"{r:>4}  {tt.busy(r):>6.1f}  {tt.bubble(r):>7.1%}  {tt.peak_in_flight(r):>14}")
     print(f"\nplanned bubble {tt.bubble():.1%} of {p} x {tt.makespan:g} units (F=1, B=2, I=W=1"
-          + (f", chunk costs /{v}" if v > 1 else "") + f"); formula {FORMULAS[name]} = {f:.1%}")
+          + (f", chunk costs /{v}" if v > 1 else "") + f"); formula {FORMULAS[name]} = {f:.1%}; published, "
+          f"per rank and iteration: {PUBLISHED[name]}")
+    print(f"planned peak in flight on rank 0: {tt.peak_in_flight(0)}" + (" chunk" if v > 1 else "")
+          + f" micro-batches; published {MEMORY[name]} = {memory(name, p, m, v)}")
     if args.plot:
         from apps.pipeline.plots import gantt
 
@@ -247,7 +274,7 @@ def _schedule(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.json:
         results = {"schedule": name, "p": p, "m": m, "v": v, "rows": table(name, p, m, v, comms=True),
-                   "bubble": tt.bubble(), "formula": f, "makespan": tt.makespan,
+                   "bubble": tt.bubble(), "formula": f, "makespan": tt.makespan, "memory": memory(name, p, m, v),
                    "per_rank": [{"rank": r, "busy": tt.busy(r), "bubble": tt.bubble(r),
                                  "peak_in_flight": tt.peak_in_flight(r)} for r in range(p)]}
         cli.write_json(args.json, cli.command_line(PROG, args.argv), results)

@@ -22,7 +22,7 @@ from apps.options import BACKENDS, bind_device
 
 from .model import ModelError, ModelSpec, block_ranges
 from .offload import WINDOWS
-from .schedules import SCHEDULES, ScheduleError, check_shape
+from .schedules import SCHEDULES, ScheduleError, check_shape, equal_chunks, splits_backward, stages_of
 from .stage import STRATEGIES
 
 __all__ = ["Config", "ConfigError", "Topology", "memory_need", "check_memory", "array_module"]
@@ -87,16 +87,12 @@ class Config:
         try:
             check_shape(self.schedule, self.stages, self.micro, self.chunks)
             self.spec.check()
-            block_ranges(self.spec, self.stages * self.chunks, equal=self.schedule == "interleaved")
+            block_ranges(self.spec, self.stages * self.chunks, equal=equal_chunks(self.schedule))
         except (ScheduleError, ModelError) as exc:
             raise ConfigError(str(exc)) from None
-        if self.balance == "time" and self.schedule == "interleaved":
-            raise ConfigError("--balance time does not apply to --schedule interleaved: its chunks must hold equal "
-                              "numbers of blocks; drop --balance or use another schedule")
-        if self.schedule == "zb-h1" and self.activations == "recompute":
-            raise ConfigError("--schedule zb-h1 with --activations recompute is not supported: the deferred weight "
-                              "gradient (W) needs the activations again after the input gradient, so recomputing "
-                              "them saves nothing; use --activations store or offload with zb-h1")
+        if self.balance == "time" and equal_chunks(self.schedule):
+            raise ConfigError(f"--balance time does not apply to --schedule {self.schedule}: its chunks must hold "
+                              f"equal numbers of blocks; drop --balance or use another schedule")
         if self.spec.hidden % self.tensor:
             raise ConfigError(f"--hidden {self.spec.hidden} is not divisible by --tensor {self.tensor}; "
                               f"use a multiple of {self.tensor}")
@@ -137,20 +133,23 @@ class Topology:
 # ---------------------------------------------------------------- memory
 
 
-def _peak_in_flight(schedule: str, stages: int, micro: int, chunks: int) -> list[int]:
-    """Micro-batches (of one chunk-stage each) whose activations each pipeline rank holds at most at once.
+def _peak_in_flight(schedule: str, stages: int, micro: int, chunks: int) -> tuple[list[int], list[int]]:
+    """Micro-batches (of one chunk-stage each) whose activations each pipeline rank holds at most at once, and
+    of those, the most waiting for their W (input gradient done, weight gradient not).
 
-    The planned timetable's count; beyond a few micro-batches per stage it no
-    longer grows (except GPipe's, which holds all M), so long schedules are
-    planned at ``4·S·V`` micro-batches.
+    The planned timetable's counts; beyond a few micro-batches per stage they no
+    longer grow (except GPipe's and looped BFS's, which hold all M), so long
+    schedules are planned at ``4·S·V`` micro-batches.
     """
     from .timeline import plan
 
     if schedule == "gpipe":
-        return [micro] * stages
+        return [micro] * stages, [0] * stages
+    if schedule == "looped-bfs":
+        return [micro * chunks] * stages, [0] * stages
     cap = 4 * stages * chunks
     tt = plan(schedule, stages, min(micro, cap), chunks)
-    return [tt.peak_in_flight(r) for r in range(stages)]
+    return [tt.peak_in_flight(r) for r in range(stages)], [tt.peak_waiting(r) for r in range(stages)]
 
 
 def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: int | None = None,
@@ -166,7 +165,8 @@ def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: in
     the planned peak of micro-batches in flight times what one micro-batch
     leaves on the rank's largest stage (each Linear's input, each activation's
     mask or values; with ``recompute`` only the stage input, plus one
-    micro-batch rebuilt; with ``zb-h1`` also the output gradients kept for W;
+    micro-batch rebuilt; with a split backward (zero bubble, DualPipeV) also the output gradients kept for W, and
+    with recompute or offload the layer inputs W needs, rebuilt or fetched back at I;
     with ``offload`` they sit in this rank's window for its neighbour
     instead, plus two micro-batches fetched back); one micro-batch's working arrays and messages; and on the
     first and last stage's ranks the whole global batch each step makes
@@ -180,17 +180,17 @@ def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: in
     gelu = spec.activation == "gelu"
     act = (lambda n: 2 * n * itemsize) if gelu else (lambda n: n)  # bytes per row an activation keeps
     if bounds is None:
-        bounds = block_ranges(spec, S * V, equal=cfg.schedule == "interleaved")
+        bounds = block_ranges(spec, S * V, equal=equal_chunks(cfg.schedule))
     states = {"sgd": 0, "adam": 2, "adamw": 2}.get(cfg.optimizer, 2)  # the pipeline's SGD has no momentum
     per_replica = -(-batch // D)  # the largest replica's share
     rows = -(-per_replica // micro)  # its largest micro-batch
-    peaks = _peak_in_flight(cfg.schedule, S, micro, V)
+    peaks, waiting = _peak_in_flight(cfg.schedule, S, micro, V)
     worst = 0
     for s in range(S):
         params = keep = keep_input = grads_out = 0  # keep*: bytes per row of one micro-batch on one chunk-stage
         first = last = False
-        for chunk in range(V):
-            lo, hi = bounds[chunk * S + s]
+        for stage in stages_of(cfg.schedule, S, V, s):
+            lo, hi = bounds[stage]
             blocks = hi - lo
             p = blocks * (2 * w * h + h + w)
             k = blocks * ((w + h) * itemsize + act(h) + act(w))
@@ -215,8 +215,10 @@ def memory_need(cfg: Config, topo: Topology, batch: int | None = None, micro: in
             held = peaks[(s - 1) % S] * rows * keep + 2 * rows * keep
         else:
             held = peaks[s] * rows * keep
-        if cfg.schedule == "zb-h1":
+        if splits_backward(cfg.schedule):
             held += peaks[s] * rows * grads_out
+            if cfg.activations != "store":  # between I and W, each parameter layer's input is back here
+                held += waiting[s] * rows * keep
         working = rows * itemsize * (4 * max(w, h, f) + 3 * c)  # one pass's outputs, gradients and messages
         data = batch * ((f + c) * 8 + 16) + rows * f * itemsize if first or last else 0
         worst = max(worst, model + held + working + data)
@@ -235,7 +237,7 @@ def check_memory(comm: Any, cfg: Config, topo: Topology) -> None:
     if more and cfg.schedule != "gpipe":  # GPipe keeps every micro-batch: more of them do not help
         knobs.append(memory.Knob("--micro", cfg.micro, high=more[-1], candidates=more))
     spec = cfg.spec
-    bounds = block_ranges(spec, topo.S * cfg.chunks, equal=cfg.schedule == "interleaved")
+    bounds = block_ranges(spec, topo.S * cfg.chunks, equal=equal_chunks(cfg.schedule))
     sizes = [("--hidden", spec.hidden, cfg.tensor), ("--width", spec.width, 1), ("--features", spec.features, 1)]
     for option, value, step in sizes:
         if value > step:

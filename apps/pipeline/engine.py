@@ -12,6 +12,11 @@ every message and the tags are fixed once; each training step then runs
   :func:`apps.pipeline.timeline.validate` proves no two ranks wait for each other;
 * every message has its own tag ``(kind, stage, micro-batch)`` on the pipeline
   communicator, so the order in which neighbours post them does not matter;
+* where the next stage (or, backward, the previous one) is on this rank too -
+  the bottom of a V (ZB-V, DualPipeV), or every stage at S = 1 - the output
+  is handed over in memory, with no message;
+* an overlapped F&B pair (DualPipeV) runs its two halves back to back: its
+  receives are waited for before the forward, its sends start after the backward;
 * with tensor parallelism (T > 1) a message is this tensor rank's block of the
   activation or gradient, and the stage all-gathers the blocks when it has
   received its own (:class:`apps.pipeline.tensor.ScatterGather`): the bytes
@@ -93,7 +98,7 @@ class Executor:
     """Run this rank's schedule row on its stages (see the module docstring)."""
 
     def __init__(self, comm: Any, row: list[Action], stages: dict[int, Stage], last_stage: int,
-                 shapes: Callable[[str, int, int], tuple[int, ...]], dtype: Any, *, split: bool,
+                 shapes: Callable[[str, int, int], tuple[int, ...]], dtype: Any, *,
                  lookahead: int = 2, hooks: dict[int, Callable[[int], None]] | None = None,
                  on_last_backward: Callable[[int], None] | None = None, link: ScatterGather | None = None,
                  xp: Any = np) -> None:
@@ -111,16 +116,15 @@ class Executor:
         self.dtype = np.dtype(dtype)
         self.link = link  # tensor parallelism: send a block, all-gather on arrival
         self.xp = xp  # the array module of the messages' buffers
-        self.split = split
         self.lookahead = lookahead
         self.hooks = hooks or {}
         self.on_last_backward = on_last_backward
         self.micro = 1 + max((a.mb for a in self.row), default=0)
         self.stage_count = last_stage + 1
-        # The final gradient pass of each stage: its last B (or W): the moment its gradients are complete.
+        # The final gradient pass of each stage: its last B or W: the moment its gradients are complete.
         final = {}
         for i, a in enumerate(self.row):
-            if a.op == ("W" if split else "B"):
+            if a.op in ("B", "W"):
                 final[a.stage] = i
         self._final = set(final.values())
         # Before compute action i: the (stage, mb) of the next backward (B or I) after it, to prefetch.
@@ -216,12 +220,16 @@ class Executor:
                     rec.loss_sum += loss_sum
                     rec.correct += correct
                     grads[(a.stage, a.mb)] = dy
+                elif a.stage + 1 in self.stages:  # the next stage is here: a local hand-off
+                    arrived[("F", a.stage + 1, a.mb)] = y
                 else:
                     outputs[(a.stage, a.mb)] = y
             elif op in ("B", "I"):
                 dy = grads.pop((a.stage, a.mb)) if a.stage == self.last_stage else arrived.pop(("B", a.stage, a.mb))
                 dx = stage.backward(a.mb, dy, hook) if op == "B" else stage.backward_input(a.mb, dy)
-                if a.stage > 0:
+                if a.stage - 1 in self.stages:
+                    arrived[("B", a.stage - 1, a.mb)] = dx
+                elif a.stage > 0:
                     outputs[(a.stage, a.mb)] = dx
             else:  # W
                 stage.backward_weight(a.mb, hook)

@@ -131,7 +131,7 @@ def block_ranges(spec: ModelSpec, stages: int, *, equal: bool = False,
                          f"or fewer --stages/--chunks")
     if equal:
         if spec.blocks % stages:
-            raise ModelError(f"interleaved needs the blocks ({spec.blocks}) divisible by stages x chunks ({stages}); "
+            raise ModelError(f"interleaved and looped-bfs need the blocks ({spec.blocks}) divisible by stages x chunks ({stages}); "
                              f"use --blocks {spec.blocks + stages - spec.blocks % stages}")
         k = spec.blocks // stages
         return [(i * k, (i + 1) * k) for i in range(stages)]

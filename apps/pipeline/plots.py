@@ -1,4 +1,5 @@
-"""Gantt charts of pipeline steps: the planned timetable, and the measured one beside it (matplotlib, ``plot`` extra).
+"""Gantt charts of pipeline steps: the planned timetable, and the measured one beside it (matplotlib, ``plot`` extra);
+and the planned one as text (:func:`text_chart`, no matplotlib: the pictures of docs/pipeline.md).
 
 One row per rank, time to the right; forward, backward, input-gradient (I) and
 weight-gradient (W) actions in their own colours, labelled with the micro-batch
@@ -16,7 +17,7 @@ from mpicomm import cli
 
 from .timeline import plan
 
-__all__ = ["gantt", "run_chart", "COLOURS"]
+__all__ = ["gantt", "run_chart", "text_chart", "COLOURS"]
 
 #: Colour per op; "wait" is drawn hatched.
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#55a868", "wait": "#ffffff"}
@@ -43,6 +44,37 @@ def _draw(ax: Any, rows: Sequence[Sequence[Sequence[Any]]], title: str, unit: st
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     return seen
+
+
+def text_chart(tt: Any, chunk_of: Any = None) -> list[str]:
+    """The planned timetable *tt* as text: one line per rank, two characters per time quantum.
+
+    An action is its op and micro-batch (``F3``), followed by ``-`` for each
+    further quantum it lasts; ``·`` is idle. *chunk_of(stage)* (for ranks holding
+    several chunks) writes the chunks after the first in lower case (``f3``, ``i3``).
+    The quantum is the shortest action: 1 forward, or ½ when a rank holds two chunks.
+    """
+    durations = [s.end - s.start for row in tt.slots for s in row if s.end > s.start]
+    if not durations:
+        return [f"rank {r}" for r in range(tt.p)]
+    quantum = min(durations)
+    cells = int(round(tt.makespan / quantum))
+    lines = []
+    for r, row in enumerate(tt.slots):
+        grid = ["· "] * cells
+        for s in row:
+            a = s.action
+            lower = chunk_of is not None and chunk_of(a.stage) > 0
+            label = (a.op.lower() if lower else a.op) + str(a.mb)
+            first, n = int(round(s.start / quantum)), max(1, int(round((s.end - s.start) / quantum)))
+            text = label.ljust(2 * n, "-")
+            for k in range(n):
+                if first + k < cells:
+                    grid[first + k] = text[2 * k:2 * k + 2]
+            if len(label) > 2 * n and first + n < cells:  # a 3-character label spills into the next cell
+                grid[first + n - 1] = text[2 * n - 2:]
+        lines.append(f"rank {r}  " + "".join(grid).rstrip())
+    return lines
 
 
 def gantt(path: str, planned: Sequence[Sequence[Sequence[Any]]], measured: Sequence[Sequence[Sequence[Any]]] | None,

@@ -24,7 +24,9 @@ memory):
     backward of its row).
 
 For the zero-bubble split, I keeps, per parameter layer, its saved input and
-the gradient of its output until W has used them.
+the gradient of its output until W has used them. With ``recompute`` I first
+rebuilds the activations (or with ``offload`` fetches them back), so between I
+and W the stage holds what store would; recompute saves the interval from F to I.
 
 Memory is accounted, per rank in a :class:`Meter` all its stages report to, as
 the bytes of the arrays each strategy holds for micro-batches in flight, with

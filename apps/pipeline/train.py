@@ -53,7 +53,7 @@ from .engine import Executor, StepRecord, wait_sleeping
 from .measure import local_stats
 from .model import block_ranges, initial_values, stage_layers
 from .offload import Offload, RmaSlots, SharedSlots
-from .schedules import actions, splits_backward
+from .schedules import actions, equal_chunks, stages_of
 from .stage import Meter, Stage
 from .tensor import ScatterGather
 from .timeline import plan
@@ -88,9 +88,9 @@ class _Run:
         self.data = mpicomm.Comm(comm.Split(2 * topo.S * topo.T * topo.D + self.s * topo.T + self.t, self.d))
         spec, S, V = cfg.spec, topo.S, cfg.chunks
         self.P = S * V
-        self.bounds = bounds or block_ranges(spec, self.P, equal=cfg.schedule == "interleaved", costs=costs)
+        self.bounds = bounds or block_ranges(spec, self.P, equal=equal_chunks(cfg.schedule), costs=costs)
         self.dtype = np.dtype(cfg.dtype)
-        mine = [c * S + self.s for c in range(V)]
+        mine = stages_of(cfg.schedule, S, V, self.s)
         built = {}
         for st in mine:
             lo, hi = self.bounds[st]
@@ -111,8 +111,7 @@ class _Run:
         self.state = {st: self.opt.init_state(stage.model.num_params, xp, self.dtype) for st, stage in self.stages.items()}
         self.reducers = {st: Reducer(self.data, stage.model) for st, stage in self.stages.items()} if topo.D > 1 else {}
         hooks = {st: r.hook for st, r in self.reducers.items()}
-        self.executor = Executor(self.pipe, self.row, self.stages, self.P - 1, self._shape, self.dtype,
-                                 split=splits_backward(cfg.schedule), hooks=hooks,
+        self.executor = Executor(self.pipe, self.row, self.stages, self.P - 1, self._shape, self.dtype, hooks=hooks,
                                  link=ScatterGather(self.tensor) if topo.T > 1 else None, xp=xp)
         self.offload_window: Any = None
         self.shared_window: Any = None
@@ -311,7 +310,7 @@ def train(comm: Any, cfg: Config, *, on_step: Callable[[int, float, float], None
         start = checkpoints.load(comm, run) if cfg.restart else 0
         result.start_step = start
         progress = cli.Progress(cfg.steps - start, "pipeline", show=rank == 0 and cfg.progress)
-        last = run.s == topo.S - 1 and run.t == 0
+        last = run.P - 1 in run.stages and run.t == 0  # the loss's rank (rank 0 in a V)
         for step in range(start, cfg.steps):
             wait_sleeping(comm.Ibarrier())  # the step starts together; early ranks sleep, not spin
             t0 = time.perf_counter()

@@ -37,6 +37,15 @@ def test_schedule_prints_validates_draws_and_writes_json(tmp_path):
     assert results["bubble"] == pytest.approx(3 / 11) and results["rows"][0][:2] == ["0F0", "SEND_F 0F0 →1"]
 
 
+def test_schedule_draws_a_v_as_text_with_two_chunks_by_default():
+    out = _serial(["schedule", "--stages", "2", "--micro", "4", "--schedule", "zb-v", "--chart"])
+    assert out.returncode == 0, out.stderr
+    assert "v=2 chunks" in out.stdout  # zb-v's own chunk count, without --chunks
+    assert "rank 0  F0F1F2f0i0w0f1i1w1F3I0W0f2i2w2I1W1f3i3w3I2W2I3W3·" in out.stdout  # f: stage 3, the V's top
+    assert "rank 1  · F0f0F1f1i0w0F2I0W0f2i1w1F3I1W1f3i2w2I2i3I3W2w3W3" in out.stdout
+    assert "formula (p-1)/(6m+p-1) = 4.0%" in out.stdout and "published 2p = 4" in out.stdout
+
+
 def test_schedule_bad_shape_exits_2_naming_the_fix():
     out = _serial(["schedule", "--stages", "3", "--micro", "4", "--schedule", "interleaved", "--chunks", "2"])
     assert out.returncode == 2
@@ -46,7 +55,8 @@ def test_schedule_bad_shape_exits_2_naming_the_fix():
 def test_help_lists_the_schedules_and_strategies():
     out = _serial(["train", "--help"])
     assert out.returncode == 0
-    for word in ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "recompute", "offload", "--tensor", "--balance"):
+    for word in ("naive", "gpipe", "1f1b", "interleaved", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipev",
+                 "recompute", "offload", "--tensor", "--balance"):
         assert word in out.stdout
 
 
@@ -74,8 +84,8 @@ def test_two_dimensional_run_with_tensor_parallelism(tmp_path):
 
 @pytest.mark.parametrize("args,message,usage", [
     (["--stages", "2", "--micro", "0"], "--micro must be an integer >= 1, got 0", True),
-    (["--stages", "2", "--schedule", "zb-h1", "--activations", "recompute"],
-     "--schedule zb-h1 with --activations recompute is not supported", True),
+    (["--stages", "2", "--schedule", "dualpipev", "--micro", "3"],
+     r"dualpipev needs at least twice as many micro-batches as stages (m >= 2p = 4), got 3; use --micro 4", True),
     (["--stages", "2", "--blocks", "1"], "2 stages but the model has 1 blocks", True),
     (["--stages", "2", "--keep", "0"], "--keep must be >= 1, got 0", True),
     (["--stages", "2", "--hidden", "32,64"], "--hidden must be one width", True),
@@ -113,12 +123,16 @@ def test_bench_writes_the_table_and_json(tmp_path):
     out = _run(2, ["bench", *SMALL, "--micro", "4", "--out", str(md), "--json", str(doc)], timeout=240)
     assert out.returncode == 0, out.stderr
     text = md.read_text()
-    for row in ("| naive |", "| gpipe |", "| 1f1b | 1 | store |", "| interleaved | 2 |", "| zb-h1 |",
-                "| 1f1b | 1 | recompute |", "| 1f1b | 1 | offload |", "| one rank |"):
+    for row in ("| naive |", "| gpipe |", "| 1f1b | 1 | store |", "| interleaved | 2 |", "| looped-bfs | 2 |",
+                "| zb-h1 |", "| zb-h2 |", "| zb-v | 2 |", "| dualpipev | 2 |", "| 1f1b | 1 | recompute |",
+                "| 1f1b | 1 | offload |", "| one rank |"):
         assert row in text
     assert "against one rank on the same model and global batch" in text
     rows = json.loads(doc.read_text())["results"]
-    assert len(rows) == 8 and all(r["step_s"] > 0 for r in rows)
+    assert len(rows) == 12 and all(r["step_s"] > 0 for r in rows)
+    # every schedule holds what it planned, and the papers' count: zb-v 2p = 4 chunk micro-batches, dualpipev 5
+    assert all(r["peak_micro"] == r["planned_peak"] for r in rows)
+    assert {r["schedule"]: r["memory"] for r in rows if r["activations"] == "store"}["dualpipev"] == 5
     again = _run(2, ["bench", *SMALL, "--out", str(md)], timeout=60)
     assert again.returncode == 2 and "python -m apps.pipeline bench: error: --out " in again.stderr
     assert "exists; add --append" in again.stderr

@@ -19,12 +19,14 @@ from apps.checkpoint import CheckpointError
 from apps.pipeline.config import Config, ConfigError
 from apps.pipeline.data import micro_slices, reference
 from apps.pipeline.model import ModelSpec
-from apps.pipeline.schedules import SCHEDULES
+from apps.pipeline.schedules import CHUNKED, SCHEDULES, default_chunks, splits_backward
 from apps.pipeline.stage import STRATEGIES
 from apps.pipeline.train import train
 
 SPEC = ModelSpec(features=5, width=6, hidden=8, blocks=24, classes=3)
 BASE = Config(spec=SPEC, batch=26, steps=3, optimizer="adam", lr=0.02, progress=False)
+#: The schedules tested at 2 ranks only (CI time): their rows are tested in full, pure, in test_schedules.
+TWO_RANKS_ONLY = ("looped-bfs", "zb-h2", "zb-v", "dualpipev")
 
 
 def _splits(n):
@@ -42,15 +44,21 @@ def _close(a, b):
 @pytest.mark.parametrize("activations", STRATEGIES)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_every_split_equals_one_process(schedule, activations):
-    if schedule == "zb-h1" and activations == "recompute":
-        pytest.skip("refused by design (see test_bad_options_raise_on_every_rank)")
     comm = mpicomm.Comm()
     n = comm.Get_size()
+    newer = schedule in TWO_RANKS_ONLY or (splits_backward(schedule) and activations == "recompute")
+    if newer and (n != 2 or (schedule == "looped-bfs" and activations != "store")):
+        pytest.skip("the newer schedules (and recompute with a split backward) train at 2 ranks only (T x S = 1 x 2 "
+                    "and 2 x 1); looped-bfs, a reordering of whole backwards, with stored activations only")
     for t, s in _splits(n):
-        for chunks in ((2, 3) if schedule == "interleaved" else (1,)):
+        if newer and t * s == 1:
+            continue
+        chunk_counts = (2, 3) if schedule == "interleaved" else (2,) if schedule in CHUNKED else \
+            (default_chunks(schedule),)
+        for chunks in chunk_counts:
             if SPEC.blocks % (s * chunks):
                 continue
-            micro = 2 * s if schedule == "interleaved" else 3  # 3 < S = 4: fewer micro-batches than stages
+            micro = 2 * s if schedule in ("interleaved", "dualpipev") else 3  # 3 < S = 4: fewer than stages
             cfg = replace(BASE, stages=s, tensor=t, schedule=schedule, chunks=chunks, micro=micro,
                           activations=activations)
             result = train(comm, cfg)
@@ -58,6 +66,19 @@ def test_every_split_equals_one_process(schedule, activations):
                 losses, params = reference(cfg, replicas=n // (t * s))
                 _close(np.array(result.losses), np.array(losses))
                 _close(result.full, params)
+
+
+@pytest.mark.mpi
+def test_recompute_with_a_split_backward_holds_less_than_store():
+    """DualPipeV on 2 stages: recompute keeps the stage inputs from F to I, and what W needs only from I to W."""
+    comm = mpicomm.Comm()
+    if comm.Get_size() != 2:
+        pytest.skip("the newer schedules train at 2 ranks only")
+    cfg = replace(BASE, stages=2, micro=4, steps=2, schedule="dualpipev", chunks=2, spec=replace(SPEC, blocks=4))
+    store = train(comm, cfg).stats
+    recompute = train(comm, replace(cfg, activations="recompute")).stats
+    assert recompute["peak_micro"] == store["peak_micro"] == store["planned_peak"] == 5  # 2p + 1 chunk micro-batches
+    assert recompute["peak_bytes"] < store["peak_bytes"]
 
 
 @pytest.mark.mpi
@@ -90,7 +111,8 @@ def test_measurements_add_up():
     (dict(micro=0), "--micro must be an integer >= 1, got 0"),
     (dict(schedule="interleaved", chunks=2, micro=3, stages=2), r"multiple of the stages \(2\)"),
     (dict(schedule="interleaved", chunks=5, micro=2, stages=1), r"blocks \(24\) divisible by stages x chunks \(5\)"),
-    (dict(schedule="zb-h1", activations="recompute"), "zb-h1 with --activations recompute is not supported"),
+    (dict(schedule="dualpipev", chunks=2, micro=1), r"dualpipev needs at least twice as many micro-batches"),
+    (dict(schedule="zb-v"), "zb-v places exactly two chunks on each rank .*; use --chunks 2"),
     (dict(tensor=3), "--hidden 8 is not divisible by --tensor 3"),
     (dict(schedule="bogus"), "--schedule 'bogus': choose one of"),
     (dict(batch=2, micro=3), "--batch 2 is smaller than --micro 3"),
@@ -113,10 +135,14 @@ def test_ranks_not_t_times_s_times_d():
 
 
 @pytest.mark.mpi
-def test_restart_resumes_bit_for_bit(shared_dir):
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipev"])
+def test_restart_resumes_bit_for_bit(shared_dir, schedule):
     comm = mpicomm.Comm()
+    if schedule in TWO_RANKS_ONLY and comm.Get_size() != 2:
+        pytest.skip("the newer schedules train at 2 ranks only")
     directory = shared_dir
-    cfg = replace(BASE, stages=comm.Get_size(), micro=3, steps=4, checkpoint_dir=directory)
+    cfg = replace(BASE, stages=comm.Get_size(), micro=4, steps=4, checkpoint_dir=directory, schedule=schedule,
+                  chunks=default_chunks(schedule))
     straight = train(comm, cfg)
     train(comm, replace(cfg, steps=2, checkpoint_every=2))
     resumed = train(comm, replace(cfg, restart=True, checkpoint_every=2))
