@@ -264,7 +264,7 @@ def _machine(xp: ModuleType) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The command line's parser."""
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m kernels.gpubench",
         description="Every GPU kernel of kernels/ next to its bound, measured in the same run: the stencils, halo "
                     "pack and fused bias + GELU against a device-to-device copy of the same bytes, the tiled matmul "

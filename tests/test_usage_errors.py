@@ -88,7 +88,7 @@ CASES = [
     Case("apps.sgd", ("train", "--mode", "ps-sync", "--no-overlap"), r"--no-overlap applies to --mode ddp"),
     Case("apps.sgd", ("train", "--epochs", "3", "--steps", "10"), r"--steps sets the run's length alone; give one$"),
     Case("apps.pipeline", ("schedule", "--schedule", "gpipe", "--chunks", "2"),
-         r"--chunks 2 applies to the interleaved schedule only"),
+         r"--chunks 2 applies to the interleaved and looped-bfs schedules only"),
     Case("apps.pipeline", ("train", "--offload-window", "rma"), r"--offload-window rma applies to --activations offload"),
     # files that are not there: before the work, as a usage error or as the job's agreed error
     Case("apps.sgd", ("plot", "nothere.csv", "--plot", "curves.png"), r"nothere\.csv: No such file or directory"),
