@@ -128,6 +128,8 @@ def test_pipelining_schedules(groups, schedule):
     layers = list(model())
     # stage s gets the Linear layers s·4/p … and the ReLUs after them: every stage has parameters
     linear = [i for i, layer in enumerate(layers) if isinstance(layer, torch.nn.Linear)]
+    if p > len(linear):
+        pytest.skip(f"the model has {len(linear)} Linear layers, a stage's parameters; {p} stages leave one without")
     cuts = [linear[(s * len(linear)) // p] for s in range(p)] + [len(layers)]
     part = torch.nn.Sequential(*layers[cuts[r]:cuts[r + 1]])
     x, y = batch(p)
