@@ -35,7 +35,7 @@ for p in "${ranks[@]}"; do
     if (( p > $(nproc) )); then export MPIR_CVAR_CH4_PROGRESS_THROTTLE=1; else unset MPIR_CVAR_CH4_PROGRESS_THROTTLE; fi
     run=(mpiexec -n "$p" "$python")
     echo "[p=$p] fitting the model and measuring the algorithms ($((SECONDS - started)) s elapsed)"
-    { "${run[@]}" -m mpicomm.tune && "${run[@]}" -m mpicomm.tune --collectives --quiet; } \
+    { "${run[@]}" -m mpicomm.tune && "${run[@]}" -m mpicomm.tune --collectives --repeat 5 --quiet; } \
         | sed "s|$cache|\$MPICOMM_CACHE_DIR|g" >"$out/tune.txt"
     i=0
     for c in "${big[@]}" "${small[@]}"; do

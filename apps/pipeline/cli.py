@@ -160,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
                                    "and S stages against one rank on the same model and batch.")
     add_model_options(b, **BENCH_MODEL)
     b.add_argument("--micro", type=int, default=8, help="micro-batches (default: 8)")
-    cli.add_repeat(b, 1, "each row (the run with the median step time is reported)")
+    cli.add_repeat(b, 3, "each row (the run with the median step time is reported)")
     cli.add_out(b)
     cli.add_json(b, "the table's rows")
     b.add_argument("--plot", metavar="FILE.png", default=None, help="planned and measured charts of the 1F1B row")

@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
                         help="compute path of every run (default: auto)")
     parser.add_argument("--scaling", type=_scalings, default=["weak", "strong"], metavar="weak|strong|both",
                         help="weak, strong or both (default: both)")
-    cli.add_repeat(parser, 2, "every configuration (round by round, interleaved)")
+    cli.add_repeat(parser, 3, "every configuration (round by round, interleaved)")
     parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds per run (default: 600)")
     cli.add_out(parser, "the table")
     cli.add_json(parser, "the table's rows and every configuration's median run")

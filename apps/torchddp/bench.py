@@ -101,7 +101,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", type=_configs, default=list(PRESETS), metavar="NAME[,NAME…]",
                    help=f"configurations to measure: {', '.join(PRESETS)} (default: all)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per backend and round (default: 10)")
-    cli.add_repeat(p, 5, "the measurement (--steps timed steps of each backend, alternating which goes first)")
+    cli.add_repeat(p, 3, "the measurement (--steps timed steps of each backend, alternating which goes first)")
     cli.renamed(p, "--rounds", "--repeat")
     p.add_argument("--warmup", type=int, default=3, metavar="N",
                    help="untimed steps of each backend before the timed ones (default: 3)")

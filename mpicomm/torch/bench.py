@@ -18,7 +18,7 @@ variant alike, at each size:
 
 Each size's measurement times ``--iters`` calls of every variant in turn
 (after ``--warmup`` untimed calls): the slowest rank's mean per call. It runs
-``--repeat`` times (default 5), the variants interleaved repeat by repeat, and
+``--repeat`` times (default 3), the variants interleaved repeat by repeat, and
 a variant's time is the median of its repeats.
 The table also gives mpicomm / passthrough (below 1: faster than the
 baseline) and gloo / mpicomm (above 1: faster than gloo) per size.
@@ -248,9 +248,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, metavar="N",
                         help="untimed calls of each variant before each size's timed ones (default: a tenth of "
                              "--iters, at least 2)")
-    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+    parser.add_argument("--repeat", type=int, default=3, metavar="N",
                         help="run each size's measurement N times, the variants taking turns measurement by "
-                             "measurement, and report the median (default: 5)")
+                             "measurement, and report the median (default: 3)")
     cli.renamed(parser, "--rounds", "--repeat N", "N measurements per size, interleaved, and their median")
     parser.add_argument("--baseline", choices=(PASSTHROUGH, "none"), default=PASSTHROUGH,
                         help="passthrough (the default): also time the pass-through backend over mpi4py "

@@ -217,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--collective", type=_collective_names, default=None, metavar="all|NAME,...",
                         help="with --collectives: the collectives to decide (default all: allreduce, bcast, "
                              "reduce, allgather, alltoall, reduce_scatter, gather, scatter, scan, barrier)")
-    cli.add_repeat(parser, 5, "each size's measurement (every algorithm, interleaved)", when="with --collectives")
+    cli.add_repeat(parser, 3, "each size's measurement (every algorithm, interleaved)", when="with --collectives")
     cli.renamed(parser, "--rounds", "--repeat")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     cli.add_json(parser, "the fit (with --collectives: the rules; with --show: what is saved)")

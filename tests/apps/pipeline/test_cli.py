@@ -120,7 +120,7 @@ def test_restart_without_checkpoints_exits_2(tmp_path):
 
 def test_bench_writes_the_table_and_json(tmp_path):
     md, doc = tmp_path / "bench.md", tmp_path / "bench.json"
-    out = _run(2, ["bench", *SMALL, "--micro", "4", "--out", str(md), "--json", str(doc)], timeout=240)
+    out = _run(2, ["bench", *SMALL, "--repeat", "1", "--micro", "4", "--out", str(md), "--json", str(doc)], timeout=240)
     assert out.returncode == 0, out.stderr
     text = md.read_text()
     for row in ("| naive |", "| gpipe |", "| 1f1b | 1 | store |", "| interleaved | 2 |", "| looped-bfs | 2 |",
@@ -133,6 +133,6 @@ def test_bench_writes_the_table_and_json(tmp_path):
     # every schedule holds what it planned, and the papers' count: zb-v 2p = 4 chunk micro-batches, dualpipev 5
     assert all(r["peak_micro"] == r["planned_peak"] for r in rows)
     assert {r["schedule"]: r["memory"] for r in rows if r["activations"] == "store"}["dualpipev"] == 5
-    again = _run(2, ["bench", *SMALL, "--out", str(md)], timeout=60)
+    again = _run(2, ["bench", *SMALL, "--repeat", "1", "--out", str(md)], timeout=60)
     assert again.returncode == 2 and "python -m apps.pipeline bench: error: --out " in again.stderr
     assert "exists; add --append" in again.stderr
