@@ -143,6 +143,12 @@ def _listed(test_id: str, traceback: str) -> bool:
 def run(modules: list[str], where: str, verbose: bool = False) -> tuple[dict[str, tuple[int, dict[str, bool], float]], str]:
     """Run *modules* from *where*; per module (tests run, {id failed on this rank: listed?}, seconds), and the log."""
     sys.path.insert(0, where)
+    gpu = _gpu_usable()
+    if not gpu:
+        # CuPy installed where no GPU is usable (CI installs it to compile the CUDA sources): mpi4py's array
+        # backends and test_msgspec allocate CuPy arrays as they import where CuPy imports, so it is hidden from
+        # them, as on a machine without it (None in sys.modules: importing it raises ImportError)
+        sys.modules["cupy"] = None  # type: ignore[assignment]
     import arrayimpl  # type: ignore[import-not-found]  # mpi4py's array backends (NumPy, array, CuPy, numba...)
 
     # mpi4py's "fake GPU" arrays (and test_msgspec's CAIBuf) put host memory behind __cuda_array_interface__,
