@@ -85,17 +85,14 @@ def parse_size(text: str | int, what: str = "size") -> int:
 
     The engine's entry point for sizes (``memory_limit``): TypeError for what
     is not a str or an int, ValueError for a text that is not a size or for a
-    size of 0 bytes.
+    size below 1 byte.
     """
     from mpicomm import cli
 
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         raise TypeError(f"{what} {text!r}: expected a size such as 512M or a number of bytes, "
                         f"got {type(text).__name__}")
-    value = text if isinstance(text, int) else cli.parse_size(text, what, minimum=0)
-    if value <= 0:
-        raise ValueError(f"{what} {text!r}: must be > 0 bytes")
-    return value
+    return cli.parse_size(text, what, minimum=1)  # (the rule's form: --memory-limit must be >= 1, got -5M)
 
 
 def format_size(n: float) -> str:
