@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = [a for a in args.pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
     default = [] if paths else [os.path.join(mpirun.REPO, "tests")]
     # Every rank must collect the same tests in the same order: no per-process random order.
-    base_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly"]
+    # (--durations: each pass ends with its slowest tests, so what to move to the slower tier shows in CI's log)
+    base_argv = ["-m", "pytest", "--with-mpi", "-p", "no:randomly", "--durations=15", "--durations-min=5"]
     if args.gpu:
         runs = []
         for label, extra, where, extra_env in GPU_RUNS:
