@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Box", "FLOATS", "check_field", "check_pair", "check_box", "box_shape", "box_size", "slices",
+__all__ = ["Box", "FLOATS", "check_field", "check_simt", "check_pair", "check_box", "box_shape", "box_size", "slices",
            "shifted", "check_scalar"]
 
 #: A normalised box: one ``(lo, hi)`` pair of ints per dimension.
@@ -59,6 +59,20 @@ def check_field(who: str, name: str, a: Any, xp: ModuleType, ndims: Sequence[int
         raise ValueError(f"{who}: {name} of shape {tuple(a.shape)} is not C-contiguous (a strided view?); "
                          f"pass the whole array and select the cells with box=, or copy it with "
                          f"{xp.__name__}.ascontiguousarray({name})")
+
+
+def check_simt(who: str, name: str, a: Any, ndim: int, takes: str = "the kernel takes float32 or float64",
+               dtypes: Sequence[np.dtype] = FLOATS, why: str = "") -> None:
+    """An argument of a SIMT kernel (:mod:`kernels.simt`): a C-contiguous *ndim*-D NumPy (simulator) or CuPy (GPU)
+    array of one of *dtypes* (*takes* says which, after the dtype found); *why* says why contiguity matters."""
+    if not hasattr(a, "dtype") or getattr(a, "ndim", -1) != ndim:
+        raise TypeError(f"{who}: {name} is a {type(a).__name__} (shape {getattr(a, 'shape', None)}); pass a {ndim}-D "
+                        f"NumPy (simulator) or CuPy (GPU) array")
+    if a.dtype not in dtypes:
+        raise ValueError(f"{who}: {name} has dtype {a.dtype}; {takes}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{who}: {name} of shape {tuple(a.shape)} is not C-contiguous{why}: pass "
+                         f"ascontiguousarray({name})")
 
 
 def check_pair(who: str, names: tuple[str, str], a: Any, b: Any, xp: ModuleType) -> None:

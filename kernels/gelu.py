@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import simt
-from .checks import FLOATS
+from .checks import check_simt
 
 __all__ = ["THREADS", "check", "bias_gelu_numpy", "bias_gelu", "bias_gelu_kernel"]
 
@@ -45,13 +45,7 @@ cuda: Any = None
 def check(x: Any, bias: Any, out: Any) -> None:
     """Validate the arguments of :func:`bias_gelu`."""
     for name, a, ndim in (("x", x, 2), ("bias", bias, 1), ("out", out, 2)):
-        if not hasattr(a, "dtype") or getattr(a, "ndim", -1) != ndim:
-            raise TypeError(f"bias_gelu: {name} is a {type(a).__name__} (shape {getattr(a, 'shape', None)}); pass a "
-                            f"{ndim}-D NumPy (simulator) or CuPy (GPU) array")
-        if a.dtype not in FLOATS:
-            raise ValueError(f"bias_gelu: {name} has dtype {a.dtype}; the kernel takes float32 or float64")
-        if not a.flags.c_contiguous:
-            raise ValueError(f"bias_gelu: {name} is not C-contiguous; pass ascontiguousarray({name})")
+        check_simt("bias_gelu", name, a, ndim)
     if not (x.dtype == bias.dtype == out.dtype):
         raise ValueError(f"bias_gelu: x, bias and out have dtypes {x.dtype}, {bias.dtype}, {out.dtype}; they must "
                          f"agree")

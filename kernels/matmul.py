@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import simt
-from .checks import FLOATS
+from .checks import check_simt
 
 __all__ = ["TILE", "check", "matmul_numpy", "matmul", "tiled_kernel"]
 
@@ -47,22 +47,11 @@ TILE = 16
 cuda: Any = None
 
 
-def _matrix(name: str, a: Any) -> None:
-    if not hasattr(a, "shape") or not hasattr(a, "dtype") or getattr(a, "ndim", 0) != 2:
-        raise TypeError(f"matmul: {name} is a {type(a).__name__} (shape {getattr(a, 'shape', None)}); pass a 2-D "
-                        f"NumPy (simulator) or CuPy (GPU) array")
-    if a.dtype not in FLOATS:
-        raise ValueError(f"matmul: {name} has dtype {a.dtype}; the kernel takes float32 or float64 "
-                         f"(convert with {name}.astype(numpy.float32))")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"matmul: {name} of shape {tuple(a.shape)} is not C-contiguous; the loads are coalesced "
-                         f"along its last axis: pass ascontiguousarray({name})")
-
-
 def check(a: Any, b: Any, c: Any, tile: Any) -> int:
     """Validate the arguments of :func:`matmul`; return the tile side."""
     for name, x in (("a", a), ("b", b), ("c", c)):
-        _matrix(name, x)
+        check_simt("matmul", name, x, 2, f"the kernel takes float32 or float64 (convert with {name}.astype(numpy.float32))",
+                   why=" (the loads are coalesced along its last axis)")
     if not (a.dtype == b.dtype == c.dtype):
         raise ValueError(f"matmul: a, b and c have dtypes {a.dtype}, {b.dtype}, {c.dtype}; they must agree")
     (m, k), (k2, n) = a.shape, b.shape

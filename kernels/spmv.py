@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import simt
-from .checks import FLOATS
+from .checks import check_simt
 
 __all__ = ["FORMS", "WARPS_PER_BLOCK", "check", "spmv_numpy", "spmv", "nbytes", "scalar_kernel", "warp_kernel"]
 
@@ -44,25 +44,15 @@ _INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 cuda: Any = None
 
 
-def _vector(name: str, a: Any, kinds: tuple[np.dtype, ...], what: str) -> None:
-    if not hasattr(a, "dtype") or getattr(a, "ndim", 0) != 1:
-        raise TypeError(f"spmv: {name} is a {type(a).__name__} (shape {getattr(a, 'shape', None)}); pass a 1-D NumPy "
-                        f"(simulator) or CuPy (GPU) array")
-    if a.dtype not in kinds:
-        raise ValueError(f"spmv: {name} has dtype {a.dtype}; it must be {what}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"spmv: {name} is not contiguous; pass ascontiguousarray({name})")
-
-
 def check(indptr: Any, indices: Any, data: Any, x: Any, y: Any, form: Any, validate: bool = True) -> None:
     """Validate a CSR product's arguments (with *validate*, also indptr's order and the column range, which
     reads the arrays: a corrupt matrix would make the kernel read outside x)."""
     if form not in FORMS:
         raise ValueError(f"spmv: form {form!r} is unknown; choose one of {', '.join(FORMS)}")
-    _vector("indptr", indptr, _INDEX, "int32 or int64")
-    _vector("indices", indices, (indptr.dtype,), f"indptr's dtype ({indptr.dtype})")
+    check_simt("spmv", "indptr", indptr, 1, "it must be int32 or int64", _INDEX)
+    check_simt("spmv", "indices", indices, 1, f"it must be indptr's dtype ({indptr.dtype})", (indptr.dtype,))
     for name, v in (("data", data), ("x", x), ("y", y)):
-        _vector(name, v, FLOATS, "float32 or float64")
+        check_simt("spmv", name, v, 1, "it must be float32 or float64")
     if not (data.dtype == x.dtype == y.dtype):
         raise ValueError(f"spmv: data, x and y have dtypes {data.dtype}, {x.dtype}, {y.dtype}; they must agree")
     m = indptr.shape[0] - 1
