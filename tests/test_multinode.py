@@ -191,6 +191,7 @@ def test_two_hosts_by_name_and_network(hosts):
     assert moved >= 800_000, f"only {moved} bytes crossed nodeA's link: traffic did not take the network"
 
 
+@pytest.mark.slow  # (the 2x2 pass runs every test on simulated nodes over TCP; the Slurm tests cross these hosts)
 def test_collective_suite_across_two_hosts(hosts, tmp_path):
     logs = tmp_path / "rank-logs"
     logs.mkdir()
