@@ -254,6 +254,19 @@ def two_nodes():
     yield from _cluster(2)
 
 
+def _requeue_once_checkpointed(cluster, submit_dir, app: str, within: float):
+    """A job's *while_running*: once its first checkpoint (a .json in runs/<app>-<job>/checkpoints) exists, requeue it."""
+    def requeue(job_id: str) -> None:
+        checkpoints = submit_dir / "runs" / f"{app}-{job_id}" / "checkpoints"
+        deadline = time.monotonic() + within
+        while not (checkpoints.is_dir() and any(p.suffix == ".json" for p in checkpoints.iterdir())):
+            assert time.monotonic() < deadline, f"no checkpoint appeared in {checkpoints} within {within:g} s"
+            time.sleep(0.05)
+        out = cluster.run(["scontrol", "requeue", job_id])
+        assert out.returncode == 0, out.stdout + out.stderr
+    return requeue
+
+
 def _ok(job: Job) -> None:
     assert job.returncode == 0, f"job {job.id} exited with {job.returncode}:\n{job.log}"
 
@@ -350,14 +363,7 @@ class TestOneNode:
         assert checkpoints.is_dir() and any(checkpoints.iterdir()), f"no checkpoints in {checkpoints}"
 
     def test_stencil_requeued_resumes_from_its_checkpoint(self, cluster, tmp_path):
-        def requeue_after_first_checkpoint(job_id: str) -> None:
-            checkpoints = tmp_path / "runs" / f"stencil-{job_id}" / "checkpoints"
-            deadline = time.monotonic() + 90
-            while not (checkpoints.is_dir() and any(p.suffix == ".json" for p in checkpoints.iterdir())):
-                assert time.monotonic() < deadline, f"no checkpoint appeared in {checkpoints} within 90 s"
-                time.sleep(0.05)
-            out = cluster.run(["scontrol", "requeue", job_id])
-            assert out.returncode == 0, out.stdout + out.stderr
+        requeue_after_first_checkpoint = _requeue_once_checkpointed(cluster, tmp_path, "stencil", 90)
 
         # About 3 s of iterations after the first checkpoint: time enough to requeue it mid-run.
         args = ["--size", "256", "--iters", "1000", "--checkpoint-every", "50", "--kernel", "numpy"]
@@ -589,14 +595,7 @@ class TestEveryApplicationOnTwoNodes:
                                env=env, timeout=300)
         _ok(whole)
 
-        def requeue_after_first_checkpoint(job_id: str) -> None:
-            checkpoints = tmp_path / "requeued" / "runs" / f"sgd-{job_id}" / "checkpoints"
-            deadline = time.monotonic() + 120
-            while not (checkpoints.is_dir() and any(p.suffix == ".json" for p in checkpoints.iterdir())):
-                assert time.monotonic() < deadline, f"no checkpoint appeared in {checkpoints} within 120 s"
-                time.sleep(0.05)
-            out = cluster.run(["scontrol", "requeue", job_id])
-            assert out.returncode == 0, out.stdout + out.stderr
+        requeue_after_first_checkpoint = _requeue_once_checkpointed(cluster, tmp_path / "requeued", "sgd", 120)
 
         requeued = cluster.submit("sgd.sbatch", args, submit_dir=str(tmp_path / "requeued"), options=self.OPTIONS,
                                   env=env, timeout=300, while_running=requeue_after_first_checkpoint)
