@@ -9,6 +9,7 @@
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
 | ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (four 64-bit words - a digest of the call, a problem flag, a cross-check of v-counts - combined by a butterfly that rides in the algorithm's own messages where its first rounds are one, else runs beside them as 32-byte messages; full descriptions are exchanged only when something differs: :mod:`mpicomm.plan.agreement`); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt (what is checked either way: :mod:`mpicomm.validate`) |
 | ``MPICOMM_CMA`` | ``auto``, ``0`` | ``auto`` | shared-memory collectives read the peers' ordinary arrays with one copy (``process_vm_readv``) where every rank of the node can; ``0`` copies them through the node's shared scratch instead |
+| ``MPICOMM_LANE`` | ``1``, ``0`` | ``1`` | run compiled plans' data steps in the compiled lane (C, without the GIL: :mod:`mpicomm.engine.lane`); ``0`` runs them in the executor's Python loop, for comparison |
 | ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation (for a collective: count, element type, op, root), the peers it waits for, which ranks never arrived and each rank's last calls, then aborts the job |
 | ``MPICOMM_TRACE`` | a file path | unset (off) | write a Chrome trace of every mpicomm call there at exit (:mod:`mpicomm.trace`); its directory must be writable on rank 0 |
 | ``MPICOMM_ALGORITHM_MODULES`` | import paths, comma-separated | unset | modules of user algorithms the registry imports (:mod:`mpicomm.registry`) |
@@ -125,6 +126,11 @@ def cuda_aware_rma() -> bool:
     return choice("MPICOMM_CUDA_AWARE_RMA", ("0", "1"), "0") == "1"
 
 
+def lane() -> bool:
+    """``MPICOMM_LANE``: whether compiled plans run their data steps in the compiled lane (read once, at import)."""
+    return choice("MPICOMM_LANE", ("1", "0"), "1") == "1"
+
+
 def transfer_mode() -> str:
     """``MPICOMM_TRANSFER``: ``auto`` or ``staged``."""
     return choice("MPICOMM_TRANSFER", ("auto", "staged"), "auto")
@@ -236,7 +242,7 @@ def protocol_mismatch(every: list) -> str | None:
 #: table), besides ``MPICOMM_<COLLECTIVE>_ALGORITHM`` and the test suite's ``MPICOMM_TEST_*``.
 KNOWN = frozenset({
     "MPICOMM_CUDA_AWARE", "MPICOMM_TRANSFER", "MPICOMM_CUDA_AWARE_RMA", "MPICOMM_DEVICE", "MPICOMM_VALIDATE",
-    "MPICOMM_CMA", "MPICOMM_TIMEOUT", "MPICOMM_TRACE", "MPICOMM_ALGORITHM_MODULES", "MPICOMM_CACHE_DIR",
+    "MPICOMM_CMA", "MPICOMM_LANE", "MPICOMM_TIMEOUT", "MPICOMM_TRACE", "MPICOMM_ALGORITHM_MODULES", "MPICOMM_CACHE_DIR",
     "MPICOMM_TORCH_PROGRESS", "MPICOMM_TORCH_SET", "MPICOMM_LAUNCH", "MPICOMM_NTASKS", "MPICOMM_RUN_DIR",
     "MPICOMM_SLURM_DIR", "MPICOMM_SLOW_TESTS",
 })
@@ -281,7 +287,7 @@ def problems(collectives: tuple[str, ...] = (), algorithms: Callable[[str], list
     must take a file when *writes_trace* (this rank writes the trace).
     """
     found: list[str] = []
-    for reader in (cuda_aware_setting, cuda_aware_rma, transfer_mode, device_override, validate, cma, timeout,
+    for reader in (cuda_aware_setting, cuda_aware_rma, transfer_mode, device_override, validate, cma, lane, timeout,
                    torch_progress):  # every setting with a fixed set of values
         try:
             reader()

@@ -48,6 +48,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from . import lane as _lane
+
 __all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "graveyard", "SPINS", "in_callback"]
 
 _Testall = MPI.Request.Testall
@@ -123,21 +125,23 @@ class Step:
 
 
 class AgreeStep:
-    """One round of the independent agreement: its two persistent requests, then combine the words."""
+    """One round of the independent agreement: its persistent requests (the receive first, when it has one),
+    then combine the words."""
 
-    __slots__ = ("reqs", "combine", "peer")
+    __slots__ = ("reqs", "combine", "peer", "receives")
 
-    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[[Run], None], peer: int):
+    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[[Run], None], peer: int, receives: bool = True):
         self.reqs = reqs
         self.combine = combine
         self.peer = peer
+        self.receives = receives  # its first request is a receive
 
 
 class Program:
     """A compiled plan for one rank (see the module docstring)."""
 
     __slots__ = ("steps", "agree", "verdict_at", "gated", "check", "on_start", "label", "state", "base", "buffers",
-                 "epoch", "renew", "runs")
+                 "epoch", "renew", "runs", "lane")
 
     def __init__(self, steps: list[Step], label: Any = "collective", state: Any = None):
         self.steps = steps
@@ -154,6 +158,7 @@ class Program:
         self.epoch = 0  # the communicator's epoch (its tags) this program was compiled for
         self.renew: Callable[[], Program] | None = None  # the same program for the communicator's current tags
         self.runs = 0  # runs made of it
+        self.lane: Any = None  # its data steps as records, run in C (mpicomm.engine.lane), or None
 
     @property
     def validated(self) -> bool:
@@ -164,7 +169,7 @@ class Run:
     """One execution of a :class:`Program` (see the module docstring)."""
 
     __slots__ = ("program", "k", "reqs", "afters", "children", "a", "agreed", "broken", "done", "error", "started",
-                 "base", "seq", "callbacks", "status", "result", "keep", "__weakref__")
+                 "base", "seq", "callbacks", "status", "result", "keep", "lane", "__weakref__")
 
     def __init__(self, program: Program, seq: int = -1):
         self.program = program
@@ -186,6 +191,7 @@ class Run:
         self.status = "entered"  # the flight recorder's: entered, done or failed
         self.result: Any = None
         self.keep: Any = None  # what must stay alive until the run ends (a nonblocking call's arrays)
+        self.lane = program.lane  # the compiled lane runs its data steps (None: this loop does, from here on)
 
     def __str__(self) -> str:
         label = self.program.label
@@ -224,6 +230,7 @@ class Run:
         if state is not None and program.epoch != state.epoch and program.renew is not None:
             # a call before this one failed on a disagreement after this one was queued: its tags changed
             program = self.program = program.renew()
+            self.lane = program.lane
         if program.on_start is not None:
             program.on_start(self)
         if program.base is not None:
@@ -231,7 +238,13 @@ class Run:
         agree = program.agree
         if agree:
             self.a = 0
-            _Startall(agree[0].reqs)
+            lane = self.lane
+            if lane is None:
+                _Startall(agree[0].reqs)
+            else:
+                rc = lane.agree()
+                if rc:
+                    raise MPI.Exception(rc)
         elif program.check is not None and program.verdict_at < 0 and self._judge():  # nobody to exchange with
             return  # (judged now: the run was handed another program, which _judge started)
         if not program.gated or self.agreed:
@@ -243,6 +256,13 @@ class Run:
     def _post(self, k: int) -> None:
         step = self.program.steps[k]
         self.k = k
+        lane = self.lane
+        if lane is not None:
+            rc = lane.post(k)
+            self.reqs = step.reqs or ()
+            if rc:
+                raise MPI.Exception(rc)
+            return
         for fn in step.pre:
             fn(self)
         if step.reqs is not None:
@@ -257,12 +277,14 @@ class Run:
 
     # ------------------------------------------------------------ progress
 
-    def poll(self) -> bool:
-        """Advance as far as possible without blocking; True once the run has finished (or failed)."""
+    def poll(self, block: bool = False) -> bool:
+        """Advance as far as possible without blocking; True once the run has finished (or failed). *block*: a
+        run whose data steps are in the compiled lane waits there, without the GIL, until it ends (or the lane
+        hands it back: see :meth:`_advance`)."""
         if self.done:
             return True
         try:
-            return self._poll()
+            return self._poll(block)
         except Exception as exc:  # noqa: BLE001 - failed here, or set aside until the verdict
             if self.a >= 0 and not self.agreed:
                 # the agreement is still out: a peer may run another call, whose messages this rank just read
@@ -285,7 +307,12 @@ class Run:
         self.children, self.afters = None, None
         self.k = len(self.program.steps)  # (its requests stay, so that the verdict's abandon cancels them)
 
-    def _poll(self) -> bool:
+    def _poll(self, block: bool = False) -> bool:
+        lane = self.lane
+        if lane is not None and self.k >= 0 and not self.broken:
+            done = self._advance(lane, SPINS if block else 1, block)
+            if done is not None:
+                return done
         if self.a >= 0:
             self._poll_agreement()  # (may hand the run another program: read it after)
         program = self.program
@@ -344,6 +371,34 @@ class Run:
         self._finish()
         return True
 
+    def _advance(self, lane: Any, spins: int, block: bool) -> bool | None:
+        """Run the data steps from step k in the compiled lane (:mod:`.lane`): True when the run finished there,
+        False when a step's requests are still in flight (not *block*), None when the lane handed the run back
+        to this loop (at step k; for the rest of the run): the agreement's words differ from this rank's, a
+        message was longer than posted (the run is broken), or MPI failed (raised here)."""
+        r = lane.advance(self.k, spins, block)
+        steps = self.program.steps
+        self.a = lane.a
+        if r >= 0:
+            self.k = r
+            self.reqs = steps[r].reqs or () if r < len(steps) else ()
+            return False
+        if r == -1:  # every word the agreement received equalled this rank's own: the ranks agree
+            self.k = len(steps)
+            self.reqs = ()
+            self.agreed = True
+            self._finish()
+            return True
+        e, k = (-r - 2) & 3, (-r - 2) >> 2
+        self.lane = None
+        self.k = k
+        self.reqs = steps[k].reqs or () if k < len(steps) else ()
+        if e == _lane.TRUNCATED:
+            self.broken = True
+        elif e == _lane.ERROR:
+            raise MPI.Exception(lane.last_rc)
+        return None
+
     def _waited(self, step: Step) -> bool:
         """Whether the step's counter waits and nested runs are done (raises a nested run's error)."""
         for ready in step.syncs:
@@ -383,6 +438,7 @@ class Run:
         if replacement is None:
             return False
         self.program = replacement
+        self.lane = replacement.lane
         self.reqs, self.afters, self.children, self.a, self.broken = (), None, None, -1, False
         self.k = -1
         self.agreed = replacement.check is None
@@ -411,10 +467,18 @@ class Run:
             _call_back(self)
 
     def abandon(self) -> None:
-        """Give up this run's requests in flight: cancel the receives; keep unfinished sends in the graveyard."""
-        live = list(self.reqs or ())
+        """Give up this run's requests in flight: cancel the receives; keep unfinished sends (and the library's
+        collectives) in the graveyard. Never cancel a send: MPICH 5.0.2 crashes cancelling a large (rendezvous)
+        send whose receiver already completed with a truncation error - a peer that ran another call - and MPI-4
+        deprecates it."""
+        live: list[tuple[Any, bool]] = []
+        steps = self.program.steps
+        if self.reqs:
+            kinds = steps[self.k].peers if 0 <= self.k < len(steps) else ()
+            live += [(r, i < len(kinds) and kinds[i][0] == "recv") for i, r in enumerate(self.reqs)]
         if self.a >= 0 and self.program.agree:
-            live += self.program.agree[self.a].reqs
+            round_ = self.program.agree[self.a]
+            live += [(r, i == 0 and round_.receives) for i, r in enumerate(round_.reqs)]
             self.a = -1
         if self.children:
             for child in self.children:
@@ -424,12 +488,14 @@ class Run:
         self.reqs = ()
         if self.afters is not None:
             self.afters = None
-        for r in live:
+        for r, receive in live:
             try:
                 if r and not r.Test():
-                    r.Cancel()
-                    if not r.Test():
-                        graveyard.append(r)
+                    if receive:
+                        r.Cancel()
+                        if r.Test():
+                            continue
+                    graveyard.append(r)
             except MPI.Exception:
                 pass
 
@@ -493,6 +559,8 @@ def complete(run: Run, watchdog: Any = None) -> None:
     instead of sleeping in MPI.
     """
     poll = run.poll
+    if run.lane is not None and watchdog is None and poll(True):
+        return
     for _ in range(SPINS):
         if poll():
             return

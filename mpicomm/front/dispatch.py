@@ -402,7 +402,7 @@ class Fast:
             run = Run(self.program, seq)
             state.recent.append(run)
             run.start()
-            if not run.poll():
+            if not run.poll(not self.watch):  # (a compiled lane waits inside, without the GIL)
                 complete(run, Watchdog.start() if self.watch else None)
             if run.error is not None:
                 raise run.error
@@ -428,7 +428,7 @@ def _environment(collective: str = "") -> tuple:
         encode = config._ENCODE
         assert encode is not None  # os.environ has encodekey wherever it has _data (os._Environ)
         keys = _ENV_KEYS[collective] = tuple(encode(n) for n in names)
-    return tuple(get(k) for k in keys)
+    return tuple(map(get, keys))
 
 
 def _remember(state: Any, plan: Plan, key: tuple, objects: tuple) -> None:
@@ -461,8 +461,9 @@ def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, b
         others = pending_elsewhere(q)
         if not q.runs and others is None:
             run.start()
-            if not run.poll():
-                complete(run, Watchdog.start())
+            watchdog = Watchdog.start()
+            if not run.poll(watchdog is None):
+                complete(run, watchdog)
         else:
             progress.submit(q, run)
             progress.wait(run, q, Watchdog.start(), others)

@@ -39,7 +39,9 @@ from mpi4py import MPI
 from .. import device as _device
 from .. import trace as _trace
 from ..catalogue import family
+from ..engine import lane
 from ..engine.executor import AgreeStep, Program, Run, Step
+from ..ops import BUILTIN
 from ..schedule import RECV, SEND, Builder, Combine, Copy, Local, Round, Schedule, View, early
 from ..transport import buffers
 from . import agreement
@@ -147,6 +149,7 @@ class Plan:
                 _free(r)
         self.program.steps = []
         self.program.agree = None
+        self.program.lane = None
         self.keep = []
 
 
@@ -258,7 +261,7 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
             if device is not None:
                 device.synchronize()
 
-        pre.append(copy_in)
+        pre.append(lane.with_record(copy_in, lane.copy(own, source_array) if device is None else None))
     for count, dt in sched.buffers[2:]:
         arrays.append(_empty(xp, device, count, dt))
     plan.arrays = arrays
@@ -285,6 +288,7 @@ def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool
     for step in program.steps:
         step.finish()
     program.epoch = plan.epoch
+    program.lane = lane.of(program) if plan.direct else None
 
     def renew() -> Program:  # the same plan for the communicator's new tags (a call before this one failed)
         fresh = build(state, args, algorithm, source, blocking=blocking, validate=validate, persistent=persistent,
@@ -421,7 +425,7 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
             return None
         copyto = xp.copyto
         if device is None:
-            return lambda run: copyto(d, s)
+            return lane.with_record(lambda run: copyto(d, s), lane.copy(d, s))
 
         def copy_on_device(run: Run) -> None:
             with device:
@@ -436,7 +440,8 @@ def _op(op: Any, arrays: list[Any], xp: Any, device: Any, args: Args) -> Callabl
         ufunc = getattr(xp, red.ufunc, None) if red is not None and red.ufunc else None
         if device is None:
             if ufunc is not None:
-                return lambda run: ufunc(a, b, out=o)
+                record = lane.combine(red.code, a, b, o) if BUILTIN.get(red.name) is red else None
+                return lane.with_record(lambda run: ufunc(a, b, out=o), record)
             return lambda run: red(a, b, o)
 
         def combine_on_device(run: Run) -> None:
@@ -587,7 +592,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
     words = agreement.digest(args, plan.name_, p, rank, plan.persistent, suspect=suspect)
     pristine = words.copy()
     plan.words = pristine
-    flag = [False]
+    flag = np.zeros(1, np.bool_)  # the words changed during a run (a byte the compiled lane reads too)
     kinds = agreement.butterfly(rank, p)
     stagings: list[np.ndarray] = []
 
@@ -637,7 +642,9 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
             reqs.append(lib.Recv_init([got, _WORD_BYTES, MPI.BYTE], peer, agree_tag))
         if kind in ("send", "both"):
             reqs.append(lib.Send_init([words, _WORD_BYTES, MPI.BYTE], peer, agree_tag))
-        rounds.append(AgreeStep(reqs, agreement.combiner(words, got, kind, flag), peer))
+        verify = () if kind == "send" else lane.check(got, words, kind) if quiet else None
+        rounds.append(AgreeStep(reqs, lane.with_record(agreement.combiner(words, got, kind, flag), verify), peer,
+                                receives=kind in ("recv", "fold", "both")))
     program.agree = rounds
 
 
@@ -720,8 +727,11 @@ def library_program(state: Any, args: Args, label: Any) -> Program:
 
 
 def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int, words: np.ndarray, kind: str,
-          flag: list[bool], stagings: list[np.ndarray], plan: Plan, aliased: set[int], args: Args) -> None:
-    """Rebuild a step's messages so each carries the agreement's words in front of its data."""
+          flag: np.ndarray, stagings: list[np.ndarray], plan: Plan, aliased: set[int], args: Args) -> None:
+    """Rebuild a step's messages so each carries the agreement's words in front of its data. Each callable
+    carries its record for the compiled lane; the words' check only where this rank's own words say "agreed"
+    (then words equal to its own, received from every peer, are the verdict)."""
+    quiet = agreement.agrees(words)
     reqs = []
     pre: list[Callable[[Run], None]] = list(step.pre)
     copy_out: list[Callable[[Run], None]] = []
@@ -741,7 +751,7 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             def copy_data(run: Run, d: Any = x, s: Any = data) -> None:
                 np.copyto(d, s)
 
-            copy_out.append(copy_data)
+            copy_out.append(lane.with_record(copy_data, lane.copy(x, data)))
     if local is not arrays:
         step.ops = tuple(fn for fn in (_op(op, local, np, None, args) for op in r.ops) if fn is not None)
     for peer, v in r.sends:
@@ -759,13 +769,20 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             if d is not None:
                 np.copyto(d, s)
 
-        pre.append(pack)
+        records = [lane.copy_if(head, words, flag)] + ([lane.copy(data, x)] if data is not None else [])
+        pre.append(lane.with_record(pack, _merged(records)))
         reqs.append(lib.Send_init([staging, staging.nbytes, MPI.BYTE], peer, tag))
     step.reqs = reqs
     step.post = None
     step.pre = tuple(pre)
     if got_words is not None:
-        step.words = (agreement.combiner(words, got_words, kind, flag),)
+        check = lane.check(got_words, words, kind) if quiet else None
+        step.words = (lane.with_record(agreement.combiner(words, got_words, kind, flag), check),)
     step.ops = tuple(copy_out) + step.ops
     step.early = False
 
+
+
+def _merged(records: list[tuple | None]) -> list[tuple] | None:
+    """One callable's records, in order (None if one of them has none)."""
+    return [r for r in records if r is not None] if all(r is not None for r in records) else None
