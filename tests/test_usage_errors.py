@@ -206,6 +206,36 @@ def test_pytorch_commands_say_it_once_too(torch_outcomes, case):
     _check(torch_outcomes[case.name], case)
 
 
+@pytest.mark.parametrize("launcher", ["srun", "another MPI's mpiexec"])
+def test_tasks_the_mpi_library_does_not_join_say_it_once_with_a_hint(launcher):
+    """``srun`` where the MPI library does not speak the launcher's PMI: every task starts MPI alone (a job of one),
+    so the tasks cannot agree. Two plain processes with the launcher's variables stand for it (no Slurm, no MPI
+    job): task 0 prints the usage error and the hint once, and both exit with status 2."""
+    import subprocess
+
+    if launcher == "srun":  # without --mpi=pmi2 (or where the site's default is none)
+        variables = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_PROCID": "{task}"}
+    elif mpirun.flavor() == "openmpi":  # MPICH's hydra, mpi4py on Open MPI
+        variables = {"PMI_SIZE": "2", "PMI_RANK": "{task}"}
+    else:  # Open MPI's mpirun, mpi4py on MPICH
+        variables = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "{task}"}
+    procs = [subprocess.Popen([sys.executable, "-m", "apps.stencil", "--size", "0"], cwd=mpirun.REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=mpirun.clean_env({k: v.format(task=task) for k, v in variables.items()}))
+             for task in range(2)]
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [2, 2], outs
+    every = [line for out, err in outs for line in (out + err).splitlines()]
+    assert every.count("python -m apps.stencil: error: --size must be >= 1, got 0") == 1, every
+    assert sum(line.startswith("usage:") for line in every) == 1, every
+    size = next(name for name in variables if name.endswith(("SIZE", "NUM_TASKS")))
+    hints = [line for line in every if line.startswith("mpicomm: MPI sees 1 process")]
+    assert hints == [f"mpicomm: MPI sees 1 process but the launcher started 2 ({size}=2): the MPI library is not "
+                     f"wired to the launcher, so every task runs alone (task 0 alone said the above); launch with "
+                     f"srun --mpi=pmi2 (MPICH), srun --mpi=pmix (Open MPI) or the MPI's own mpiexec"], every
+    assert not outs[1][0] and ": error: " not in outs[1][1] and "Traceback" not in outs[1][1], outs[1]
+
+
 def test_a_command_of_its_own_prints_its_usage_error_once():
     """As users run it: the launcher's own output holds the usage block and the error once, status 2."""
     result = mpirun.run(RANKS, [sys.executable, "-m", "apps.stencil", "--size", "0"], timeout=60)
