@@ -206,6 +206,20 @@ def test_pytorch_commands_say_it_once_too(torch_outcomes, case):
     _check(torch_outcomes[case.name], case)
 
 
+def test_without_pytorch_the_torch_application_says_how_to_install_it_once(tmp_path):
+    """The README's first command installs no PyTorch (the CUDA build PyPI gives is several GB): apps.torchddp's
+    default run then exits 2 on every rank, the error line naming the CPU wheel's command and the extra, once."""
+    result = mpirun.run(RANKS, [sys.executable, "-m", "apps.torchddp", "train"], timeout=60,
+                        env=mpirun.without_torch(tmp_path / "hook"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert errors == ["python -m apps.torchddp train: error: PyTorch is not importable (No module named 'torch'): pip "
+                      "install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU wheel), then "
+                      "pip install -e '.[torch]'"], result.stderr
+    assert sum(line.startswith("usage:") for line in result.stderr.splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
+
+
 @pytest.mark.parametrize("launcher", ["srun", "another MPI's mpiexec"])
 def test_tasks_the_mpi_library_does_not_join_say_it_once_with_a_hint(launcher):
     """``srun`` where the MPI library does not speak the launcher's PMI: every task starts MPI alone (a job of one),
