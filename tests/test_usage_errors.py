@@ -10,7 +10,9 @@ finds (the probe script below) is said by that rank alone and still ends both;
 so does a bug in one rank's parsing (status 1 everywhere, its traceback once).
 A case that aborted the job (a rank exiting alone) ends the whole job, and the
 test with it. One command also runs as its own job, to count the lines the
-launcher itself prints.
+launcher itself prints; apps.torchddp runs as one where PyTorch cannot be
+imported; and a command runs as two tasks MPI does not join (a launcher's
+variables, no MPI job), which cannot agree: task 0 speaks for them.
 """
 
 from __future__ import annotations
