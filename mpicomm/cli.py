@@ -36,7 +36,9 @@ and write alike:
   ``--repeat must be >= 1, got 0``); :func:`parse_or_exit` runs a command's
   parsing and checks so that, under ``mpiexec``, the lowest rank that found a
   usage error prints it and every rank exits with its status (the ranks agree
-  first: a check of a file may fail on one rank only); errors found once the
+  first: a check of a file may fail on one rank only; where the MPI library is
+  not wired to the launcher, every task a job of one, task 0 alone prints it,
+  with :func:`unwired_hint`); errors found once the
   work has started read the same (:func:`error_line`), printed once per job
   where every rank finds them alike; an optional dependency missing for an
   option is a usage error naming the extra to install (:func:`require`).
@@ -65,8 +67,8 @@ from .config import describe_cpu
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "US", "parse_size", "size_arg", "parse_sizes", "sizes_arg",
            "format_size", "format_time", "Progress", "add_json", "add_out", "add_output", "check_out", "write_out",
            "markdown_table", "add_repeat", "renamed", "at_least", "subparser", "error_line", "command_line", "versions",
-           "document", "write_json", "pyplot", "run_main", "Parser", "parse_or_exit", "launched_ranks", "require",
-           "EXTRAS", "refuse_unless", "did_you_mean"]
+           "document", "write_json", "pyplot", "run_main", "Parser", "parse_or_exit", "launched_ranks", "unwired_hint",
+           "require", "EXTRAS", "refuse_unless", "did_you_mean"]
 
 #: The ``schema`` field of every ``--json`` document, and its version (raised when a field changes meaning).
 SCHEMA = "mpicomm-results"
@@ -606,29 +608,59 @@ def _shown(value: Any) -> str:
     return _number(value) if isinstance(value, (int, float)) else str(value)
 
 
-def launched_ranks(environ: Any = None) -> tuple[int, int]:
-    """(rank, size) of this process as its launcher (``mpiexec``, ``srun --mpi``) says, before MPI starts.
+#: The (size, rank) variables a launcher sets for each process it starts, in the order they are believed: an MPI
+#: launcher's before Slurm's (inside an allocation, hydra starts its proxies with srun, so SLURM_PROCID there is a
+#: proxy's index, not a rank). Slurm's are srun's per-step ones: a batch script has SLURM_NTASKS (the allocation's)
+#: and SLURM_PROCID=0 too, without being one of several tasks.
+_LAUNCHED = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+             ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"))
 
-    Only a launcher's own per-rank variables count: inside a Slurm job's batch
-    script, ``SLURM_NTASKS`` describes the allocation, not this process.
-    """
-    env = os.environ if environ is None else environ
-    for size_var, rank_var in (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
+
+def _launched(env: Any) -> tuple[int, int, str]:
+    """(rank, size, the variable that gave the size) of this process as its launcher says; (0, 1, "") without one."""
+    for size_var, rank_var in _LAUNCHED:
         try:
             size = int(env.get(size_var, ""))
         except ValueError:
             continue
         try:
-            return int(env.get(rank_var, "0")), size
+            return int(env.get(rank_var, "0")), size, size_var
         except ValueError:
-            return 0, size
-    return 0, 1
+            return 0, size, size_var
+    return 0, 1, ""
+
+
+def launched_ranks(environ: Any = None) -> tuple[int, int]:
+    """(rank, size) of this process as its launcher (``mpiexec``, ``srun``) says, before MPI starts.
+
+    Only a launcher's own per-rank variables count: inside a Slurm job's batch
+    script, ``SLURM_NTASKS`` describes the allocation, not this process; srun's
+    tasks have ``SLURM_STEP_NUM_TASKS``. (A launcher's count is not MPI's: an
+    MPI library that does not speak srun's PMI makes every task a job of one.)
+    """
+    rank, size, _ = _launched(os.environ if environ is None else environ)
+    return rank, size
+
+
+def unwired_hint(size: int, variable: str) -> str:
+    """The line said once when MPI sees one process where the launcher started *size* (its *variable* says so)."""
+    return (f"mpicomm: MPI sees 1 process but the launcher started {size} ({variable}={size}): the MPI library is not "
+            f"wired to the launcher, so every task runs alone (task 0 alone said the above); launch with srun "
+            f"--mpi=pmi2 (MPICH), srun --mpi=pmix (Open MPI) or the MPI's own mpiexec")
 
 
 def _status(code: Any) -> int:
     if code is None:
         return 0
     return code if isinstance(code, int) else 1
+
+
+def _release(out: str, err: str) -> None:
+    """Print what was held back."""
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
@@ -643,6 +675,11 @@ def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
     that cannot answer: every rank reaches the agreement, whatever its parsing
     found (an exception other than a usage error is status 1, with its
     traceback). On one process the text is printed and the process exits.
+
+    Where MPI sees one process but the launcher several (``srun --mpi=pmix``
+    with an MPI that speaks only PMI-2: every task is a job of one) the tasks
+    cannot agree; task 0 (the launcher's number) prints what it printed and
+    :func:`unwired_hint`, the others nothing, and each exits with its own status.
     """
     import contextlib
     import io
@@ -659,19 +696,25 @@ def parse_or_exit(parse: Any, argv: Sequence[str] | None = None) -> Any:
 
             code = 1
             err.write(traceback.format_exc())
-    rank, size = launched_ranks()
+    rank, size, variable = _launched(os.environ)
     codes = [code]
+    alone = False  # MPI sees one process where the launcher started several
     if size > 1:
         from mpi4py import MPI
 
-        codes = MPI.COMM_WORLD.allgather(code)
-        rank = MPI.COMM_WORLD.Get_rank()
+        alone = MPI.COMM_WORLD.Get_size() == 1
+        if not alone:
+            codes = MPI.COMM_WORLD.allgather(code)
+            rank = MPI.COMM_WORLD.Get_rank()
+    if alone:  # no agreement possible: task 0 speaks for the job, each task exits with its own status
+        if code is None:
+            return result
+        if rank == 0:
+            _release(out.getvalue(), err.getvalue() + unwired_hint(size, variable) + "\n")
+        raise SystemExit(code)
     first = next((r for r, c in enumerate(codes) if c is not None), None)
     if first is None or first == rank:
-        sys.stdout.write(out.getvalue())
-        sys.stderr.write(err.getvalue())
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _release(out.getvalue(), err.getvalue())
     if first is None:
         return result
     status = int(codes[first] or 0)

@@ -60,6 +60,38 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: A ``sitecustomize`` that makes ``import torch`` fail as where torch is not installed, in every process that
+#: imports it (the commands a test starts, and theirs): see :func:`without_torch`.
+BLOCK_TORCH = '''import importlib.abc
+import importlib.machinery
+import sys
+
+
+class _NoTorch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name.split(".")[0] == "torch" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ModuleNotFoundError(f"No module named {module.__name__!r}", name=module.__name__)
+
+
+sys.meta_path.insert(0, _NoTorch())
+'''
+
+
+def without_torch(directory: os.PathLike[str] | str) -> dict[str, str]:
+    """The environment entries (``PYTHONPATH``) under which PyTorch cannot be imported, as where the torch extra is
+    not installed; the hook goes to *directory*, made if absent."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as f:
+        f.write(BLOCK_TORCH)
+    rest = clean_env().get("PYTHONPATH", REPO)
+    return {"PYTHONPATH": os.pathsep.join([str(directory), rest])}
+
+
 def job_env(extra: dict[str, str] | None = None, timeout: float | None = None) -> dict[str, str]:
     """The environment for a launcher started by a test: :func:`clean_env`, limits, Open MPI as root."""
     env = clean_env(extra)

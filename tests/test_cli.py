@@ -695,6 +695,10 @@ def test_launched_ranks_reads_only_a_launchers_own_variables():
     assert cli.launched_ranks({"PMI_RANK": "3", "PMI_SIZE": "4"}) == (3, 4)
     assert cli.launched_ranks({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == (1, 2)
     assert cli.launched_ranks({"SLURM_NTASKS": "8", "SLURM_PROCID": "0"}) == (0, 1)  # an allocation, not this process
+    assert cli.launched_ranks({"SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "2"}) == (2, 3)  # srun's
+    # hydra inside an allocation starts its proxies with srun: SLURM_PROCID is a proxy's number, PMI_RANK the rank
+    assert cli.launched_ranks({"PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}) \
+        == (3, 4)
 
 
 def test_parse_or_exit_holds_back_what_parsing_printed_until_it_is_decided(capsys, monkeypatch):

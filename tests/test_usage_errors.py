@@ -10,7 +10,9 @@ finds (the probe script below) is said by that rank alone and still ends both;
 so does a bug in one rank's parsing (status 1 everywhere, its traceback once).
 A case that aborted the job (a rank exiting alone) ends the whole job, and the
 test with it. One command also runs as its own job, to count the lines the
-launcher itself prints.
+launcher itself prints; apps.torchddp runs as one where PyTorch cannot be
+imported; and a command runs as two tasks MPI does not join (a launcher's
+variables, no MPI job), which cannot agree: task 0 speaks for them.
 """
 
 from __future__ import annotations
@@ -204,6 +206,50 @@ def test_said_once_per_job_and_every_rank_exits_alike(outcomes, case):
 @pytest.mark.parametrize("case", TORCH_CASES, ids=_id)
 def test_pytorch_commands_say_it_once_too(torch_outcomes, case):
     _check(torch_outcomes[case.name], case)
+
+
+def test_without_pytorch_the_torch_application_says_how_to_install_it_once(tmp_path):
+    """The README's first command installs no PyTorch (the CUDA build PyPI gives is several GB): apps.torchddp's
+    default run then exits 2 on every rank, the error line naming the CPU wheel's command and the extra, once."""
+    result = mpirun.run(RANKS, [sys.executable, "-m", "apps.torchddp", "train"], timeout=60,
+                        env=mpirun.without_torch(tmp_path / "hook"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert errors == ["python -m apps.torchddp train: error: PyTorch is not importable (No module named 'torch'): pip "
+                      "install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU wheel), then "
+                      "pip install -e '.[torch]'"], result.stderr
+    assert sum(line.startswith("usage:") for line in result.stderr.splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr and not result.stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "another MPI's mpiexec"])
+def test_tasks_the_mpi_library_does_not_join_say_it_once_with_a_hint(launcher):
+    """``srun`` where the MPI library does not speak the launcher's PMI: every task starts MPI alone (a job of one),
+    so the tasks cannot agree. Two plain processes with the launcher's variables stand for it (no Slurm, no MPI
+    job): task 0 prints the usage error and the hint once, and both exit with status 2."""
+    import subprocess
+
+    if launcher == "srun":  # without --mpi=pmi2 (or where the site's default is none)
+        variables = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_PROCID": "{task}"}
+    elif mpirun.flavor() == "openmpi":  # MPICH's hydra, mpi4py on Open MPI
+        variables = {"PMI_SIZE": "2", "PMI_RANK": "{task}"}
+    else:  # Open MPI's mpirun, mpi4py on MPICH
+        variables = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "{task}"}
+    procs = [subprocess.Popen([sys.executable, "-m", "apps.stencil", "--size", "0"], cwd=mpirun.REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=mpirun.clean_env({k: v.format(task=task) for k, v in variables.items()}))
+             for task in range(2)]
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [2, 2], outs
+    every = [line for out, err in outs for line in (out + err).splitlines()]
+    assert every.count("python -m apps.stencil: error: --size must be >= 1, got 0") == 1, every
+    assert sum(line.startswith("usage:") for line in every) == 1, every
+    size = next(name for name in variables if name.endswith(("SIZE", "NUM_TASKS")))
+    hints = [line for line in every if line.startswith("mpicomm: MPI sees 1 process")]
+    assert hints == [f"mpicomm: MPI sees 1 process but the launcher started 2 ({size}=2): the MPI library is not "
+                     f"wired to the launcher, so every task runs alone (task 0 alone said the above); launch with "
+                     f"srun --mpi=pmi2 (MPICH), srun --mpi=pmix (Open MPI) or the MPI's own mpiexec"], every
+    assert not outs[1][0] and ": error: " not in outs[1][1] and "Traceback" not in outs[1][1], outs[1]
 
 
 def test_a_command_of_its_own_prints_its_usage_error_once():

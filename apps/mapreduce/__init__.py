@@ -1,7 +1,7 @@
 """A map-reduce engine on mpicomm (in the spirit of Sandia's MR-MPI), with word count and an inverted index.
 
-    mpiexec -n 4 python -m apps.mapreduce wordcount FILES... [--top 20] [--output counts.tsv] [--lowercase]
-    mpiexec -n 4 python -m apps.mapreduce invindex FILES... [--out index.tsv]
+    mpiexec -n 4 python -m apps.mapreduce wordcount [FILE...] [--top 20] [--output counts.tsv] [--lowercase] [--check]
+    mpiexec -n 4 python -m apps.mapreduce invindex [FILE...] [--output index.tsv]
     python -m apps.mapreduce corpus DIR --size 200M
     mpiexec -n 2 python -m apps.mapreduce bench --size 200M
 

@@ -1,10 +1,10 @@
 """Command line: ``python -m apps.mapreduce {wordcount,invindex,corpus,bench} ...``.
 
-    mpiexec -n 4 python -m apps.mapreduce wordcount FILES... [--top 20] [--output counts.tsv [--force]] [--lowercase]
+    mpiexec -n 4 python -m apps.mapreduce wordcount [FILE...] [--top 20] [--output counts.tsv [--force]] [--lowercase]
                                                   [--memory-limit 512M] [--spill-dir DIR] [--errors strict|replace]
                                                   [--checkpoint-every 1] [--checkpoint-dir DIR] [--restart]
-                                                  [--json FILE] [--quiet]
-    mpiexec -n 4 python -m apps.mapreduce invindex FILES... [--output index.tsv] [same options]
+                                                  [--check] [--json FILE] [--quiet]
+    mpiexec -n 4 python -m apps.mapreduce invindex [FILE...] [--output index.tsv] [same options]
     python -m apps.mapreduce corpus DIR --size 200M [--files 8] [--vocabulary 100000] [--zipf 1.0] [--seed 1]
     mpiexec -n 2 python -m apps.mapreduce bench --size 200M [--out jobs/results/mapreduce-wordcount.md] [--json F]
 
@@ -18,9 +18,14 @@ kept unless ``--force``); the checkpoint options are every application's
 has one point to resume from, after the map phase, so ``--checkpoint-every`` is
 1 (checkpoint it) or 0 (never) and there is no ``--keep``. Arguments are
 checked before the work starts: a usage error, ``<prog>: error: …`` and status 2, once per job.
-Inputs are checked collectively before any work: every rank prints what is
-wrong (``<prog>: error: rank r of N: …``) and the job exits with status 2
-instead of hanging. Progress goes to stderr from rank 0 (``[i/N]`` lines with
+Inputs are checked collectively before any work: what is wrong is said once
+per job (a rank whose peers never answer names itself: ``<prog>: error: rank r
+of N: …``) and the job exits with status 2 instead of hanging. Without FILE, a
+job counts :data:`DEFAULT_CORPUS`, a corpus it generates (once: later runs
+reuse it) and says where, and checks its answer (``--check``: every result
+against one process's count of the same files, :mod:`.check`; status 1 if one
+differs): ``mpiexec -n 2 python -m apps.mapreduce wordcount`` is the default
+run, needing nothing but the repository. Progress goes to stderr from rank 0 (``[i/N]`` lines with
 elapsed time and ETA); results and per-phase timings to stdout.
 """
 
@@ -35,15 +40,22 @@ from mpicomm import cli
 
 from .inputs import ERRORS, InputError, format_size
 
-__all__ = ["main", "parser", "parse", "run_job", "run_corpus", "PROG"]
+__all__ = ["main", "parser", "parse", "run_job", "run_corpus", "default_corpus", "PROG", "DEFAULT_CORPUS"]
 
 PROG = "python -m apps.mapreduce"
+
+#: What a job counts when no FILE is given: the corpus sub-command's Zipf text (s = 1, seed 1), small enough to make
+#: and count in seconds on a laptop, large enough that every rank maps and shuffles tens of thousands of words.
+DEFAULT_CORPUS = {"size": 4 << 20, "files": 8, "vocabulary": 20_000}
 
 
 def _job_options(p: argparse.ArgumentParser, output: str) -> None:
     from apps import options
 
-    p.add_argument("files", nargs="+", metavar="FILE", help="input text files (UTF-8)")
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help=f"input text files (UTF-8); none: a generated corpus of {DEFAULT_CORPUS['files']} files, "
+                        f"{format_size(DEFAULT_CORPUS['size'])} (Zipf over {DEFAULT_CORPUS['vocabulary']} words, "
+                        f"seed 1), made once in a private temporary directory and reused, with --check")
     p.add_argument("--top", type=int, default=20, help="how many entries to print (default: 20)")
     cli.add_output(p, output)
     cli.renamed(p, "--out", "--output", "--out is for Markdown reports")
@@ -60,6 +72,9 @@ def _job_options(p: argparse.ArgumentParser, output: str) -> None:
               "(default: 0)",
         restart="reuse a valid checkpoint of the same job in --checkpoint-dir and skip the map (map and "
                 "checkpoint when there is none)")
+    p.add_argument("--check", action="store_true",
+                   help="compare every result with one process's answer for the same files (collections.Counter, "
+                        "same tokenizer) on rank 0; status 1 if one differs (on when no FILE is given)")
     cli.add_json(p, "the results, per-phase timings and memory")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -68,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its four sub-commands (:func:`parse` checks the values)."""
     parser = cli.Parser(prog=PROG,
                         description="Map-reduce on mpicomm: word count, inverted index, corpus, benchmark.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{wordcount,invindex,corpus,bench}")
     wc = sub.add_parser("wordcount", help="count words; print the most frequent",
                         description="Count words (Unicode-aware; see apps/mapreduce/wordcount.py for the policy).")
     _job_options(wc, "every 'word<TAB>count' line, sorted by count then word (rank 0)")
@@ -150,15 +165,61 @@ def _phase_table(summary: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def default_corpus(comm: Any, command: str) -> tuple[list[str], str | None]:
+    """The files of :data:`DEFAULT_CORPUS` on every rank, and a directory to remove afterwards (or None); collective.
+
+    Rank 0 generates them (a corpus already there with the same parameters is
+    reused) into the private directory the benchmark uses too
+    (:func:`.bench.corpus_directory`) and says what it did on stdout.
+    """
+    import time
+
+    from .bench import corpus_directory
+    from .corpus import STAMP, generate
+
+    made: tuple[list[str], str | None] | None = None
+    if comm.rank == 0:
+        size, files, words = DEFAULT_CORPUS["size"], DEFAULT_CORPUS["files"], DEFAULT_CORPUS["vocabulary"]
+        directory, throwaway = corpus_directory(None, size, "mapreduce-default-corpus")
+        stamp = os.path.join(directory, STAMP)
+        before = os.stat(stamp).st_mtime_ns if os.path.isfile(stamp) else None
+        start = time.perf_counter()
+        paths = generate(directory, size, files=files, vocabulary_size=words)
+        how = ("reused" if os.stat(stamp).st_mtime_ns == before
+               else f"made in {cli.format_time(time.perf_counter() - start)}")
+        print(f"{command}: no FILE given: a generated corpus of {len(paths)} files, "
+              f"{format_size(sum(map(os.path.getsize, paths)))} (Zipf s = 1 over {words} words, seed 1) in "
+              f"{directory} ({how}), its answer checked against one process's count; give FILE... to count your "
+              f"own files", flush=True)
+        made = (paths, directory if throwaway else None)
+    shared: tuple[list[str], str | None] = comm.bcast(made, root=0)
+    return shared
+
+
 def run_job(args: argparse.Namespace) -> int:
     """wordcount / invindex on every rank (through mpicomm.runtime.main)."""
-    import numpy as np
+    import shutil
 
     import mpicomm
 
+    comm = mpicomm.Comm()
+    throwaway = None
+    if not args.files:
+        args.files, throwaway = default_corpus(comm, args.command)
+        args.check = True
+    try:
+        return _job(comm, args)
+    finally:
+        if throwaway and comm.rank == 0:
+            shutil.rmtree(throwaway, ignore_errors=True)
+
+
+def _job(comm: Any, args: argparse.Namespace) -> int:
+    """The job proper, on *args.files*."""
+    import numpy as np
+
     from .engine import memory_usage
 
-    comm = mpicomm.Comm()
     before = memory_usage(reset=True)
     progress = None if args.quiet else sys.stderr
     checkpointing = bool(args.checkpoint_every or args.restart)
@@ -184,8 +245,19 @@ def run_job(args: argparse.Namespace) -> int:
         after = memory_usage()
         memory = comm.gather({"baseline": before and before["rss"], "peak": after and after["peak"],
                               "measured_from_start": bool(before and before["reset"])}, root=0)
+        problem = None
+        if args.check:
+            from .check import check
+
+            problem = check(comm, args.command, mr, args.files, args.lowercase, args.errors)
     finally:
         mr.close()
+    if problem:  # the same on every rank: said once, every rank exits with status 1
+        sys.stdout.flush()
+        from mpicomm.runtime import exit_together
+
+        prog = f"{PROG} {args.command}"
+        exit_together(1, cli.error_line(prog, problem), alone=cli.error_line(prog, problem, comm.rank, comm.size))
     if comm.rank != 0:
         return 0
     total = sum(os.path.getsize(p) for p in args.files)
@@ -208,6 +280,9 @@ def run_job(args: argparse.Namespace) -> int:
             print(f"the index of {keys} words written to {args.output} (word<TAB>count<TAB>files, by word)")
     if mr.restored_from:
         print(f"map output restored from {mr.restored_from} (map skipped)")
+    if args.check:
+        what = "count" if args.command == "wordcount" else "file list"
+        print(f"check passed: every word's {what} equals one process's answer for the same files")
     print("phases (seconds, max and min over ranks):")
     print("\n".join(_phase_table(summary)))
     spills = sum(s["counters"]["map_spills"] + s["counters"]["results_spilled"] for s in summary)
@@ -217,7 +292,7 @@ def run_job(args: argparse.Namespace) -> int:
     if args.json:
         results = {"command": args.command, "ranks": comm.size, "words": words, "keys": keys,
                    "top": [[k, v] for k, v in best], "summary": summary, "memory": memory,
-                   "memory_limit": args.memory_limit, "restored_from": mr.restored_from}
+                   "memory_limit": args.memory_limit, "restored_from": mr.restored_from, "checked": args.check}
         from apps import report as json_report
 
         json_report.write_json(args.json, PROG, args.argv, comm.size, results)

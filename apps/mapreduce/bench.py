@@ -89,19 +89,21 @@ def private_cache() -> str | None:
     return path
 
 
-def corpus_directory(given: str | None, size: int) -> tuple[str, bool]:
-    """Where the benchmark's corpus goes, and whether it is a throw-away directory to remove afterwards.
+def corpus_directory(given: str | None, size: int, name: str | None = None) -> tuple[str, bool]:
+    """Where a generated corpus goes, and whether it is a throw-away directory to remove afterwards.
 
-    *given* (``--dir``) is used as it is; otherwise ``mapreduce-corpus-<size>``
-    in :func:`private_cache` (reused by later runs), or, when that cannot be
-    trusted, a fresh ``mkdtemp`` directory removed after the run.
+    *given* (``--dir``) is used as it is; otherwise *name* (default
+    ``mapreduce-corpus-<size>``, the benchmark's) in :func:`private_cache`
+    (reused by later runs), or, when that cannot be trusted, a fresh
+    ``mkdtemp`` directory removed after the run.
     """
     if given:
         return given, False
+    name = name or f"mapreduce-corpus-{size}"
     cache = private_cache()
     if cache is not None:
-        return os.path.join(cache, f"mapreduce-corpus-{size}"), False
-    return tempfile.mkdtemp(prefix=f"mapreduce-corpus-{size}-"), True
+        return os.path.join(cache, name), False
+    return tempfile.mkdtemp(prefix=f"{name}-"), True
 
 
 def idle_barrier(comm: Any) -> None:

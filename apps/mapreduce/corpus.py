@@ -122,7 +122,9 @@ def _write_file(path: str, nbytes: int, words: Sequence[bytes], capitals: Sequen
     written = 0
     with _replacing(path) as f:
         while written < nbytes:
-            n = 1 << 18
+            # tokens for what is left (a token and its separator take about 7 bytes): a small file draws no more
+            # than it keeps, a large one draws 2**18 at a time
+            n = min(1 << 18, max(1 << 12, (nbytes - written) // 5))
             idx = np.searchsorted(cdf, rng.random(n), side="right")
             idx = np.minimum(idx, len(vocab) - 1)
             sep = seps[rng.choice(len(seps), n, p=_SEP_WEIGHTS)]

@@ -71,7 +71,7 @@ def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
     paths, counts = _corpus(str(tmp_path))
     out, js = str(tmp_path / "counts.tsv"), str(tmp_path / "wc.json")
     result = _run(4, ["wordcount", *paths, "--lowercase", "--top", "3", "--output", out, "--json", js,
-                      "--memory-limit", "64MiB"])
+                      "--memory-limit", "64MiB", "--check"])
     assert result.returncode == 0, result.stderr
     best = sorted(counts.items(), key=order)
     assert f"{sum(counts.values())} words, {len(counts)} distinct" in result.stdout
@@ -88,7 +88,34 @@ def test_wordcount_prints_the_top_words_and_writes_the_sorted_counts(tmp_path):
     assert {"command", "ranks", "words", "keys", "top", "summary", "memory", "memory_limit", "restored_from"} \
         <= report.keys()
     assert report["ranks"] == 4 and len(report["summary"]) == 4 and report["keys"] == len(counts)
-    assert report["memory_limit"] == 64 << 20 and report["words"] == sum(counts.values())
+    assert report["memory_limit"] == 64 << 20 and report["words"] == sum(counts.values()) and report["checked"]
+    assert "check passed: every word's count equals one process's answer for the same files" in result.stdout
+
+
+def test_the_default_run_counts_a_generated_corpus_and_checks_its_answer(tmp_path):
+    """``mpiexec -n 2 python -m apps.mapreduce wordcount``, no FILE: what a newcomer runs after the README's first
+    command. A second job (the inverted index) reuses the corpus."""
+    env = {"TMPDIR": str(tmp_path)}  # the corpus goes to <temp>/mpicomm-<uid>/: this test's own
+    result = mpirun.run(2, [sys.executable, "-m", "apps.mapreduce", "wordcount", "--top", "3"], timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    corpus = tmp_path / f"mpicomm-{os.getuid()}" / "mapreduce-default-corpus"
+    paths = sorted(str(p) for p in corpus.glob("corpus-*.txt"))
+    assert len(paths) == 8 and abs(sum(map(os.path.getsize, paths)) - (4 << 20)) < 1000
+    counts: Counter = Counter()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            counts.update(tokenize(f.read()))
+    said = result.stdout.splitlines()
+    assert said[0].startswith(f"wordcount: no FILE given: a generated corpus of 8 files, 4.0 MiB (Zipf s = 1 over "
+                              f"20000 words, seed 1) in {corpus} (made in "), said[0]
+    assert f"2 rank(s): {sum(counts.values())} words, {len(counts)} distinct" in result.stdout
+    for word, count in sorted(counts.items(), key=order)[:3]:
+        assert f"{count:>10}  {word}" in result.stdout
+    assert "check passed: every word's count equals one process's answer for the same files" in result.stdout
+    again = mpirun.run(2, [sys.executable, "-m", "apps.mapreduce", "invindex", "--quiet"], timeout=120, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"in {corpus} (reused)" in again.stdout and f"{len(counts)} distinct words" in again.stdout
+    assert "check passed: every word's file list equals" in again.stdout and again.stderr == ""
 
 
 def test_invindex_cli(tmp_path):
