@@ -134,6 +134,8 @@ def wait(run: Run, q: Queue, watchdog: Any = None, others: Callable[[], bool] | 
     operations and says whether any is left (then it polls instead of sleeping
     in MPI, since a peer may need one of them first).
     """
+    if run.lane is not None and watchdog is None and _wait_in_lane(run, q, others):
+        return
     for _ in range(_executor.SPINS):
         if run.done:
             return
@@ -164,6 +166,25 @@ def wait(run: Run, q: Queue, watchdog: Any = None, others: Callable[[], bool] | 
         else:
             nap = min(2 * nap if nap else 2e-5, 1e-3)
             time.sleep(nap)
+
+
+def _wait_in_lane(run: Run, q: Queue, others: Callable[[], bool] | None) -> bool:
+    """Wait for *run*, the head of *q*, inside its compiled lane (the GIL released, the queue's lock held, as a
+    sleeping wait holds it); True once it has finished. False, without waiting, when it is not the head or
+    the process has other operations that need this thread's polls (*others*); also when the lane handed the
+    run back to the executor's loop, which the caller's wait then drives."""
+    with q.lock:
+        if q.driving or not q.runs or q.runs[0] is not run or not run.started or run.done:
+            return run.done
+        if others is not None and others():
+            return False
+        q.driving = True
+        try:
+            run.poll(True)
+        finally:
+            q.driving = False
+        drive(q)  # (the finished run leaves the queue; the next one starts)
+        return run.done
 
 
 def finish_pending(q: Queue) -> None:
