@@ -41,7 +41,7 @@ static errclass_t mpi_error_class;
 static Py_ssize_t status_size;
 static int class_truncate = -1, class_in_status = -1;
 
-enum { K_COPY = 1, K_COPY_IF = 2, K_COMBINE = 3, K_CHECK = 4, K_CHECK_TAKE = 5 };
+enum { K_COPY = 1, K_COMBINE = 3, K_CHECK = 4, K_CHECK_TAKE = 5 };
 enum { E_BAIL = 1, E_TRUNCATED = 2, E_ERROR = 3 };
 /* element types (lane.py's DTYPES) */
 enum { D_F4 = 1, D_F8, D_I1, D_I2, D_I4, D_I8, D_U1, D_U2, D_U4, D_U8, D_B1, D_C8, D_C16 };
@@ -50,7 +50,7 @@ enum { O_SUM = 1, O_PROD, O_MIN, O_MAX, O_LAND, O_LOR, O_LXOR, O_BAND, O_BOR, O_
 
 typedef struct {
     int kind, op, dtype;
-    char *a, *b, *out;   /* COPY: out <- a (count bytes); COPY_IF: the same when *b != 0 */
+    char *a, *b, *out;   /* COPY: out <- a (count bytes) */
     Py_ssize_t count;    /* COMBINE: out = a op b (count elements); CHECK: a got, b own words */
 } rec_t;
 
@@ -156,7 +156,6 @@ static void run_records(const rec_t *r, int n) {
     for (int i = 0; i < n; i++, r++) {
         switch (r->kind) {
         case K_COPY: memmove(r->out, r->a, (size_t)r->count); break;
-        case K_COPY_IF: if (*r->b) memmove(r->out, r->a, (size_t)r->count); break;
         case K_COMBINE: combine(r); break;
         default: break;
         }
@@ -437,6 +436,29 @@ static PyObject *Lane_advance(Lane *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(r);
 }
 
+/* start(spins, block): a run's start - the agreement's first round, the first data step - then advance(0, spins,
+ * block), in one call. */
+static PyObject *Lane_start(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "start(spins, block) takes 2 arguments");
+    long spins = PyLong_AsLong(args[0]);
+    int block = PyObject_IsTrue(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    long r;
+    Py_BEGIN_ALLOW_THREADS
+    int rc = 0;
+    self->a = self->nagree ? 0 : -1;
+    if (self->nagree) rc = mpi_startall(self->agree[0].nreq, self->agree[0].reqs);
+    if (!rc && self->nsteps) rc = post(self, 0);
+    if (rc) {
+        self->last_rc = rc;
+        r = event(E_ERROR, 0);
+    } else {
+        r = advance(self, 0, spins < 1 ? 1 : spins, block);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
 static PyObject *Lane_get_rc(Lane *self, void *closure) { return PyLong_FromLong(self->last_rc); }
 static PyObject *Lane_get_steps(Lane *self, void *closure) { return PyLong_FromLong(self->nsteps); }
 static PyObject *Lane_get_a(Lane *self, void *closure) { return PyLong_FromLong(self->a); }
@@ -445,6 +467,8 @@ static PyMethodDef Lane_methods[] = {
     {"post", (PyCFunction)Lane_post, METH_O, "post(k): run step k's posting records and start its requests; "
                                               "returns MPI's error code (0)."},
     {"agree", (PyCFunction)Lane_agree, METH_NOARGS, "agree(): start the agreement's first round."},
+    {"start", (PyCFunction)(void (*)(void))Lane_start, METH_FASTCALL,
+     "start(spins, block): start a run (the agreement's first round, the first step) and advance(0, ...)."},
     {"advance", (PyCFunction)(void (*)(void))Lane_advance, METH_FASTCALL,
      "advance(k, spins, block): run from step k (its requests started) as far as possible; see the module."},
     {NULL}};

@@ -224,6 +224,29 @@ class Run:
         except BaseException as exc:
             self._fail(exc)
 
+    def launch(self, block: bool = False) -> bool:
+        """:meth:`start` then :meth:`poll` (*block*), in one call into the compiled lane where the run has one
+        and nothing needs Python at its start; True once the run has finished (or failed)."""
+        program = self.program
+        lane = self.lane
+        state = program.state
+        if (lane is None or (program.check is not None and program.verdict_at < 0 and not program.agree)
+                or (state is not None and program.epoch != state.epoch and program.renew is not None)):
+            self.start()
+            return self.done or self.poll(block)
+        self.started = True
+        try:
+            if program.on_start is not None:
+                program.on_start(self)
+            self.k = 0
+            done = self._advance(lane, SPINS if block else 1, block, start=True)
+            return done if done is not None else self._poll(block)
+        except Exception as exc:  # noqa: BLE001 - as in poll
+            return self._failed(exc)
+        except BaseException as exc:
+            self._fail(exc)
+            return True
+
     def _start(self) -> None:
         program = self.program
         state = program.state
@@ -286,16 +309,20 @@ class Run:
         try:
             return self._poll(block)
         except Exception as exc:  # noqa: BLE001 - failed here, or set aside until the verdict
-            if self.a >= 0 and not self.agreed:
-                # the agreement is still out: a peer may run another call, whose messages this rank just read
-                # as its own (a count header, a block); the verdict decides, alike on every rank
-                self._set_aside(exc)
-                return False
-            self._fail(exc)
-            return True
+            return self._failed(exc)
         except BaseException as exc:
             self._fail(exc)
             return True
+
+    def _failed(self, exc: Exception) -> bool:
+        """*exc* happened while advancing: fail the run (True), or set it aside until the verdict (False)."""
+        if self.a >= 0 and not self.agreed:
+            # the agreement is still out: a peer may run another call, whose messages this rank just read
+            # as its own (a count header, a block); the verdict decides, alike on every rank
+            self._set_aside(exc)
+            return False
+        self._fail(exc)
+        return True
 
     def _set_aside(self, exc: Exception) -> None:
         """Stop the data steps after *exc* and wait for the agreement's verdict; if every rank agreed after
@@ -371,12 +398,13 @@ class Run:
         self._finish()
         return True
 
-    def _advance(self, lane: Any, spins: int, block: bool) -> bool | None:
+    def _advance(self, lane: Any, spins: int, block: bool, start: bool = False) -> bool | None:
         """Run the data steps from step k in the compiled lane (:mod:`.lane`): True when the run finished there,
         False when a step's requests are still in flight (not *block*), None when the lane handed the run back
         to this loop (at step k; for the rest of the run): the agreement's words differ from this rank's, a
-        message was longer than posted (the run is broken), or MPI failed (raised here)."""
-        r = lane.advance(self.k, spins, block)
+        message was longer than posted (the run is broken), or MPI failed (raised here). *start*: start the run
+        first (the agreement's first round and the first data step)."""
+        r = lane.start(spins, block) if start else lane.advance(self.k, spins, block)
         steps = self.program.steps
         self.a = lane.a
         if r >= 0:

@@ -18,8 +18,6 @@ A record is ``(kind, op, dtype, a, b, out, count)`` of integers:
 
 ============  ==============================================================
 ``COPY``      ``count`` bytes from address ``a`` to ``out``
-``COPY_IF``   the same when the byte at ``b`` is non-zero (the agreement's
-              "words changed" flag)
 ``COMBINE``   ``out[i] = a[i] op b[i]`` for ``count`` elements of ``dtype``
               (:data:`DTYPES`; ``op``: :data:`mpicomm.ops.BUILTIN` codes)
 ``CHECK``     the 32 agreement words at ``a`` (received) equal those at ``b``
@@ -46,10 +44,10 @@ from mpi4py import MPI
 
 from .. import config
 
-__all__ = ["Lane", "available", "why_not", "of", "with_record", "copy", "copy_if", "combine", "check", "dtype_code",
-           "COPY", "COPY_IF", "COMBINE", "CHECK", "CHECK_TAKE", "DONE", "BAIL", "TRUNCATED", "ERROR"]
+__all__ = ["Lane", "available", "why_not", "of", "with_record", "copy", "combine", "check", "dtype_code",
+           "COPY", "COMBINE", "CHECK", "CHECK_TAKE", "DONE", "BAIL", "TRUNCATED", "ERROR"]
 
-COPY, COPY_IF, COMBINE, CHECK, CHECK_TAKE = 1, 2, 3, 4, 5
+COPY, COMBINE, CHECK, CHECK_TAKE = 1, 3, 4, 5
 #: What :meth:`Lane.advance` hands back (see its decoding in :func:`event`).
 DONE, BAIL, TRUNCATED, ERROR = -1, 1, 2, 3
 
@@ -136,11 +134,6 @@ def copy(dst: Any, src: Any) -> tuple | None:
     if not (dst.flags.c_contiguous and src.flags.c_contiguous):
         return None
     return (COPY, 0, 0, _addr(src), 0, _addr(dst), dst.nbytes)
-
-
-def copy_if(dst: np.ndarray, src: np.ndarray, flag: np.ndarray) -> tuple:
-    """The record of ``if flag[0]: np.copyto(dst, src)``."""
-    return (COPY_IF, 0, 0, _addr(src), _addr(flag), _addr(dst), dst.nbytes)
 
 
 def combine(code: int, a: Any, b: Any, out: Any) -> tuple | None:

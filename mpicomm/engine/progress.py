@@ -73,6 +73,15 @@ def _start(run: Run) -> None:
         run._fail(exc)
 
 
+def _launch(run: Run) -> bool:
+    """Start *run* and advance it without blocking; True once it has finished."""
+    try:
+        return run.launch()
+    except BaseException as exc:  # (as _start)
+        run._fail(exc)
+        return True
+
+
 def drive(q: Queue) -> bool:
     """Advance *q*'s runs as far as they go without blocking (its lock held); True if one finished.
 
@@ -105,11 +114,9 @@ def submit(q: Queue, run: Run) -> None:
     """
     with q.lock:
         q.runs.append(run)
-        if len(q.runs) == 1:
-            _start(run)
-            if run.poll():
-                q.runs.popleft()
-                return
+        if len(q.runs) == 1 and _launch(run):
+            q.runs.popleft()
+            return
     if _thread.enabled:
         if q in queues and not _thread.idle:
             return  # the running thread polls this queue: nothing to tell it

@@ -401,8 +401,7 @@ class Fast:
             state.collectives = seq + 1
             run = Run(self.program, seq)
             state.recent.append(run)
-            run.start()
-            if not run.poll(not self.watch):  # (a compiled lane waits inside, without the GIL)
+            if not run.launch(not self.watch):  # (a compiled lane waits inside, without the GIL)
                 complete(run, Watchdog.start() if self.watch else None)
             if run.error is not None:
                 raise run.error
@@ -460,9 +459,8 @@ def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, b
                                f"nonblocking (Iallreduce, async_op=True) and chain on its request")
         others = pending_elsewhere(q)
         if not q.runs and others is None:
-            run.start()
             watchdog = Watchdog.start()
-            if not run.poll(watchdog is None):
+            if not run.launch(watchdog is None):
                 complete(run, watchdog)
         else:
             progress.submit(q, run)

@@ -193,7 +193,7 @@ def butterfly(rank: int, p: int) -> list[tuple[str, int]]:
     return rounds
 
 
-def combiner(working: np.ndarray, got: np.ndarray, kind: str, flag: np.ndarray) -> Callable[[Any], None]:
+def combiner(working: np.ndarray, got: np.ndarray, kind: str, flag: list[bool]) -> Callable[[Any], None]:
     """A callable that folds received words *got* into *working* (kind ``fold``/``both``: MIN, MIN, MIN, SUM;
     ``recv``: take them; ``send``: nothing). *flag*[0] is set when *working* changed."""
     w_bytes, g_bytes = memoryview(working.view(np.uint8)), memoryview(got.view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer (numpy's stub: Python 3.12+)

@@ -592,7 +592,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
     words = agreement.digest(args, plan.name_, p, rank, plan.persistent, suspect=suspect)
     pristine = words.copy()
     plan.words = pristine
-    flag = np.zeros(1, np.bool_)  # the words changed during a run (a byte the compiled lane reads too)
+    flag = [False]  # the words changed during a run (never in the compiled lane, which hands such a run back)
     kinds = agreement.butterfly(rank, p)
     stagings: list[np.ndarray] = []
 
@@ -727,7 +727,7 @@ def library_program(state: Any, args: Args, label: Any) -> Program:
 
 
 def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int, words: np.ndarray, kind: str,
-          flag: np.ndarray, stagings: list[np.ndarray], plan: Plan, aliased: set[int], args: Args) -> None:
+          flag: list[bool], stagings: list[np.ndarray], plan: Plan, aliased: set[int], args: Args) -> None:
     """Rebuild a step's messages so each carries the agreement's words in front of its data. Each callable
     carries its record for the compiled lane; the words' check only where this rank's own words say "agreed"
     (then words equal to its own, received from every peer, are the verdict)."""
@@ -769,8 +769,9 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             if d is not None:
                 np.copyto(d, s)
 
-        records = [lane.copy_if(head, words, flag)] + ([lane.copy(data, x)] if data is not None else [])
-        pre.append(lane.with_record(pack, _merged(records)))
+        # (the lane's runs start with the words as made - on_start restores them - and never change them, so
+        # the header already holds them: only the data is copied)
+        pre.append(lane.with_record(pack, lane.copy(data, x) if data is not None else ()))
         reqs.append(lib.Send_init([staging, staging.nbytes, MPI.BYTE], peer, tag))
     step.reqs = reqs
     step.post = None
@@ -782,7 +783,3 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
     step.early = False
 
 
-
-def _merged(records: list[tuple | None]) -> list[tuple] | None:
-    """One callable's records, in order (None if one of them has none)."""
-    return [r for r in records if r is not None] if all(r is not None for r in records) else None
