@@ -86,6 +86,7 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
 
     import mpicomm
     from mpicomm import config, device, doctor
+    from mpicomm.engine import lane
     from mpicomm.launcher import from_environment
     from mpicomm.transport import buffers
 
@@ -108,6 +109,7 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
         f"CUDA-aware     {buffers.library_cuda_support()} (library)"
         + ("" if forced is None else f", forced {forced} by MPICOMM_CUDA_AWARE"),
         f"CuPy           {cupy.__version__ + f', {device.visible_devices()} GPU(s) visible' if cupy else 'not installed'}",
+        f"compiled lane  {'built, bound to the MPI library' if lane.available() else 'off: ' + lane.why_not}",
         f"launcher       {launch.launcher} (rank {launch.rank} of {launch.size} from the environment)",
         f"ranks          {comm.size} on {comm.nodes} node(s)",
         "",
@@ -124,6 +126,7 @@ def info(json_path: str | None = None, argv: list[str] | None = None) -> int:
             "mpi_standard": ".".join(map(str, MPI.Get_version())), "thread_level": levels.get(MPI.Query_thread(), "?"),
             "cuda_aware": buffers.library_cuda_support(), "cuda_aware_forced": forced,
             "cupy": cupy.__version__ if cupy else None, "gpus_visible": device.visible_devices() if cupy else 0,
+            "compiled_lane": lane.available(), "compiled_lane_off": lane.why_not or None,
             "launcher": launch.launcher, "ranks": comm.size, "nodes": comm.nodes,
             "optional": {package.name: version for package, version in found}, "settings": variables,
             "stale_segments": None if stale is None else {"count": len(stale), "bytes": sum(s.bytes for s in stale)},
