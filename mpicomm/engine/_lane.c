@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef int (*startall_t)(int, void *);
 typedef int (*testall_t)(int, void *, int *, void *);
@@ -436,6 +437,41 @@ static PyObject *Lane_advance(Lane *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(r);
 }
 
+/* nap(k, seconds, waiters, gap): the progress thread's wait between its looks at the queues, spent polling this
+ * run without the GIL: nonblocking advances, 1 us apart at first and at most *gap* seconds apart, until the run moves
+ * (a step or an agreement round completes, it ends or hands itself back), *seconds* have passed, or another
+ * thread waits for the queue's lock (the int64 at address *waiters* is non-zero). Returns as advance(). */
+static PyObject *Lane_nap(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "nap(k, seconds, waiters, gap) takes 4 arguments");
+    long k = PyLong_AsLong(args[0]);
+    double seconds = PyFloat_AsDouble(args[1]);
+    unsigned long long address = PyLong_AsUnsignedLongLong(args[2]);
+    double most = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (k < 0 || k > self->nsteps) return PyErr_Format(PyExc_IndexError, "step %ld of %d", k, self->nsteps);
+    volatile int64_t *waiters = (volatile int64_t *)(uintptr_t)address;
+    long r;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec begun, now;
+    clock_gettime(CLOCK_MONOTONIC, &begun);
+    long gap = 1000, cap = (long)(most * 1e9);  /* ns */
+    if (cap < 1000) cap = 1000;
+    if (cap > 999999999) cap = 999999999;
+    int a = self->a;
+    for (;;) {
+        r = advance(self, (int)k, 1, 0);
+        if (r != k || self->a != a || *waiters) break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double spent = (double)(now.tv_sec - begun.tv_sec) + 1e-9 * (double)(now.tv_nsec - begun.tv_nsec);
+        if (spent >= seconds) break;
+        struct timespec pause = {0, gap};
+        nanosleep(&pause, NULL);
+        if (gap < cap) gap = gap * 2 < cap ? gap * 2 : cap;
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r);
+}
+
 /* start(spins, block): a run's start - the agreement's first round, the first data step - then advance(0, spins,
  * block), in one call. */
 static PyObject *Lane_start(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -467,6 +503,9 @@ static PyMethodDef Lane_methods[] = {
     {"post", (PyCFunction)Lane_post, METH_O, "post(k): run step k's posting records and start its requests; "
                                               "returns MPI's error code (0)."},
     {"agree", (PyCFunction)Lane_agree, METH_NOARGS, "agree(): start the agreement's first round."},
+    {"nap", (PyCFunction)(void (*)(void))Lane_nap, METH_FASTCALL,
+     "nap(k, seconds, waiters, gap): poll from step k without the GIL until the run moves, time is up or a thread "
+     "waits for the queue (see the module)."},
     {"start", (PyCFunction)(void (*)(void))Lane_start, METH_FASTCALL,
      "start(spins, block): start a run (the agreement's first round, the first step) and advance(0, ...)."},
     {"advance", (PyCFunction)(void (*)(void))Lane_advance, METH_FASTCALL,

@@ -404,7 +404,27 @@ class Run:
         to this loop (at step k; for the rest of the run): the agreement's words differ from this rank's, a
         message was longer than posted (the run is broken), or MPI failed (raised here). *start*: start the run
         first (the agreement's first round and the first data step)."""
-        r = lane.start(spins, block) if start else lane.advance(self.k, spins, block)
+        return self._decoded(lane, lane.start(spins, block) if start else lane.advance(self.k, spins, block))
+
+    def nap(self, seconds: float, waiters: int, gap: float) -> bool:
+        """Poll this run in its compiled lane without the GIL for up to *seconds* (the progress thread's wait;
+        the queue's lock held): until it moves, or another thread waits for the lock (the int64 at address
+        *waiters* is non-zero); polls at most *gap* seconds apart. True if it moved (or finished)."""
+        lane = self.lane
+        if lane is None or self.done or self.k < 0 or self.broken:
+            return self.poll()
+        before = (self.k, self.a)
+        try:
+            if self._decoded(lane, lane.nap(self.k, seconds, waiters, gap)) is None:
+                self._poll()
+        except Exception as exc:  # noqa: BLE001 - as in poll
+            self._failed(exc)
+        except BaseException as exc:
+            self._fail(exc)
+        return self.done or (self.k, self.a) != before
+
+    def _decoded(self, lane: Any, r: int) -> bool | None:
+        """What a lane call's answer *r* means for this run (see :meth:`_advance`)."""
         steps = self.program.steps
         self.a = lane.a
         if r >= 0:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from . import executor as _executor
@@ -43,14 +44,45 @@ __all__ = ["Queue", "submit", "drive", "wait", "finish_pending", "progress_all",
 
 
 
+class _Held:
+    """``with q.held:`` - the queue's lock, for a thread that may have to wait for it: counted in ``q.waiters``
+    while it waits, so that the progress thread polling in the compiled lane (:meth:`Run.nap`) lets go."""
+
+    __slots__ = ("q",)
+
+    def __init__(self, q: Queue):
+        self.q = q
+
+    def __enter__(self) -> None:
+        q = self.q
+        if q.lock.acquire(False):
+            return
+        with q.counting:
+            q.waiters[0] += 1
+        try:
+            q.lock.acquire()
+        finally:
+            with q.counting:
+                q.waiters[0] -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.q.lock.release()
+
+
 class Queue:
     """The runs of one communicator, in call order; the head is the one in flight."""
 
-    __slots__ = ("runs", "lock", "owner", "driving", "__weakref__")
+    __slots__ = ("runs", "lock", "waiters", "address", "counting", "held", "owner", "driving", "__weakref__")
 
     def __init__(self) -> None:
         self.runs: collections.deque[Run] = collections.deque()
         self.lock = threading.RLock()  # (re-entrant: a completion callback may start another collective)
+        # how many threads wait for the lock (an int64 the progress thread's nap in the compiled lane reads, so
+        # that it hands the lock over at once): taken through `held`, never `with lock` where it may wait
+        self.waiters = np.zeros(1, np.int64)
+        self.address = self.waiters.ctypes.data
+        self.counting = threading.Lock()
+        self.held = _Held(self)
         self.owner = 0  # the thread that queued the runs (collectives on one communicator: one thread at a time)
         self.driving = False  # a drive() is under way (a step of the head run may wait in MPI and re-enter)
 
@@ -112,7 +144,7 @@ def submit(q: Queue, run: Run) -> None:
 
     When it is the only one, its first messages are posted now, by the caller.
     """
-    with q.lock:
+    with q.held:
         q.runs.append(run)
         if len(q.runs) == 1 and _launch(run):
             q.runs.popleft()
@@ -154,7 +186,7 @@ def wait(run: Run, q: Queue, watchdog: Any = None, others: Callable[[], bool] | 
     started = time.perf_counter()
     nap = 0.0
     while not run.done:
-        with q.lock:
+        with q.held:
             drive(q)
             if run.done:
                 return
@@ -180,7 +212,7 @@ def _wait_in_lane(run: Run, q: Queue, others: Callable[[], bool] | None) -> bool
     sleeping wait holds it); True once it has finished. False, without waiting, when it is not the head or
     the process has other operations that need this thread's polls (*others*); also when the lane handed the
     run back to the executor's loop, which the caller's wait then drives."""
-    with q.lock:
+    with q.held:
         if q.driving or not q.runs or q.runs[0] is not run or not run.started or run.done:
             return run.done
         if others is not None and others():
@@ -227,6 +259,11 @@ class ProgressThread:
     FIRST_NAP = 2e-5
     LAST_NAP = 1e-3
     LINGER = 0.05
+    #: The longest the thread polls one run in its compiled lane without looking at the queues again (it returns
+    #: sooner when the run moves or a thread waits for the queue), and the longest gap between those polls (with
+    #: more ranks than cores, where a poll takes a core the peers need, the Python naps' longest).
+    LANE_NAP = 0.01
+    LANE_GAP = 5e-5
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
@@ -285,9 +322,34 @@ class ProgressThread:
             if moved:
                 nap = self.FIRST_NAP
                 time.sleep(0)  # let the user's threads in
+            elif len(active) == 1 and self._nap_in_lane(active[0]):
+                nap = self.FIRST_NAP
             else:
                 time.sleep(nap)
                 nap = min(2 * nap, self.LAST_NAP)
+
+
+    def _nap_in_lane(self, q: Queue) -> bool:
+        """Wait for the only active queue's head run inside its compiled lane (:meth:`Run.nap`), holding the
+        queue's lock and not the GIL; True if it did (the run moved, or time was up)."""
+        head = q.runs[0] if q.runs else None
+        if head is None or head.lane is None or not head.started or head.done or not q.lock.acquire(False):
+            return False
+        try:
+            if q.driving or not q.runs or q.runs[0] is not head:
+                return False
+            q.driving = True
+            try:
+                gap = self.LANE_GAP if _executor.SPINS else self.LAST_NAP
+                head.nap(self.LANE_NAP, q.address, gap)
+            finally:
+                q.driving = False
+            drive(q)  # (a finished run leaves the queue; the next one starts)
+            return True
+        except BaseException:  # never let the thread die: a failed run keeps its error
+            return True
+        finally:
+            q.lock.release()
 
 
 _thread = ProgressThread()
@@ -318,7 +380,7 @@ def callback_when_done(run: Run, fn: Callable[[Run], None], q: Queue | None = No
     it between the check and the registration.
     """
     if q is not None:
-        with q.lock:
+        with q.held:
             if not run.done:
                 if run.callbacks is None:
                     run.callbacks = []

@@ -629,7 +629,7 @@ def _sleep(items: list[Any], lower: bool, watchdog: Watchdog | None, naps: _Naps
         if len(queues) == 1 and not natives and not _active:
             (q,) = queues.values()
             if not _progress.unattended(q):
-                with q.lock:  # (the progress thread leaves it alone meanwhile: one thread completes its requests)
+                with q.held:  # (the progress thread leaves it alone meanwhile: one thread completes its requests)
                     _progress.drive(q)
                     front = q.runs[0] if q.runs else None
                     if front is not None and not front.waits_on_memory() and front.live():
@@ -869,7 +869,7 @@ class CollectiveRequest(Request):
     def add_done_callback(self, fn: Any) -> None:
         """Call ``fn(request)`` once the collective has completed (at once if it has), from whichever thread
         completes it: the caller's, or the progress thread (so keep *fn* short and thread-safe)."""
-        with self.queue.lock:
+        with self.queue.held:
             if not self.run.done:
                 if self._callbacks is None:
                     self._callbacks = []
