@@ -32,8 +32,8 @@ def test_targets_are_judged_from_the_rows(tmp_path):
     ]
     text = summary.summarize([_write(tmp_path, "a.json", 2, rows)])
     assert "### p = 2" in text
-    assert ("native 4.0 µs; auto 20.0 µs (5.0x, +16.0 µs per call; target ≤ 2.5 missed); "
-            "persistent 6.0 µs (1.5x, +2.0 µs per call; target ≤ 1.3 missed)") in text
+    assert ("native 4.0 µs; auto 20.0 µs (5.0x, +16.0 µs per call; target ≤ 1.5 missed); "
+            "persistent 6.0 µs (1.5x, +2.0 µs per call; target ≤ 1.2 missed)") in text
     assert "| allreduce | 1048576 | 100.0 | shm | 0.70 | shm | 0.60 | ≤ 0.7 met |" in text  # shm+pool is not ordinary
     assert "auto met its target at 1 of 1 points." in text
     assert "1 of 2 points (50 %" in text  # 8 B: auto 20 against ring 30 is within; 1 MiB: 70 against 60 is not
@@ -43,9 +43,11 @@ def test_targets_are_judged_from_the_rows(tmp_path):
 
 def test_each_collective_is_judged_from_64_kib_against_its_own_target():
     assert summary.target_of("allreduce", 32768) is None
-    assert summary.target_of("allreduce", 65536) == 1.0
+    assert summary.target_of("allreduce", 65536) == 0.8
     assert summary.target_of("allreduce", MiB) == 0.7
+    assert summary.target_of("allreduce", 16 * MiB) == 0.6
     assert summary.target_of("alltoall", 65536) == 1.0
+    assert summary.target_of("alltoall", 4 * MiB) == 0.8
     assert summary.target_of("reduce", MiB) is None
 
 
@@ -56,8 +58,8 @@ def test_several_rank_counts_make_several_sections_and_bad_files_are_named(tmp_p
                                        _row("bcast", MiB, "linear", 12.0)])
     text = summary.summarize([a, b])
     assert text.index("### p = 2") < text.index("### p = 4")
-    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in text
-    assert "| bcast | 1048576 | 10.0 | linear | 1.20 | linear | 1.20 | ≤ 1.0 missed |" in text
+    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 0.8 missed |" in text
+    assert "| bcast | 1048576 | 10.0 | linear | 1.20 | linear | 1.20 | ≤ 0.8 missed |" in text
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="bad.json: not a benchmark JSON file"):
         summary.summarize([str(tmp_path / "bad.json")])
@@ -86,7 +88,7 @@ def test_documents_with_rows_under_results_read_alike(tmp_path):
     new = tmp_path / "new.json"
     cli.write_json(str(new), "mpiexec -n 2 python -m mpicomm.bench bcast", rows, benchmark="bcast", p=2)
     assert summary.summarize([str(new)]) == summary.summarize([old])
-    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 1.0 met |" in summary.summarize([str(new)])
+    assert "| bcast | 1048576 | 10.0 | linear | 0.90 | linear | 0.90 | ≤ 0.8 missed |" in summary.summarize([str(new)])
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"schema": "something-else", "p": 2, "results": rows}))
     with pytest.raises(ValueError, match="has no rows or p"):
