@@ -267,9 +267,11 @@ def register_schedule_file(path: str, name: str | None = None) -> Algorithm:
     """Register the schedules of a schedule file (:mod:`mpicomm.schedule_file`) as an algorithm of its collective.
 
     *name*: the algorithm's name (default: the file's ``algorithm``; a name
-    already registered raises ValueError). The file is checked first - every
-    view within its buffer, copies and combines of equal sizes, every message
-    meeting a receive of the same size on its peer (ValueError listing the
+    already registered raises ValueError). The file is checked first
+    (:func:`mpicomm.schedule_file.check`): every view within its buffer,
+    every message meeting a receive of the same size on its peer, the rounds
+    run together without a deadlock, and the result on rank- and
+    index-dependent data equal to the collective's (ValueError listing the
     problems otherwise). The algorithm runs calls with the file's p, root and
     count only (elsewhere :func:`allowed` and the schedule function refuse with
     the reason); it needs a commutative op (the file was made with a sum) and

@@ -21,8 +21,8 @@ from mpicomm import __main__ as commands
 from mpicomm import registry
 from mpicomm.catalogue import CATALOGUE
 from mpicomm.plan.preview import schedule_for, schedules_for
-from mpicomm.schedule import RECV, SEND, Combine, Copy, View
-from mpicomm.schedule_file import FORMAT, VERSION, check, from_json, to_json
+from mpicomm.schedule import RECV, SEND, Copy, Round, View
+from mpicomm.schedule_file import FORMAT, VERSION, check, from_json, run, to_json
 
 from .conftest import rank_data
 
@@ -193,11 +193,27 @@ def test_check_finds_views_out_of_bounds_and_messages_that_do_not_meet():
     assert "names buffer 7, which does not exist" in check(s)[0]
     s[0].rounds[0].sends[0] = (1, View(RECV, 0, 2))
     assert check(s) == ["rank 0 sends messages of [16] bytes to rank 1, which receives [24]"]
-    s[0].rounds[0].sends[0] = (1, View(RECV, 0, 3))
+    s[0].rounds[0].sends[0] = (1, View(2, 0, 3))  # sends the scratch it receives into
+    assert check(s) == ["rank 0 round 0: recv [2, 0, 3] overlaps another message of its round"]
+    s[0].rounds[0].sends[0] = (1, View(SEND, 0, 3))
     s[1].rounds[0].ops.append(Copy(View(RECV, 0, 2), View(SEND, 0, 3)))
     assert "views of different sizes" in check(s)[0]
-    s[1].rounds[0].ops[-1] = Combine(View(RECV, 0, 2), View(SEND, 0, 2), View(RECV, 1, 3))
-    assert check(s) == []
+
+
+@serial
+def test_check_runs_the_rounds_and_finds_deadlocks_and_wrong_results():
+    s = from_json(to_json(schedules_for("allreduce", "recursive_doubling", 2, 3)))
+    for x in s:  # each rank sends in one round and receives in the next: both wait for the other's receive
+        x.rounds[0:1] = [Round(sends=x.rounds[0].sends), Round(recvs=x.rounds[0].recvs, ops=x.rounds[0].ops)]
+    assert check(s) == ["the rounds deadlock when a send completes only once its receive is posted: rank 0 in "
+                        "round 0, rank 1 in round 0 wait for each other"]
+    s = from_json(to_json(schedules_for("allreduce", "ring", 3, 4)))
+    s[0].rounds[1].ops = [Copy(op.out, op.b) for op in s[0].rounds[1].ops]  # drops what rank 2 sent
+    problems = check(s)
+    assert len(problems) == 3 and "where allreduce gives" in problems[0], problems
+    s = from_json(to_json(schedules_for("gatherv", "linear", 3, counts=[2, 0, 1], root=1)))
+    outputs = run(s, [{SEND: np.arange(n) + 10 * r} for r, n in enumerate([2, 0, 1])])
+    assert list(outputs[1][RECV]) == [0, 1, 20]
 
 
 # ---------------------------------------------------------------- registering
@@ -251,6 +267,12 @@ def test_a_file_with_problems_or_a_taken_name_is_not_registered(register, tmp_pa
     broken.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"broken.json \(allreduce/recursive_doubling, p = 2\): 1 problem\(s\): "
                                          r"rank 0 sends 1 message\(s\) to rank 1, which receives 0"):
+        register(str(broken), "broken")
+    doc = json.loads(to_json(schedules_for("allreduce", "ring", 3, 4)))
+    doc["ranks"][0]["rounds"][1]["ops"] = []  # forgets to add what it received
+    broken.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"3 problem\(s\): rank 0's output at 2 is 1000004, where allreduce "
+                                         r"gives 3000006"):
         register(str(broken), "broken")
     with pytest.raises(ValueError, match="cannot read schedule file"):
         register(str(tmp_path / "missing.json"), "missing")

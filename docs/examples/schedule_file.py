@@ -5,7 +5,8 @@ Run: mpiexec -n 2 python docs/examples/schedule_file.py
 The file could come from anywhere - another program, a hand edit -
 ``python -m mpicomm algorithms --schedule allreduce ring -p 2 --count 5
 --schedule-file ring2.json`` writes the same one. Registering checks it
-(views within bounds, every message meeting its receive); the algorithm then
+(views within bounds, every message meeting its receive, no deadlock,
+the result on rank- and index-dependent data); the algorithm then
 runs the call the file was made for: this p, this count.
 """
 
