@@ -18,7 +18,7 @@ import pytest
 
 import mpicomm
 from mpicomm import __main__ as commands
-from mpicomm import registry
+from mpicomm import registry, verify
 from mpicomm.catalogue import CATALOGUE
 from mpicomm.plan.preview import schedule_for, schedules_for
 from mpicomm.schedule import RECV, SEND, Copy, Round, View
@@ -338,3 +338,10 @@ def test_file_algorithms_match_the_library(comm, register):
     comm.Allreduce(x, got := np.zeros_like(x), algorithm="ring_file_mpi")
     world.Allreduce(x, want := np.zeros_like(x))
     np.testing.assert_array_equal(got, want)
+
+    # python -m mpicomm verify's cases: the file's count runs (int64 and float64 sums, in place, blocking,
+    # nonblocking, persistent), the other counts and the non-commutative op are skipped with the reason
+    report = verify.run_cases(comm, "allreduce", "ring_file_mpi", quick=True)
+    if rank == 0:
+        assert report["failed"] == [] and report["passed"] == 12, report
+        assert any(f"made for count {p + 1} only" in why for why in report["skipped"]), report["skipped"]
