@@ -63,6 +63,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 import pkgutil
 import sys
 from collections.abc import Callable
@@ -263,7 +264,7 @@ def register(collective: str, name: str, **restrictions: Any) -> Callable[[Calla
     return decorate
 
 
-def register_schedule_file(path: str, name: str | None = None) -> Algorithm:
+def register_schedule_file(path: str | os.PathLike[str], name: str | None = None) -> Algorithm:
     """Register the schedules of a schedule file (:mod:`mpicomm.schedule_file`) as an algorithm of its collective.
 
     *name*: the algorithm's name (default: the file's ``algorithm``; a name
@@ -295,7 +296,7 @@ def register_schedule_file(path: str, name: str | None = None) -> Algorithm:
     _load()  # (so that a name of mpicomm's own, or of a user module, is known as taken)
     if name in _TABLE.get(first.collective, {}):
         raise ValueError(f"{first.collective} algorithm {name!r} is registered already; give the file's algorithm "
-                         f"another name: register_schedule_file({path!r}, name={name + '_file'!r})")
+                         f"another name: register_schedule_file({os.fspath(path)!r}, name={name + '_file'!r})")
     steps = schedule_file.replayer(schedules, name)
     what = f"p = {first.p}" + (f", count {first.count}" if first.count >= 0 else ", per-rank counts")
     steps.__doc__ = (

@@ -22,7 +22,8 @@ What comes out is a :class:`Schedule`: a list of :class:`Round` s, each
 to MPI, arrays or this process, so a schedule is printed
 (:func:`describe`, ``python -m mpicomm algorithms --schedule``), checked
 against literal tables in tests, drawn, verified pairwise across ranks
-(:func:`check_pairs`), and compiled once into a plan that a single executor
+(:func:`check_pairs`), written to a file and read back
+(:mod:`mpicomm.schedule_file`), and compiled once into a plan that a single executor
 runs for blocking, nonblocking and persistent calls alike.
 
 Buffers are numbered: :data:`SEND` (the input), :data:`RECV` (the output) and
