@@ -24,7 +24,8 @@ Main names:
   algorithm: a schedule function and its cost, registered like the built-in
   ones (``MPICOMM_ALGORITHM_MODULES=pkg.mod`` makes every process of a job
   import the module; see :mod:`mpicomm.registry` and
-  ``docs/examples/torus_allreduce.py``);
+  ``docs/examples/torus_allreduce.py``); :func:`register_schedule_file` - an
+  algorithm given as a file of schedules for one call (:mod:`mpicomm.schedule_file`);
 * :func:`launch_info` - rank layout from the launcher's environment, without MPI;
 * :mod:`mpicomm.cli` - the command-line conventions every mpicomm and
   application command follows (sizes, ``--json``, ``--out``, progress lines),
@@ -52,7 +53,8 @@ below; ``tests/test_imports.py`` checks it). A collective call walks down once:
 * **transport** - :mod:`.transport`: how arrays reach MPI (device staging),
   buffer specs, node-shared memory;
 * **floor** - facts and settings: :mod:`.catalogue`, :mod:`.config`,
-  :mod:`.ops`, :mod:`.schedule`, :mod:`.launcher`, :mod:`.device`...
+  :mod:`.ops`, :mod:`.schedule` (and :mod:`.schedule_file`: schedules as files), :mod:`.launcher`,
+  :mod:`.device`...
 
 Tools stand on top: ``python -m mpicomm`` (:mod:`.__main__`, :mod:`.verify`),
 :mod:`.bench`, :mod:`.tune`, and the PyTorch backend :mod:`.torch`.
@@ -81,6 +83,7 @@ _LAZY = {
     "algorithms": ("mpicomm.registry", "algorithms"),
     "register_algorithm": ("mpicomm.registry", "register"),
     "register_cost": ("mpicomm.registry", "cost"),
+    "register_schedule_file": ("mpicomm.registry", "register_schedule_file"),
     "predict": ("mpicomm.state", "predict"),
     "launch_info": ("mpicomm.launcher", "from_environment"),
     "LaunchInfo": ("mpicomm.launcher", "LaunchInfo"),

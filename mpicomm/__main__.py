@@ -27,7 +27,9 @@ nested calls (:func:`mpicomm.schedule.describe` of
 :func:`mpicomm.plan.preview.schedules_for`) - and the pair check
 (:func:`mpicomm.schedule.check_pairs`): every message must meet a receive of
 the same size on its peer, in order; exit 1 where one does not. ``--plot``
-draws a space-time diagram (:func:`draw_schedules`).
+draws a space-time diagram (:func:`draw_schedules`); ``--schedule-file FILE``
+writes every rank's schedule as a schedule file (:mod:`mpicomm.schedule_file`),
+which ``mpicomm.register_schedule_file`` registers as an algorithm.
 
 ``verify COLLECTIVE ALGORITHM -p 2..7 [--quick] [--timeout S]``: the algorithm
 against the MPI library's own collective at each p (a range 2..7, a list
@@ -373,9 +375,11 @@ def _pair_line(scheds: list[Any], problems: list[str]) -> list[str]:
 def schedule(collective: str, algorithm: str, p: int, *, count: int = 8, counts: list[int] | None = None,
              rank: int | None = None, root: int = 0, nodes: int = 1, dtype: str = "float64",
              json_path: str | None = None, plot: str | None = None, out: str | None = None, append: bool = False,
-             argv: list[str] | None = None) -> int:
+             schedule_file: str | None = None, argv: list[str] | None = None) -> int:
     """Print every rank's schedule of *algorithm* (or rank *rank*'s) and the pair check; 1 when messages do
-    not meet, 2 when the algorithm refuses the call (its schedule function raised ValueError)."""
+    not meet, 2 when the algorithm refuses the call (its schedule function raised ValueError) or its schedules
+    cannot be written to *schedule_file* (:func:`mpicomm.schedule_file.to_json`)."""
+    from mpicomm import schedule_file as files
     from mpicomm.catalogue import CATALOGUE
     from mpicomm.plan.preview import Layout, schedules_for
     from mpicomm.schedule import check_pairs, describe, message_count
@@ -387,6 +391,13 @@ def schedule(collective: str, algorithm: str, p: int, *, count: int = 8, counts:
         print(f"{PROG} algorithms --schedule: {collective}/{algorithm} cannot describe this call: {exc}",
               file=sys.stderr)
         return 2
+    text = None
+    if schedule_file:
+        try:
+            text = files.to_json(scheds)
+        except ValueError as exc:
+            print(f"{PROG} algorithms --schedule-file: {exc}", file=sys.stderr)
+            return 2
     problems = check_pairs(scheds)
     what = (f"counts {','.join(map(str, counts))}" if counts is not None else f"count {count}") + f" x {dtype}"
     head = (f"{collective} ({algorithm}): p = {p} on {nodes} node(s), {what}"
@@ -414,6 +425,8 @@ def schedule(collective: str, algorithm: str, p: int, *, count: int = 8, counts:
 
         markdown_report(out, append, f"schedule of {collective}/{algorithm}, p = {p}", _command(argv), lines,
                         plot)
+    if schedule_file and text is not None:
+        cli.write_out(schedule_file, text)
     return 1 if problems else 0
 
 
@@ -642,7 +655,8 @@ COMMANDS = {"info": info, "algorithms": algorithms, "cleanup": cleanup, "verify"
 
 #: Options of one mode only: (option, attribute, where it goes) - a usage error anywhere else.
 _SCHEDULE_ONLY = (("--count", "count"), ("--counts", "counts"), ("--rank", "rank"), ("--root", "root"),
-                  ("--nodes", "nodes"), ("--dtype", "dtype"), ("--plot", "plot"))
+                  ("--nodes", "nodes"), ("--dtype", "dtype"), ("--plot", "plot"),
+                  ("--schedule-file", "schedule_file"))
 _VERIFY_ONLY = (("--quick", "quick"), ("--timeout", "timeout"))
 
 
@@ -780,6 +794,10 @@ def _parse(argv: list[str] | None) -> Callable[[], int]:
     parser.add_argument("--plot", metavar="FILE.png",
                         help="--schedule: also draw a space-time diagram (one lane per rank, an arrow per "
                              "message; needs matplotlib)")
+    parser.add_argument("--schedule-file", metavar="FILE.json",
+                        help="--schedule: also write every rank's schedule as a schedule file (the format "
+                             "mpicomm.register_schedule_file registers as an algorithm; messages, copies and "
+                             "combines only: shared-memory and hierarchical algorithms cannot be written)")
     parser.add_argument("--module", metavar="PKG.MOD[,PKG.MOD2]",
                         help="algorithms, verify: import these modules of user algorithms first, and give them "
                              "to every MPI job started (sets MPICOMM_ALGORITHM_MODULES)")
@@ -848,7 +866,7 @@ def _parse(argv: list[str] | None) -> Callable[[], int]:
                       json_path=args.json, out=args.out, append=args.append, argv=argv)
     if schedule_mode:
         return lambda: schedule(**_schedule_args(parser, args), json_path=args.json, plot=args.plot, out=args.out,
-                        append=args.append, argv=argv)
+                        append=args.append, schedule_file=args.schedule_file, argv=argv)
     if (args.dry_run or args.dir) and args.command != "cleanup":
         parser.error("--dry-run and --dir go with the cleanup command: python -m mpicomm cleanup --dry-run")
     if args.command == "cleanup":

@@ -46,7 +46,10 @@ them, name the module in ``MPICOMM_ALGORITHM_MODULES=pkg.mod[,pkg.mod2]``
 (:data:`MODULES_VARIABLE`): the table imports those modules when it first
 loads, after mpicomm's own (:func:`import_modules`; a name that cannot be
 imported raises ImportError naming the variable and the module). A worked
-example: ``docs/examples/torus_allreduce.py``.
+example: ``docs/examples/torus_allreduce.py``. An algorithm may also come as a
+file of schedules for one call (:mod:`mpicomm.schedule_file`):
+:func:`register_schedule_file` checks it and registers it for that call's p
+and count.
 
 Facts (every key optional): ``p`` ranks, ``bytes`` (selection size or None),
 ``count``, ``commutative`` and ``op`` (its name), ``nodes`` and ``ppn`` (the
@@ -60,24 +63,26 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import os
 import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import config
+from . import config, schedule_file
 from .catalogue import CATALOGUE, family
 from .model import NOMINAL, CostFunction, Link, Machine, working_set
 from .rules import Rules
 from .rules import default as _default_rules
 from .rules import describe as describe_rule
 from .rules import holds as _holds
+from .schedule import Combine
 
 __all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "auto_rule",
            "SELECTION", "DEFAULT",
            "table", "cost", "costs", "cost_function", "communication", "predict", "cheapest", "MODULES_VARIABLE",
-           "import_modules", "module_names", "user_modules"]
+           "import_modules", "module_names", "user_modules", "register_schedule_file"]
 
 log = logging.getLogger("mpicomm")
 
@@ -99,7 +104,9 @@ class Algorithm:
     is the communicator itself, and it would call itself for ever;
     ``butterfly``: its first rounds are, on every rank and for every p, the
     validation's butterfly (:func:`mpicomm.plan.agreement.butterfly`), so the
-    ranks' digests can travel in its own small messages.
+    ranks' digests can travel in its own small messages; ``fixed_p``,
+    ``fixed_count``: made for that p and that count only (a schedule file,
+    :func:`register_schedule_file`; None: any).
     """
 
     collective: str
@@ -113,6 +120,8 @@ class Algorithm:
     blocking_only: bool = False
     composite: bool = False
     butterfly: bool = False
+    fixed_p: int | None = None
+    fixed_count: int | None = None
 
     @property
     def cost(self) -> str:
@@ -175,6 +184,11 @@ def allowed(algorithm: Algorithm, facts: dict) -> str | None:
     p = facts.get("p") or 1
     if algorithm.power_of_two and p & (p - 1):
         return f"needs a power-of-two number of ranks, but p = {p}"
+    if algorithm.fixed_p is not None and p != algorithm.fixed_p:
+        return f"is a schedule file made for p = {algorithm.fixed_p} only, but p = {p}"
+    count = facts.get("count")
+    if algorithm.fixed_count is not None and count is not None and count != algorithm.fixed_count:
+        return f"is a schedule file made for count {algorithm.fixed_count} only, but the count is {count}"
     return None
 
 
@@ -235,7 +249,7 @@ def _show(facts: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in facts.items() if k not in ("machine", "rules"))
 
 
-def register(collective: str, name: str, **restrictions: bool) -> Callable[[Callable], Callable]:
+def register(collective: str, name: str, **restrictions: Any) -> Callable[[Callable], Callable]:
     """Decorator: register a step-generator function as *collective*'s algorithm *name*."""
 
     def decorate(fn: Callable) -> Callable:
@@ -248,6 +262,54 @@ def register(collective: str, name: str, **restrictions: bool) -> Callable[[Call
         return fn
 
     return decorate
+
+
+def register_schedule_file(path: str | os.PathLike[str], name: str | None = None) -> Algorithm:
+    """Register the schedules of a schedule file (:mod:`mpicomm.schedule_file`) as an algorithm of its collective.
+
+    *name*: the algorithm's name (default: the file's ``algorithm``; a name
+    already registered raises ValueError). The file is checked first
+    (:func:`mpicomm.schedule_file.check`): every view within its buffer,
+    every message meeting a receive of the same size on its peer, the rounds
+    run together without a deadlock, and the result on rank- and
+    index-dependent data equal to the collective's (ValueError listing the
+    problems otherwise). The algorithm runs calls with the file's p, root and
+    count only (elsewhere :func:`allowed` and the schedule function refuse with
+    the reason); it needs a commutative op (the file was made with a sum) and
+    is never run in place (the dispatcher copies an in-place input first).
+    Every process of a job must register it, as with :func:`register`.
+    Returns the registry entry.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read schedule file {path}: {exc.strerror or exc}") from None
+    schedules = schedule_file.from_json(text, f"schedule file {path}")
+    first = schedules[0]
+    problems = schedule_file.check(schedules)
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"schedule file {path} ({first.collective}/{first.algorithm}, p = {first.p}): "
+                         f"{len(problems)} problem(s): {shown}")
+    name = first.algorithm if name is None else name
+    _load()  # (so that a name of mpicomm's own, or of a user module, is known as taken)
+    if name in _TABLE.get(first.collective, {}):
+        raise ValueError(f"{first.collective} algorithm {name!r} is registered already; give the file's algorithm "
+                         f"another name: register_schedule_file({os.fspath(path)!r}, name={name + '_file'!r})")
+    steps = schedule_file.replayer(schedules, name)
+    what = f"p = {first.p}" + (f", count {first.count}" if first.count >= 0 else ", per-rank counts")
+    steps.__doc__ = (
+        f"{first.collective} {name}: the schedules of a file, made for {what} x {first.dtype}.\n\n"
+        f"Steps: each rank's rounds as the file lists them (written by {first.algorithm}, or by hand).\n\n"
+        f"Restrictions: the file's p, root and count only; a commutative op; not in place.\n\n"
+        f"Cost: R·α + S·β + C·γ of the busiest rank (R rounds that communicate, S bytes sent, C bytes combined)\n")
+    steps.__qualname__ = steps.__name__ = f"schedule_file_{name}"
+    combines = any(type(op) is Combine for s in schedules for r in s.rounds for op in r.ops)
+    register(first.collective, name, commutative_only=combines, in_place=False, fixed_p=first.p,
+             fixed_count=first.count if first.count >= 0 else None)(steps)
+    cost(first.collective, name)(schedule_file.cost_of(schedules))
+    return _TABLE[first.collective][name]
 
 
 def table() -> dict[str, dict[str, Algorithm]]:

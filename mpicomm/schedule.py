@@ -22,7 +22,8 @@ What comes out is a :class:`Schedule`: a list of :class:`Round` s, each
 to MPI, arrays or this process, so a schedule is printed
 (:func:`describe`, ``python -m mpicomm algorithms --schedule``), checked
 against literal tables in tests, drawn, verified pairwise across ranks
-(:func:`check_pairs`), and compiled once into a plan that a single executor
+(:func:`check_pairs`), written to a file and read back
+(:mod:`mpicomm.schedule_file`), and compiled once into a plan that a single executor
 runs for blocking, nonblocking and persistent calls alike.
 
 Buffers are numbered: :data:`SEND` (the input), :data:`RECV` (the output) and
@@ -43,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["SEND", "RECV", "View", "Copy", "Combine", "Local", "Sync", "Nested", "Library", "Round", "Schedule", "Builder",
-           "describe", "early", "check_pairs", "message_count"]
+           "describe", "early", "check_pairs", "message_count", "plain_arguments"]
 
 SEND, RECV = 0, 1  #: buffer numbers of the call's input and output; scratch buffers are numbered from 2
 
@@ -206,6 +207,9 @@ class Schedule:
     then: Callable[[Builder], None] | None = None  # builds further rounds at run time (data-dependent sizes)
     gated: bool = False  # run only after the ranks agreed (collective set-up inside, or counters in shared memory)
     ticks: int = 0  # counter values a shared-memory schedule reserves (its Syncs count from base)
+    root: int = 0  # the call's root (rooted collectives)
+    count: int = -1  # the call's count argument (-1: per-rank counts, a v-form)
+    arguments: tuple = ()  # the algorithm's other arguments (counts, displacements, neighbours), where recorded
 
     def scratch_bytes(self) -> int:
         return sum(count * dtype.itemsize for count, dtype in self.buffers[2:])
@@ -362,7 +366,13 @@ class Builder:
     def schedule(self) -> Schedule:
         rounds = [r for r in self.rounds if r.communicates or r.ops or r.pre]
         return Schedule(self.collective, self.algorithm, self.rank, self.p, self.dtype, list(self.buffers), rounds,
-                        self.then, self.gated, self.ticks)
+                        self.then, self.gated, self.ticks, self.root, self.count)
+
+
+def plain_arguments(args: Sequence[Any]) -> tuple:
+    """An algorithm's arguments other than its views (counts, displacements, neighbours), as tuples of ints
+    (None where not given): what a schedule records of its call beside the buffers (:attr:`Schedule.arguments`)."""
+    return tuple(None if a is None else tuple(int(x) for x in a) for a in args if a is None or type(a) is not View)
 
 
 def _view(v: Any) -> View:

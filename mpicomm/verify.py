@@ -25,7 +25,8 @@ each of blocking, nonblocking (the I-form, waited) and persistent (the
 ``_init`` form, started twice with different data). The input must come
 back unchanged. Cases the algorithm's declared restrictions exclude
 (:func:`mpicomm.registry.allowed`: a commutative-only algorithm and the
-matrix op, a blocking-only one and the nonblocking forms...) are skipped
+matrix op, a blocking-only one and the nonblocking forms, a schedule
+file's algorithm and the counts it was not made for...) are skipped
 with the reason; so are cases its schedule function refuses (a ValueError
 while it describes the call, as ``docs/examples/torus_allreduce.py`` raises
 for a prime p) - provided the real call then raises that error on every
@@ -556,11 +557,15 @@ def _library() -> Any:
     return _OPS["library"]
 
 
-def _facts(comm: Any, case: Case) -> dict:
-    """What :func:`mpicomm.registry.allowed` looks at for *case* on *comm*."""
+def _facts(comm: Any, case: Case, collective: str) -> dict:
+    """What :func:`mpicomm.registry.allowed` looks at for *case* on *comm* (the count as the call's: none for the
+    v-forms, whose ranks give their own, nor for the matrix op, counted in matrices)."""
+    from .catalogue import CATALOGUE
+
     commutative = case.op != MATMUL
+    count = None if CATALOGUE[collective].vector or case.op == MATMUL else case.count
     return {"p": comm.Get_size(), "nodes": getattr(comm, "nodes", 1) or 1, "commutative": commutative,
-            "op": case.op, "device": False, "blocking": case.mode == "blocking", "nested": False}
+            "op": case.op, "device": False, "blocking": case.mode == "blocking", "nested": False, "count": count}
 
 
 def run_cases(comm: Any, collective: str, algorithm: str, quick: bool = False, progress: bool = False) -> dict:
@@ -577,7 +582,7 @@ def run_cases(comm: Any, collective: str, algorithm: str, quick: bool = False, p
     todo = cases(collective, p, quick)
     outcomes: list[tuple[str, str]] = []
     for i, case in enumerate(todo):
-        reason = registry.allowed(algo, _facts(comm, case))
+        reason = registry.allowed(algo, _facts(comm, case, collective))
         if reason is not None:
             outcomes.append(("skipped", _skip_label(case, reason)))
             continue

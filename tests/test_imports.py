@@ -140,8 +140,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("selection", ("mpicomm.registry", "mpicomm.rules", "mpicomm.model")),
     ("engine", ("mpicomm.engine", "mpicomm.trace")),
     ("transport", ("mpicomm.transport",)),
-    ("floor", ("mpicomm.catalogue", "mpicomm.config", "mpicomm.ops", "mpicomm.schedule", "mpicomm.launcher",
-               "mpicomm.device", "mpicomm.cleanup", "mpicomm.runtime", "mpicomm.validate")),
+    ("floor", ("mpicomm.catalogue", "mpicomm.config", "mpicomm.ops", "mpicomm.schedule", "mpicomm.schedule_file",
+               "mpicomm.launcher", "mpicomm.device", "mpicomm.cleanup", "mpicomm.runtime", "mpicomm.validate")),
 ]
 
 

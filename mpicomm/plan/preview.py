@@ -19,7 +19,7 @@ import numpy as np
 from .. import registry
 from ..catalogue import family
 from ..ops import BUILTIN, resolve
-from ..schedule import Builder, Schedule
+from ..schedule import Builder, Schedule, plain_arguments
 from .args import Args, sending_order
 
 __all__ = ["Layout", "schedule_for", "schedules_for"]
@@ -73,7 +73,13 @@ def schedule_for(collective: str, algorithm: str, p: int, rank: int, count: int 
     sends ``counts[s]`` elements to rank s; the neighbourhood collectives run on a periodic ring, rank r
     sending ``counts[r]`` elements to each neighbour).
     """
-    fn = registry.lookup(collective, algorithm).steps
+    steps = registry.lookup(collective, algorithm).steps
+    handed: list[tuple] = []
+
+    def fn(b: Builder, *args: Any) -> None:  # the algorithm, its arguments recorded (Schedule.arguments)
+        handed.append(plain_arguments(args))
+        steps(b, *args)
+
     fam = family(collective)
     state = (layout or Layout.even(p)).at(rank)
     red = resolve(op) if op is not None else BUILTIN["sum"]
@@ -122,7 +128,9 @@ def schedule_for(collective: str, algorithm: str, p: int, rank: int, count: int 
     else:
         b = Builder(collective, algorithm, rank, p, dtype, state=state)
         fn(b)
-    return b.schedule()
+    s = b.schedule()
+    s.arguments = handed[0]
+    return s
 
 
 def schedules_for(collective: str, algorithm: str, p: int, count: int = 8, **kwargs: Any) -> list[Schedule]:
