@@ -240,7 +240,9 @@ def write_atomic(path: str, write: Callable[[Any], None]) -> dict[str, Any]:
     ``f`` has a ``write(bytes-like)`` method. The bytes go to a temporary file
     created exclusively under an unpredictable name beside *path* (see
     :func:`temporary`); a crash leaves at most that ``*.tmp*`` file, never a
-    partial *path*. The file keeps ``mkstemp``'s mode, 0600.
+    partial *path*. The file keeps ``mkstemp``'s mode, 0600. A system error
+    that names no file (a ``write`` or ``fsync`` on a full disk: ``ENOSPC``)
+    is raised again naming *path*, the same errno (and OSError subclass).
     """
     fd, tmp = _mkstemp(path)
     try:
@@ -251,11 +253,13 @@ def write_atomic(path: str, write: Callable[[Any], None]) -> dict[str, Any]:
             os.fsync(raw.fileno())
         os.replace(tmp, path)
         fsync_dir(os.path.dirname(path))
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, path) from exc
         raise
     return {"file": os.path.basename(path), "bytes": f.bytes, "sha256": f.sha.hexdigest()}
 

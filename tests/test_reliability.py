@@ -20,7 +20,10 @@ One test per failure that was found (each failed before its fix):
 * a ``Comm`` used after ``Free``: raw "Invalid communicator" errors and stale
   topology; now :class:`mpicomm.FreedError` naming it;
 * ``Cancel`` on a collective request: refused before MPI is touched, and the
-  operation completes.
+  operation completes;
+* a program's own message on the private channel (``comm.library_comm``) with
+  a collective's tag: blamed on "a bug in the algorithm"; now the error names
+  the channel, its tags and what to send on instead.
 
 Jobs that must hang (or may) run as their own MPI job with a time limit
 (marked ``launches``: the serial pass runs them).
@@ -369,6 +372,34 @@ def test_a_persistent_collective_request_refuses_cancel_and_completes(comm):
     request.Wait()
     assert np.array_equal(y, sum(np.arange(5.0) + r for r in range(P)))
     request.Free()
+
+
+@pytest.mark.skipif(P != 2, reason="the probe's case: with more ranks the program's message may meet another step")
+def test_a_program_s_own_message_on_the_private_channel_is_named_not_blamed_on_the_algorithm(comm):
+    """A program that sends on ``comm.library_comm`` with a collective's tag: the collective's receive takes its
+    message (longer than posted) and every rank raises a RuntimeError that names the channel, the tags and what
+    to do instead (it said "a bug in the algorithm"). 20 runs, each on a fresh communicator."""
+    rank = comm.Get_rank()
+    for run in range(20):
+        dup = comm.Dup()
+        mine = np.full(1500, float(rank + run))  # 12 KB: longer than the allreduce's 8 KB block
+        sent = dup.library_comm.Isend(mine, 1 - rank, tag=1)  # tag 1: a fresh communicator's collectives' data
+        x, y = np.arange(1024.0) + rank, np.empty(1024)
+        try:
+            dup.Allreduce(x, y, algorithm="recursive_doubling")
+            message = ""
+        except RuntimeError as exc:
+            message = str(exc)
+        sent.Wait()  # (the allreduce's receive took it)
+        dup.library_comm.Recv(np.empty(1024), 1 - rank, tag=1)  # and left the peer's block unread: take it, or a
+        # later communicator that reuses this one's context could read it as its own
+        everyone = MPI.COMM_WORLD.allgather(message.partition(": ")[2])
+        assert everyone[0] and all(m == everyone[0] for m in everyone), (run, everyone)
+        assert "arrived on mpicomm's private communicator (comm.library_comm, tag 1 or 2 for this call)" in message
+        assert "send on the communicator itself (or a Dup of it), or on comm.library_comm only with tags from " \
+               "comm.collective_tag()" in message, message
+        assert "bug in the algorithm" not in message, message
+        dup.Free()
 
 
 # ---------------------------------------------------------------- one Comm, two threads

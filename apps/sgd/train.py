@@ -34,7 +34,7 @@ import numpy as np
 
 from apps import checkpoint as ck
 from apps import memory
-from apps.agree import agree, verdict
+from apps.agree import agree, from_root, verdict
 from apps.blocks import block
 from apps.nn import correct, mlp, softmax_cross_entropy
 from apps.nn.optim import make as make_optimizer
@@ -476,19 +476,33 @@ def _module_of(model: Any) -> Any:
 
 
 def save_checkpoint(comm: Any, cfg: Config, strategy: Any, step: int, signature: dict[str, Any]) -> None:
-    """The whole state at *step* (collective: sharded optimizer state is gathered first)."""
+    """The whole state at *step* (collective: sharded optimizer state is gathered first).
+
+    Rank 0 writes; a write that fails (a full disk, a directory removed
+    meanwhile) raises the same :class:`apps.checkpoint.CheckpointError` on
+    every rank, naming the file and the system's reason, so the whole run
+    stops alike (the command line exits with status 2 on every rank).
+    """
     state = strategy.full_state()
     full_params = getattr(strategy, "full_params", None)  # ps: the servers' shards at version *step*, gathered
     params = full_params() if full_params is not None else strategy.model.params
-    if comm.Get_rank() != 0:
-        return
-    arrays = {"params": to_host(params)}
-    arrays.update({f"optimizer.{k}": np.asarray(to_host(v)) for k, v in state.items()})
-    path = ck.data_path(cfg.checkpoint_dir, PREFIX, step)
-    record, entries = ck.write_arrays(path, arrays)
-    ck.save_manifest(ck.manifest_path(cfg.checkpoint_dir, PREFIX, step), step, [record], arrays=entries,
-                     model=signature, mode=cfg.mode, ranks=comm.Get_size(), batch=cfg.batch)
-    ck.prune(cfg.checkpoint_dir, PREFIX, cfg.keep)
+
+    def write() -> None:
+        arrays = {"params": to_host(params)}
+        arrays.update({f"optimizer.{k}": np.asarray(to_host(v)) for k, v in state.items()})
+        path = ck.data_path(cfg.checkpoint_dir, PREFIX, step)
+        try:
+            record, entries = ck.write_arrays(path, arrays)
+            ck.save_manifest(ck.manifest_path(cfg.checkpoint_dir, PREFIX, step), step, [record], arrays=entries,
+                             model=signature, mode=cfg.mode, ranks=comm.Get_size(), batch=cfg.batch)
+            ck.prune(cfg.checkpoint_dir, PREFIX, cfg.keep)
+        except OSError as exc:
+            where = os.fsdecode(exc.filename) if exc.filename is not None else cfg.checkpoint_dir
+            raise ck.CheckpointError(f"--checkpoint-dir {cfg.checkpoint_dir}: the checkpoint of step {step} cannot "
+                                     f"be written: {where}: {exc.strerror or exc}; make room there or pass another "
+                                     f"--checkpoint-dir") from None
+
+    from_root(comm, write, ck.CheckpointError, ())
 
 
 def _check_manifest(body: dict[str, Any]) -> None:

@@ -392,9 +392,16 @@ class Run:
             return False
         if isinstance(self.broken, Exception):
             raise self.broken
-        if self.broken:
-            raise RuntimeError(f"{self}: a message arrived with another size than this rank posted, "
-                               f"although every rank agreed on the call; this is a bug in the algorithm")
+        if self.broken:  # every rank runs this call, so a message it did not send matched: name the channel
+            state = self.program.state
+            tags = f", tag {' or '.join(map(str, state.tags(self.program.epoch)))} for this call" if state is not None else ""
+            raise RuntimeError(f"{self}: a message longer than this rank posted for it arrived on mpicomm's private "
+                               f"communicator (comm.library_comm{tags}), although every rank agreed on the call: a "
+                               f"message this call did not send matched its receive. A program's own sends on "
+                               f"comm.library_comm with a collective's tag (below {getattr(state, 'tag_modulus', '?')}) "
+                               f"do that: send on the communicator itself (or a Dup of it), or on comm.library_comm "
+                               f"only with tags from comm.collective_tag(). If nothing else sends there, this is a "
+                               f"bug in mpicomm: please report it")
         self._finish()
         return True
 
@@ -443,6 +450,9 @@ class Run:
         self.reqs = steps[k].reqs or () if k < len(steps) else ()
         if e == _lane.TRUNCATED:
             self.broken = True
+            program = self.program
+            if self.a < 0 and (program.agree is not None or k > program.verdict_at >= 0):
+                self.agreed = True  # the lane completed the agreement, every word equal: the verdict is in
         elif e == _lane.ERROR:
             raise MPI.Exception(lane.last_rc)
         return None

@@ -44,8 +44,12 @@ class Prequest(CollectiveRequest):
     """A persistent collective request: ``Start``, ``Wait``/``Test`` (or ``Request.Waitall``...), ``Free``.
 
     Inactive until started, and again once a wait or test has reported its
-    completion; ``Start`` on an active request, or any use after ``Free``,
-    raises ValueError naming the request.
+    completion to the caller (MPI's rule: completing the run in the background
+    does not make it inactive). ``Start`` or ``Free`` on an active request, or
+    any use after ``Free``, raises ValueError naming the request. Whether it
+    is active depends only on the calls this rank made (Start, and the
+    Wait/Test that reported it), never on how far the run got meanwhile, so
+    the same program gets the same answer on every rank.
     """
 
     __slots__ = ("_plan", "_args", "_algorithm", "starts")
@@ -76,8 +80,9 @@ class Prequest(CollectiveRequest):
     def Start(self) -> None:
         """Start one run of the collective on the buffers' current contents (every rank, in the same order)."""
         plan = self._live_plan()
-        if not self._done:
-            raise ValueError(f"{self.label}: started again before it completed; Wait (or Test until done) first")
+        if not self._delivered:  # (not _done: the progress thread may have finished the run already)
+            raise ValueError(f"{self.label}: started again while active (started, and no Wait or Test has "
+                             f"reported its completion yet); Wait for it (or Test until it says done) first")
         state = plan.state
         if state.freed:
             state.check_live()
@@ -120,11 +125,22 @@ class Prequest(CollectiveRequest):
             r.Start()
 
     def Free(self) -> None:
-        """Release the request (it must not be active: wait for it first)."""
+        """Release the request; refused (ValueError, on every rank) while it is active: Wait for it first.
+
+        MPI-4's rule for persistent collectives: once a process starts one, it
+        must complete it (MPI-4.0/4.1, "Persistent Collective Operations"), and
+        freeing the request of a collective in progress is erroneous
+        (``MPI_Request_free`` on a nonblocking collective's request, section
+        "Nonblocking Collective Operations"). Where MPI leaves that erroneous
+        call undefined, mpicomm refuses it whether or not the run has finished
+        in the background: the request stays active and usable (Wait, then
+        Free or Start again). Freeing twice is harmless.
+        """
         if self._plan is None:
             return
-        if not self._done:
-            raise ValueError(f"{self.label}: freed while active; Wait for it first")
+        if not self._delivered:
+            raise ValueError(f"{self.label}: freed while active (started, and no Wait or Test has reported its "
+                             f"completion yet); Wait for it first, then Free")
         plan, self._plan = self._plan, None
         plan.release()
 
@@ -140,7 +156,7 @@ class Prequest(CollectiveRequest):
     def __repr__(self) -> str:
         if self._plan is None:
             return "<mpicomm.Prequest: freed>"
-        state = "inactive" if self._done else "active"
+        state = "inactive" if self._delivered else "active"
         return f"<mpicomm.Prequest {self.label}: {state}>"
 
 

@@ -418,7 +418,8 @@ def settle(comm: Any, label: str, row: dict) -> str:
         return "library"
     if not messages:
         messages = ["the ranks' calls differ in a way the descriptions do not show (the same call on every rank, "
-                    "but not in the same order?)"]
+                    "but not in the same order? or a program's own message on comm.library_comm with a "
+                    "collective's tag, read as this call's: take tags from comm.collective_tag() there)"]
     raise ArgumentError(f"{label}: " + "; ".join(messages))
 
 

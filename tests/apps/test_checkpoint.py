@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -93,6 +94,18 @@ def test_failed_write_leaves_nothing(tmp_path):
 
     with pytest.raises(OSError, match="disk full"):
         ck.write_atomic(path, write)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_system_error_that_names_no_file_is_raised_naming_the_checkpoint_file(tmp_path):
+    path = str(tmp_path / "x.bin")
+
+    def write(f):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as write(2) on a full disk: no file named
+
+    with pytest.raises(OSError) as caught:
+        ck.write_atomic(path, write)
+    assert (caught.value.errno, caught.value.filename) == (errno.ENOSPC, path)
     assert os.listdir(tmp_path) == []
 
 

@@ -4,8 +4,9 @@ Each request is made once and started several times with data that changes
 between starts (and depends on rank and index); every run must equal the
 library's own collective on the same data. Also: several requests in flight
 at once, every algorithm a nonblocking call may use, Free, misuse, bad
-arguments at creation (the same ArgumentError on every rank), and buffer specs
-that only the MPI library runs.
+arguments at creation (the same ArgumentError on every rank), buffer specs
+that only the MPI library runs, and misuse that must get the same answer on
+every rank however far the run got in the background (20 runs each).
 """
 
 from __future__ import annotations
@@ -197,12 +198,11 @@ def test_a_blocking_call_between_starts_and_an_inactive_wait(comm):
 
 def test_misuse_is_named(comm):
     request = comm.Barrier_init()
-    request.Start()
-    if not request.done:  # (one rank: a barrier completes as it starts)
-        with pytest.raises(ValueError, match="started again before it completed"):
-            request.Start()
-        with pytest.raises(ValueError, match="freed while active"):
-            request.Free()
+    request.Start()  # (on one rank a barrier completes as it starts: still active until a Wait reports it)
+    with pytest.raises(ValueError, match="started again while active"):
+        request.Start()
+    with pytest.raises(ValueError, match="freed while active"):
+        request.Free()
     request.Wait()
     request.Free()
     request.Free()  # freeing twice is harmless
@@ -282,3 +282,102 @@ def test_the_persistent_plan_reuses_its_scratch(comm):
         reference.native().Allreduce(send, expected)
         assert_matches(recv, expected, "ring allreduce with reused scratch")
     request.Free()
+
+
+# ---------------------------------------------------------------- the same answer on every rank, 20 runs each
+#
+# A reliability probe (the same program on every rank) found answers that depended on timing: whether the
+# progress thread had finished a run in the background decided if a second Start or a Free was refused.
+# Each test runs its case RUNS times; in half of them the run has surely finished on this rank (a blocking
+# collective on the same communicator runs after it), in the others it may still be in flight.
+
+RUNS = 20
+
+
+def _refusal(call: Any) -> str:
+    """The message of the ValueError *call* raised, "" if none."""
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def test_a_second_start_is_refused_on_every_rank_whether_or_not_the_run_finished(comm):
+    rank, _ = _ranks(comm)
+    send, recv = np.zeros(8), np.zeros(8)
+    request = comm.Allreduce_init(send, recv)
+    for run in range(RUNS):
+        _fill(send, rank, run)
+        request.Start()
+        if run % 2:
+            comm.Barrier()  # runs after the persistent run: it has finished here, but no Wait reported it
+        refused = MPI.COMM_WORLD.allgather(_refusal(request.Start))
+        assert all("started again while active" in m for m in refused), (run, refused)
+        request.Wait()  # the refusal left it usable: the first start completes, with its data
+        expected = np.empty_like(recv)
+        reference.native().Allreduce(send, expected)
+        assert_matches(recv, expected, f"persistent allreduce after a refused second start, run {run}")
+    request.Start()  # inactive again: starts
+    request.Wait()
+    request.Free()
+
+
+def test_free_while_active_is_refused_on_every_rank_and_the_request_stays_usable(comm):
+    rank, _ = _ranks(comm)
+    send, recv = np.zeros(8), np.zeros(8)
+    for run in range(RUNS):
+        request = comm.Allreduce_init(send, recv)
+        _fill(send, rank, run)
+        request.Start()
+        if run % 2:
+            comm.Barrier()
+        refused = MPI.COMM_WORLD.allgather(_refusal(request.Free))
+        assert all("freed while active" in m for m in refused), (run, refused)
+        assert request  # not freed
+        request.Wait()
+        expected = np.empty_like(recv)
+        reference.native().Allreduce(send, expected)
+        assert_matches(recv, expected, f"persistent allreduce after a refused Free, run {run}")
+        request.Free()  # inactive: freed on every rank
+        assert not request
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="needs two ranks to start in different orders")
+def test_requests_of_different_shapes_started_in_different_orders_raise_on_every_rank(comm):
+    """One small request and one of 5000 float64 (40 KB: a rendezvous-size message), started in opposite
+    orders on rank 0 and the others: the same ArgumentError on every rank (it used to crash MPICH when the
+    failed run cancelled a rendezvous send), and the communicator and both requests work afterwards."""
+    rank, p = _ranks(comm)
+    for run in range(RUNS):
+        dup = comm.Dup()  # (a failed start moves the communicator's tags on: each run on a fresh one)
+        small_send, small_recv = np.zeros(3), np.zeros(3)
+        big_send, big_recv = np.zeros(5000), np.zeros(5000)
+        small = dup.Allreduce_init(small_send, small_recv)
+        big = dup.Allreduce_init(big_send, big_recv)
+        _fill(small_send, rank, run)
+        _fill(big_send, rank, run)
+        for request in ([small, big] if rank == 0 else [big, small]):
+            request.Start()
+        errors = []
+        for request in (small, big):
+            try:
+                request.Wait()
+            except mpicomm.ArgumentError as exc:
+                errors.append(str(exc).partition(": ")[2])  # (the label before it names this rank's request)
+        everyone = MPI.COMM_WORLD.allgather(sorted(errors))
+        assert len(everyone[0]) == 2 and all(errs == everyone[0] for errs in everyone), (run, everyone)
+        assert all("ranks disagree on the count: " in e and "3 elements" in e and "5000 elements" in e
+                   for e in everyone[0]), (run, everyone)
+        out = np.empty(4)
+        dup.Allreduce(np.full(4, rank + run, np.float64), out)  # the communicator works
+        assert out.tolist() == [sum(range(p)) + p * run] * 4, (run, out)
+        for request, send, recv in ((small, small_send, small_recv), (big, big_send, big_recv)):
+            request.Start()  # and so do the requests, started in the same order
+            request.Wait()
+            expected = np.empty_like(recv)
+            reference.native().Allreduce(send, expected)
+            assert_matches(recv, expected, f"persistent allreduce of {send.size} after the disagreement, run {run}")
+        small.Free()
+        big.Free()
+        dup.Free()

@@ -2,11 +2,14 @@
 
 Before the fix, a forged manifest with no files raised a bare IndexError on
 rank 0 only (the other ranks then waited), and arrays of the wrong shape or an
-unknown optimizer state reached the model and strategy.
+unknown optimizer state reached the model and strategy. A checkpoint that
+cannot be written (a full disk) was an OSError on rank 0 only, naming no file;
+now the same CheckpointError on every rank, naming it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,8 +19,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import mpicomm
 from apps import checkpoint as ck
-from apps.sgd.train import PREFIX, Config, load_checkpoint
+from apps.nn import mlp
+from apps.nn.optim import make as make_optimizer
+from apps.sgd.train import PREFIX, Config, build, load_checkpoint, save_checkpoint
 from tests.apps.forge import forge, load
 
 SIGNATURE = {"layers": [4, 3]}
@@ -85,3 +91,32 @@ def test_a_bad_manifest_is_a_checkpoint_error_on_every_rank(directory, change, c
     with pytest.raises(ck.CheckpointError, match=reason):
         _load(directory)
     assert os.path.exists(ck.manifest_path(directory, PREFIX, 10))
+
+
+@pytest.mark.mpi
+def test_a_full_disk_during_a_checkpoint_is_the_same_error_on_every_rank_naming_the_file(shared_dir, monkeypatch):
+    """The disk fills while rank 0 writes a checkpoint (every write of checkpoint data fails with ENOSPC, as
+    ``write(2)`` does): every rank raises the same CheckpointError naming the file, and nothing is left in the
+    directory. 20 checkpoints of a ddp run's real strategy."""
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    comm = mpicomm.Comm()
+    cfg = Config(data="digits", hidden=(8,), batch=64, steps=20, checkpoint_every=1, checkpoint_dir=shared_dir)
+    model = mlp([64, 8, 10], seed=cfg.seed)
+    strategy = build(comm, cfg, model, make_optimizer("sgd", lr=0.1, momentum=0.9), 20, 0)
+    signature = cfg.model_signature(64, 10)
+    monkeypatch.setattr(ck._Hashing, "write", full)
+    for step in range(1, 21):
+        try:
+            save_checkpoint(comm, cfg, strategy, step, signature)
+            got = ("saved", "")
+        except ck.CheckpointError as exc:
+            got = ("CheckpointError", str(exc))
+        expected = (f"--checkpoint-dir {shared_dir}: the checkpoint of step {step} cannot be written: "
+                    f"{ck.data_path(shared_dir, PREFIX, step)}: {os.strerror(errno.ENOSPC)}; make room there or "
+                    f"pass another --checkpoint-dir")
+        everyone = comm.allgather(got)
+        assert everyone == [("CheckpointError", expected)] * comm.Get_size(), (step, everyone)
+        assert comm.bcast(os.listdir(shared_dir) if comm.Get_rank() == 0 else None) == [], step  # no temporary
