@@ -136,7 +136,11 @@ def parser() -> argparse.ArgumentParser:
         description=_wrap("DDP's training step with the mpicomm backend (the default group) against gloo "
                           "(dist.new_group(backend='gloo')) in the same run: two identical models, one DDP wrapper "
                           "per group, interleaved rounds; steps/s of each, the ratio, and a check that both end with "
-                          "the same parameters (status 1 otherwise). Configurations: mlp (MLP 256-1024-1024-10, "
+                          "the same parameters (status 1 otherwise). In the same rounds, the control: the same step "
+                          "of a model without DDP (compute alone) plus the MPI library's own MPI_Allreduce of DDP's "
+                          "buckets (mpi4py), each timed alone; each backend's step time over the control's (the "
+                          "target: at most 1.0 in the default progress mode). Configurations: mlp (MLP "
+                          "256-1024-1024-10, "
                           "global batch 256), wide-mlp (MLP 256-2048-2048-2048-10, global batch 8: "
                           "communication-bound), transformer (4 layers, d 256, seq 32, global batch 16)."),
         epilog="example:\n  mpiexec -n 2 python -m apps.torchddp bench --out bench.md --json bench.json\n")

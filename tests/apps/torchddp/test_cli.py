@@ -79,16 +79,29 @@ def test_gloo_and_mpicomm_train_the_same_model():
     assert _digest(mpi.stdout) == _digest(gloo.stdout)  # two ranks: every sum is a + b, bit for bit
 
 
+#: The control's columns of every bench row: positive numbers, and per round (one value per round).
+CONTROL = ("compute_steps_per_s", "allreduce_s", "control_s", "vs_control")
+
+
+def _control_columns(row: dict, rounds: int) -> None:
+    """The control's columns of a bench row are there, positive, one per round; the all-reduced buffers are DDP's
+    buckets, as many elements as the model's gradients."""
+    for key in CONTROL:
+        assert row[key] > 0 and len(row[f"{key}_rounds"]) == rounds and min(row[f"{key}_rounds"]) > 0, (key, row)
+    assert row["allreduce_of"] == "DDP's buckets" and sum(row["allreduce_counts"]) == row["parameters"], row
+
+
 def test_bench_writes_both_backends_rows(tmp_path):
     js, md = tmp_path / "bench.json", tmp_path / "bench.md"
-    out = _run(["bench", "--repeat", "2", "--steps", "1", "--warmup", "1", "--json", str(js), "--out", str(md)],
+    out = _run(["bench", "--repeat", "2", "--steps", "1", "--warmup", "2", "--json", str(js), "--out", str(md)],
                timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     doc = _document(js)
-    assert doc["command"].endswith(f"mpiexec -n 2 python -m apps.torchddp bench --repeat 2 --steps 1 --warmup 1 "
+    assert doc["command"].endswith(f"mpiexec -n 2 python -m apps.torchddp bench --repeat 2 --steps 1 --warmup 2 "
                                    f"--json {js} --out {md}")
     assert "OMP_NUM_THREADS=1 " in doc["command"] and doc["environment"]["OMP_NUM_THREADS"] == "1"
     assert doc["ranks"] == 2 and doc["steps"] == 1 and doc["repeat"] == 2 and doc["torch"]
+    assert doc["progress"] == ("sync" if doc["environment"].get("MPICOMM_TORCH_PROGRESS") == "sync" else "async")
     rows = doc["results"]
     assert {(r["config"], r["backend"]) for r in rows} == {(c, b) for c in ("mlp", "wide-mlp", "transformer")
                                                            for b in ("mpicomm", "gloo")}
@@ -97,14 +110,40 @@ def test_bench_writes_both_backends_rows(tmp_path):
                 "same_parameters", "identical_parameters", "max_abs_diff"} <= r.keys()
         assert r["steps_per_s"] > 0 and len(r["steps_per_s_rounds"]) == 2
         assert r["identical_parameters"] is True  # two ranks: the same sums in the same order on both backends
+        _control_columns(r, 2)
+    by = {(r["config"], r["backend"]): r for r in rows}
+    for name in ("mlp", "wide-mlp", "transformer"):  # one control per configuration, on both backends' rows
+        m, g = by[name, "mpicomm"], by[name, "gloo"]
+        assert all(m[k] == g[k] for k in ("control_s_rounds", "allreduce_s_rounds", "allreduce_counts")), name
+    # 35.8 MB of float32 gradients cannot fit one 25 MiB bucket
+    assert len(by["wide-mlp", "mpicomm"]["allreduce_counts"]) >= 2
     text = md.read_text()
     assert text.startswith("## apps.torchddp bench, 2 ranks (") and f"Command: `{doc['command']}`" in text
     for name in ("mlp", "wide-mlp", "transformer"):
         assert re.search(rf"^\| {re.escape(name)} +\|", text, re.M), text
+    for column in ("compute steps/s", "MPI_Allreduce per step", "mpicomm step / control", "gloo step / control"):
+        assert f" {column} |" in text, column
     assert "Target: mpicomm ≥ 1.5× gloo's steps/s on wide-mlp" in text
-    again = _run(["bench", "--configs", "mlp", "--repeat", "1", "--steps", "1", "--warmup", "1", "--out", str(md)])
+    assert "Target: mpicomm's step ≤ 1.0 × the control" in text
+    again = _run(["bench", "--configs", "mlp", "--repeat", "1", "--steps", "1", "--warmup", "2", "--out", str(md)])
     assert again.returncode == 2 and "exists; add --append" in again.stderr  # a report is never replaced silently
     assert md.read_text() == text
+
+
+@pytest.mark.slow  # another launch of torch and the bench (~10 s on 2 busy cores); the default mode runs above
+def test_bench_control_in_sync_progress_mode(tmp_path):
+    """MPICOMM_TORCH_PROGRESS=sync (every all-reduce completes in its call), the mode the default is compared with:
+    the same columns, the mode in the document and in the target's line."""
+    js, md = tmp_path / "sync.json", tmp_path / "sync.md"
+    out = mpirun.run(2, TORCHDDP + ["bench", "--configs", "mlp", "--repeat", "1", "--steps", "1", "--warmup", "2",
+                                    "--quiet", "--json", str(js), "--out", str(md)],
+                     timeout=180, env={"OMP_NUM_THREADS": "1", "MPICOMM_TORCH_PROGRESS": "sync"})
+    assert not out.timed_out and out.returncode == 0, out.stdout + out.stderr
+    doc = _document(js)
+    assert doc["progress"] == "sync" and "MPICOMM_TORCH_PROGRESS=sync " in doc["command"]
+    for r in doc["results"]:
+        _control_columns(r, 1)
+    assert "this run is `MPICOMM_TORCH_PROGRESS=sync`, the target is the default mode's." in md.read_text()
 
 
 def _checkpointed(tmp_path, steps: int, *more: str) -> mpirun.Result:
@@ -194,7 +233,7 @@ def test_an_existing_checkpoint_is_not_overwritten_without_restart(tmp_path):
     (["train", "--eval", "5"], "--eval: renamed --eval-samples", False),
     (["train", "--batch", "1"], "--batch 1: the global batch is smaller than the 2 ranks", True),
     (["bench", "--configs", "mlp,resnet"], "choose from mlp, wide-mlp, transformer", False),
-    (["bench", "--warmup", "0"], "--warmup must be >= 1, got 0", False),
+    (["bench", "--warmup", "1"], "--warmup must be >= 2, got 1 (DDP rebuilds its buckets in the second step", False),
     (["bench", "--rounds", "3"], "--rounds: renamed --repeat", False),
     (["bench", "--repeat", "0"], "--repeat must be >= 1, got 0", False),
     (["bench", "--force"], "--force needs --out FILE.md", False),
