@@ -36,8 +36,10 @@ SLOWER_AT_3 = ("test_cco_nb_buf", "test_cco_pr_buf", "test_cco_nb_vec", "test_cc
 SLOWER_AT_2 = ("test_cco_pr_ngh_buf",)
 
 
+# The whole suite at 1 rank is the slower tier too: mpi4py's tests run each case on COMM_SELF as well as on
+# COMM_WORLD, so the 2- and 3-rank runs already take every module through a communicator of one rank.
 @pytest.mark.parametrize("ranks,modules", [
-    (1, mpi4py_suite.MODULES),
+    pytest.param(1, mpi4py_suite.MODULES, marks=pytest.mark.slow),
     (2, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_2)),
     (3, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_3)),
     pytest.param(2, SLOWER_AT_2, marks=pytest.mark.slow),

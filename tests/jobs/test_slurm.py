@@ -471,6 +471,7 @@ class TestOneNode:
         with open(run / "train.csv", newline="") as f:
             assert [row["step"] for row in csv.DictReader(f)][-1] == "10"  # the evaluation at the end of the run
 
+    @pytest.mark.slow  # (30 s; a requeue mid-run and the resume run in every pass with the stencil above)
     def test_torchddp_requeued_resumes_from_its_checkpoint(self, cluster, tmp_path):
         pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
                                             "then pip install -e '.[torch]'")
