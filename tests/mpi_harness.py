@@ -21,9 +21,10 @@ Imported by ``tests/conftest.py`` (and by the harness's own self-test).
   the last lines of a run say which tests failed, or where an aborted or timed-out
   job stood, however long the output before them.
 * **Launching tests run once.** Tests marked ``launches`` start their own MPI
-  job; they are skipped inside a multi-rank run (the serial pass runs them).
-  So are tests marked ``serial``: pure computations (no MPI) whose result
-  cannot depend on the rank count, which every rank would only repeat.
+  job; they are deselected inside a multi-rank run (the serial pass runs them;
+  where a run selects nothing else, they are skipped with that reason). So are
+  tests marked ``serial``: pure computations (no MPI) whose result cannot
+  depend on the rank count, which every rank would only repeat.
 """
 
 from __future__ import annotations
@@ -171,6 +172,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "slow" in item.keywords:
                 item.add_marker(slow)
     if not _fence:
+        return
+    elsewhere = {item.nodeid for item in items if "launches" in item.keywords or "serial" in item.keywords}
+    if elsewhere and len(elsewhere) < len(items):
+        # Deselected rather than skipped: a skipped test still takes its turn through the fence (some 5 ms at 3
+        # ranks on 2 cores), and half the suite runs in the serial pass only. (Where nothing else is selected they
+        # are skipped, saying why, below: a pass that selected no test would fail.)
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in elsewhere])
+        items[:] = [item for item in items if item.nodeid not in elsewhere]
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"mpicomm: {len(elsewhere)} tests deselected: they run in the serial pass (marked "
+                                f"launches: they start their own MPI job; or serial: no MPI in them)")
         return
     skip = pytest.mark.skip(reason="starts its own MPI job: runs in the serial pass, not inside an N-rank run")
     alone = pytest.mark.skip(reason="no MPI in it: runs in the serial pass, not repeated by every rank")
