@@ -354,6 +354,7 @@ class TestOneNode:
         assert f"saved: {fits[0]}" in job.log
         assert job.log.count(fits[0]) >= 2, "tune.sbatch did not show the saved fit back"
 
+    @pytest.mark.slow  # (14 s; the requeued stencil job below runs the script, checkpoints and verifies in every pass)
     def test_stencil(self, cluster, tmp_path):
         job = cluster.submit("stencil.sbatch", ["--size", "64", "--iters", "20", "--checkpoint-every", "5"],
                              submit_dir=str(tmp_path))
