@@ -21,9 +21,10 @@ Imported by ``tests/conftest.py`` (and by the harness's own self-test).
   the last lines of a run say which tests failed, or where an aborted or timed-out
   job stood, however long the output before them.
 * **Launching tests run once.** Tests marked ``launches`` start their own MPI
-  job; they are skipped inside a multi-rank run (the serial pass runs them).
-  So are tests marked ``serial``: pure computations (no MPI) whose result
-  cannot depend on the rank count, which every rank would only repeat.
+  job; they are deselected inside a multi-rank run (the serial pass runs them;
+  where a run selects nothing else, they are skipped with that reason). So are
+  tests marked ``serial``: pure computations (no MPI) whose result cannot
+  depend on the rank count, which every rank would only repeat.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = ["pytest_configure", "pytest_collection_modifyitems", "pytest_runtest_
            "pytest_runtest_makereport", "log_dir", "record_path"]
 
 _FAILED = pytest.StashKey[list]()
+#: The longest sleep between two polls of the fence (seconds): some 2000 cheap wake-ups a second while waiting.
+_FENCE_POLL = 5e-4
 
 
 def _world():
@@ -68,6 +71,9 @@ class _Fence:
         everyone = np.zeros((self.comm.Get_size(), 2), np.int64)
         request = self.comm.Iallgather(mine, everyone)
         deadline = time.monotonic() + self.failed_timeout if failure is not None else None
+        # Polled with short sleeps, not Wait (a busy wait would take the core from a rank still in the test when
+        # ranks outnumber cores) and not sleeps growing to 10 ms: the fence runs after every test (and every
+        # skipped one), so a late wake-up there cost 20-30 ms a test, a third of a 3-rank pass on 2 cores.
         pause = 1e-4
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
@@ -78,7 +84,7 @@ class _Fence:
                     f"test); aborting the job.\n--- failure on rank {rank} ---\n{failure}\n"
                 )
             time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+            pause = min(pause * 2, _FENCE_POLL)
         if len(set(everyone[:, 1].tolist())) > 1:
             names = self.comm.allgather(nodeid)
             listing = "\n".join(f"  rank {r}: {n}" for r, n in enumerate(names))
@@ -166,6 +172,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "slow" in item.keywords:
                 item.add_marker(slow)
     if not _fence:
+        return
+    elsewhere = {item.nodeid for item in items if "launches" in item.keywords or "serial" in item.keywords}
+    if elsewhere and len(elsewhere) < len(items):
+        # Deselected rather than skipped: a skipped test still takes its turn through the fence (some 5 ms at 3
+        # ranks on 2 cores), and half the suite runs in the serial pass only. (Where nothing else is selected they
+        # are skipped, saying why, below: a pass that selected no test would fail.)
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in elsewhere])
+        items[:] = [item for item in items if item.nodeid not in elsewhere]
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"mpicomm: {len(elsewhere)} tests deselected: they run in the serial pass (marked "
+                                f"launches: they start their own MPI job; or serial: no MPI in them)")
         return
     skip = pytest.mark.skip(reason="starts its own MPI job: runs in the serial pass, not inside an N-rank run")
     alone = pytest.mark.skip(reason="no MPI in it: runs in the serial pass, not repeated by every rank")

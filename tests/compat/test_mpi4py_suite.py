@@ -1,4 +1,4 @@
-"""mpi4py's own test suite through mpicomm.Comm, at 1, 2 and 3 ranks (see tests/compat/mpi4py_suite.py).
+"""mpi4py's own test suite through mpicomm.Comm at 2 ranks, and at 1 and 3 in the slower tier (see mpi4py_suite.py).
 
 The suite comes from the installed mpi4py's source release, which
 ``python -m tests.compat.fetch`` puts in ``.cache/`` (``.ci/run`` does, before the
@@ -36,10 +36,13 @@ SLOWER_AT_3 = ("test_cco_nb_buf", "test_cco_pr_buf", "test_cco_nb_vec", "test_cc
 SLOWER_AT_2 = ("test_cco_pr_ngh_buf",)
 
 
+# Every pass runs the suite at 2 ranks: every module but one, each case on COMM_SELF as well as on COMM_WORLD. The
+# runs at 1 rank (30 s: COMM_SELF again) and at 3 (80 s: the schedules at 3 ranks run in mpicomm's own 3-rank pass)
+# are the slower tier.
 @pytest.mark.parametrize("ranks,modules", [
-    (1, mpi4py_suite.MODULES),
+    pytest.param(1, mpi4py_suite.MODULES, marks=pytest.mark.slow),
     (2, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_2)),
-    (3, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_3)),
+    pytest.param(3, tuple(m for m in mpi4py_suite.MODULES if m not in SLOWER_AT_3), marks=pytest.mark.slow),
     pytest.param(2, SLOWER_AT_2, marks=pytest.mark.slow),
     pytest.param(3, SLOWER_AT_3, marks=pytest.mark.slow),
 ], ids=["1", "2", "3", "2-persistent-neighbourhood", "3-nonblocking-persistent"])

@@ -354,6 +354,7 @@ class TestOneNode:
         assert f"saved: {fits[0]}" in job.log
         assert job.log.count(fits[0]) >= 2, "tune.sbatch did not show the saved fit back"
 
+    @pytest.mark.slow  # (14 s; the requeued stencil job below runs the script, checkpoints and verifies in every pass)
     def test_stencil(self, cluster, tmp_path):
         job = cluster.submit("stencil.sbatch", ["--size", "64", "--iters", "20", "--checkpoint-every", "5"],
                              submit_dir=str(tmp_path))
@@ -471,6 +472,7 @@ class TestOneNode:
         with open(run / "train.csv", newline="") as f:
             assert [row["step"] for row in csv.DictReader(f)][-1] == "10"  # the evaluation at the end of the run
 
+    @pytest.mark.slow  # (30 s; a requeue mid-run and the resume run in every pass with the stencil above)
     def test_torchddp_requeued_resumes_from_its_checkpoint(self, cluster, tmp_path):
         pytest.importorskip("torch", reason="PyTorch is not installed: pip install torch==2.13.0 (the CPU wheel), "
                                             "then pip install -e '.[torch]'")

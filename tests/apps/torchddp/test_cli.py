@@ -183,10 +183,13 @@ def _flip_payload_byte(path) -> None:
     path.write_bytes(bytes(data))
 
 
+# A flipped byte in every pass; a cut-short file and another model's checkpoint are the slower tier (5 s a case; the
+# reader refuses each of them in-process in tests/apps/torchddp/test_checkpoint.py, in every pass).
 @pytest.mark.parametrize("damage,text", [
     ("flip", "checksum mismatch"),
-    ("truncate", "cut short or overwritten"),
-    ("other-model", "belongs to another run (d_model: 16 here, 32 in the checkpoint)"),
+    pytest.param("truncate", "cut short or overwritten", marks=pytest.mark.slow),
+    pytest.param("other-model", "belongs to another run (d_model: 16 here, 32 in the checkpoint)",
+                 marks=pytest.mark.slow),
 ])
 def test_a_bad_checkpoint_is_refused_on_every_rank(tmp_path, damage, text):
     first = _checkpointed(tmp_path, 3, "--checkpoint-every", "3")
@@ -216,27 +219,37 @@ def test_an_existing_checkpoint_is_not_overwritten_without_restart(tmp_path):
     assert (tmp_path / "ck" / "torchddp-00000002.ckpt").read_bytes() == before
 
 
+def _slower(args: list[str], text: str, every_rank: bool):
+    """A usage error of a kind that runs in every pass (2 s a job): the slower tier."""
+    return pytest.param(args, text, every_rank, marks=pytest.mark.slow)
+
+
+# One case of each kind of check runs in every pass (a choice, a rule, a renamed option, two options that conflict,
+# one found only once the ranks are known, the bench's own, an unknown command); the other cases are the slower tier.
 @pytest.mark.parametrize("args,text,every_rank", [
     (["train", "--model", "cnn"], "invalid choice: 'cnn'", False),
     (["train", "--steps", "0"], "--steps must be >= 1, got 0", False),
-    (["train", "--bucket-mb", "0"], "--bucket-mb must be > 0, got 0", False),
+    _slower(["train", "--bucket-mb", "0"], "--bucket-mb must be > 0, got 0", False),
     (["train", "--resume"], "--resume: renamed --restart", False),
-    (["train", "--checkpoint", "ck"], "--checkpoint: renamed --checkpoint-dir", False),
-    (["train", "--backend", "gloo"], "--backend: renamed --dist-backend", False),
-    (["train", "--keep", "0"], "--keep must be >= 1, got 0", False),
-    (["train", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1", False),
+    _slower(["train", "--checkpoint", "ck"], "--checkpoint: renamed --checkpoint-dir", False),
+    _slower(["train", "--backend", "gloo"], "--backend: renamed --dist-backend", False),
+    _slower(["train", "--keep", "0"], "--keep must be >= 1, got 0", False),
+    _slower(["train", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1", False),
     (["train", "--check", "--dtype", "float32"], "--check compares in float64", False),
-    (["train", "--model", "transformer", "--d-model", "30"], "--d-model 30 is not a multiple of --heads 4", False),
-    (["train", "--hidden", "64,x"], "--hidden must be the width of each hidden layer", False),
-    (["train", "--model", "transformer", "--hidden", "64"], "--hidden 64 applies to --model mlp only", False),
-    (["train", "--optimizer", "adamw", "--momentum", "0.5"], "--momentum 0.5 applies to --optimizer sgd only", False),
-    (["train", "--eval", "5"], "--eval: renamed --eval-samples", False),
+    _slower(["train", "--model", "transformer", "--d-model", "30"], "--d-model 30 is not a multiple of --heads 4",
+            False),
+    _slower(["train", "--hidden", "64,x"], "--hidden must be the width of each hidden layer", False),
+    _slower(["train", "--model", "transformer", "--hidden", "64"], "--hidden 64 applies to --model mlp only", False),
+    _slower(["train", "--optimizer", "adamw", "--momentum", "0.5"], "--momentum 0.5 applies to --optimizer sgd only",
+            False),
+    _slower(["train", "--eval", "5"], "--eval: renamed --eval-samples", False),
     (["train", "--batch", "1"], "--batch 1: the global batch is smaller than the 2 ranks", True),
-    (["bench", "--configs", "mlp,resnet"], "choose from mlp, wide-mlp, transformer", False),
-    (["bench", "--warmup", "1"], "--warmup must be >= 2, got 1 (DDP rebuilds its buckets in the second step", False),
-    (["bench", "--rounds", "3"], "--rounds: renamed --repeat", False),
+    _slower(["bench", "--configs", "mlp,resnet"], "choose from mlp, wide-mlp, transformer", False),
+    _slower(["bench", "--warmup", "1"], "--warmup must be >= 2, got 1 (DDP rebuilds its buckets in the second step",
+            False),
+    _slower(["bench", "--rounds", "3"], "--rounds: renamed --repeat", False),
     (["bench", "--repeat", "0"], "--repeat must be >= 1, got 0", False),
-    (["bench", "--force"], "--force needs --out FILE.md", False),
+    _slower(["bench", "--force"], "--force needs --out FILE.md", False),
     (["nope"], "invalid choice: 'nope'", False),
 ])
 def test_bad_flags_are_usage_errors(args, text, every_rank):
@@ -256,7 +269,8 @@ def test_help_describes_every_option():
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    assert "train" in help_of() and "bench" in help_of() and "examples:" in help_of()
+    top = help_of()  # (each --help is a Python start-up importing PyTorch: one per command)
+    assert "train" in top and "bench" in top and "examples:" in top
     train = help_of("train")
     for option in ("--model", "{mlp,transformer}", "--dist-backend", "{mpicomm,gloo}", "--steps", "--batch",
                    "GLOBAL batch", "--lr", "--bucket-mb", "--check", "--checkpoint-dir", "--checkpoint-every",
