@@ -71,6 +71,7 @@ COMMANDS = [
     Command("python -m mpicomm.bench", "mpicomm.bench", positional=("allreduce",)),  # the list of benchmarks
     *(Command("python -m mpicomm.bench", "mpicomm.bench", (b,)) for b in _BENCHMARKS),
     Command("python -m mpicomm.bench.summary", "mpicomm.bench.summary", positional=("results.json",)),
+    Command("python -m mpicomm.bench.lane", "mpicomm.bench.lane"),
     Command("python -m mpicomm.torch.bench", "mpicomm.torch.bench", needs="torch"),
     Command("python -m apps.demo", "apps.demo"),
     Command("python -m apps.stencil", "apps.stencil"),
