@@ -8,6 +8,7 @@ from mpicomm.bench import lane as bench_lane
 from mpicomm.engine import lane
 
 
+@pytest.mark.serial  # (rank 0 alone measures it)
 @pytest.mark.skipif(not lane.available(), reason=f"no compiled lane here: {lane.why_not}")
 def test_the_route_table_times_three_ways():
     rows = bench_lane.route(20)
@@ -15,6 +16,7 @@ def test_the_route_table_times_three_ways():
     assert all(float(row[1]) > 0 for row in rows)
 
 
+@pytest.mark.serial  # under mpiexec only rank 0 prints and writes the report: one process checks it
 def test_the_report_has_both_tables(tmp_path, capsys):
     out = tmp_path / "lane.md"
     assert bench_lane.main(["--sizes", "8,1K", "--calls", "10", "--out", str(out)]) == 0
