@@ -210,6 +210,15 @@ static long failed(Lane *self, int k) {
     return event(is_truncation(self->last_rc) ? E_TRUNCATED : E_ERROR, k);
 }
 
+/* Post step *next* if the program has one: 0, or the error event (MPI's code in last_rc). */
+static long post_next(Lane *self, int next) {
+    if (next >= self->nsteps) return 0;
+    int rc = post(self, next);
+    if (!rc) return 0;
+    self->last_rc = rc;
+    return event(E_ERROR, next);
+}
+
 /* The loop: the agreement's own rounds (self->a: the round in flight, -1 none) advance beside the data steps
  * (k: the step whose requests are in flight), as the Python executor's _poll does. Blocking, a wait sleeps in
  * MPI_Waitall after `spins` fruitless tests: on the agreement's round while one is in flight (it always
@@ -252,21 +261,10 @@ static long advance(Lane *self, int k, long spins, int block) {
             }
             if (s->nwords && !words_agree(s->words, s->nwords)) return event(E_BAIL, k);
             int next = k + 1;
-            if (s->early && next < n) {
-                int rc = post(self, next);
-                if (rc) {
-                    self->last_rc = rc;
-                    return event(E_ERROR, next);
-                }
-            }
+            long e;  /* the next step is posted before this one's ops where they touch different memory */
+            if (s->early && (e = post_next(self, next))) return e;
             run_records(s->ops, s->nops);
-            if (!s->early && next < n) {
-                int rc = post(self, next);
-                if (rc) {
-                    self->last_rc = rc;
-                    return event(E_ERROR, next);
-                }
-            }
+            if (!s->early && (e = post_next(self, next))) return e;
             k = next;
             idle = 0;
             continue;
