@@ -35,3 +35,14 @@ def blocked():
     comm.Barrier()
     if comm.Get_rank() == 0:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def write_docs(comm, directory: str, texts: list[str]) -> list[str]:
+    """Rank 0 writes *texts* as doc0.txt, doc1.txt, ... in *directory*; every rank gets their paths (collective)."""
+    paths = [os.path.join(directory, f"doc{i}.txt") for i in range(len(texts))]
+    if comm.rank == 0:
+        for path, text in zip(paths, texts):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+    comm.Barrier()
+    return paths

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from apps.mapreduce.check import check, difference, reference
 from apps.mapreduce.invindex import invindex
 from apps.mapreduce.wordcount import wordcount
+
+from .conftest import write_docs
 
 
 def test_difference_names_the_words_that_differ_and_how():
@@ -24,12 +24,7 @@ def test_the_check_passes_on_the_engines_answer_and_fails_on_another(comm, tmp_p
     directory = comm.bcast(str(tmp_path_factory.mktemp("check")) if comm.rank == 0 else None, root=0)
     texts = [" ".join(f"w{(i * j + comm.size) % 23} Wörd{j % (i + 2)}" for j in range(40 + 9 * i)) + "\n"
              for i in range(5)]
-    paths = [os.path.join(directory, f"doc{i}.txt") for i in range(len(texts))]
-    if comm.rank == 0:
-        for path, text in zip(paths, texts):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-    comm.Barrier()
+    paths = write_docs(comm, directory, texts)
     _, mr = wordcount(comm, paths, top=0)
     try:
         assert check(comm, "wordcount", mr, paths) is None

@@ -10,6 +10,8 @@ from apps.mapreduce.engine import Budget
 from apps.mapreduce.invindex import by_files, escape, invindex, line_format
 from apps.mapreduce.wordcount import tokenize
 
+from .conftest import write_docs
+
 TINY = Budget(8 << 20, block=200, store=3000, round=300, group=3000)
 
 
@@ -24,12 +26,7 @@ def test_invindex_maps_every_word_to_the_files_it_occurs_in(comm, tmp_path_facto
     directory = comm.bcast(str(tmp_path_factory.mktemp("invindex")) if comm.rank == 0 else None, root=0)
     texts = [" ".join(f"w{(i * j) % 37} Wörd{j % (i + 2)}" for j in range(30 * i)) + "\n" for i in range(7)]
     texts[3] = ""
-    paths = [os.path.join(directory, f"doc{i}.txt") for i in range(len(texts))]
-    if comm.rank == 0:
-        for path, text in zip(paths, texts):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-    comm.Barrier()
+    paths = write_docs(comm, directory, texts)
     out = os.path.join(directory, "index.tsv")
     best, mr = invindex(comm, paths, lowercase=True, top=4, out=out, budget=budget)
     got = mr.gather()
