@@ -230,14 +230,15 @@ class Run:
         program = self.program
         lane = self.lane
         state = program.state
-        if (lane is None or (program.check is not None and program.verdict_at < 0 and not program.agree)
-                or (state is not None and program.epoch != state.epoch and program.renew is not None)):
+        if lane is None or (state is not None and program.epoch != state.epoch and program.renew is not None):
             self.start()
             return self.done or self.poll(block)
         self.started = True
         try:
             if program.on_start is not None:
                 program.on_start(self)
+            if program.check is not None and program.verdict_at < 0 and not program.agree and self._judge():
+                return self.done or self._poll(block)  # (one rank, judged now: handed another program, started)
             self.k = 0
             done = self._advance(lane, SPINS if block else 1, block, start=True)
             return done if done is not None else self._poll(block)
@@ -411,7 +412,11 @@ class Run:
         to this loop (at step k; for the rest of the run): the agreement's words differ from this rank's, a
         message was longer than posted (the run is broken), or MPI failed (raised here). *start*: start the run
         first (the agreement's first round and the first data step)."""
-        return self._decoded(lane, lane.start(spins, block) if start else lane.advance(self.k, spins, block))
+        r = lane.start(spins, block) if start else lane.advance(self.k, spins, block)
+        if r == -1:  # (the common answer, decoded here: a Python call costs what the lane's 8-byte round costs)
+            self.ended_in_lane()
+            return True
+        return self._decoded(lane, r)
 
     def nap(self, seconds: float, waiters: int, gap: float) -> bool:
         """Poll this run in its compiled lane without the GIL for up to *seconds* (the progress thread's wait;
@@ -438,11 +443,8 @@ class Run:
             self.k = r
             self.reqs = steps[r].reqs or () if r < len(steps) else ()
             return False
-        if r == -1:  # every word the agreement received equalled this rank's own: the ranks agree
-            self.k = len(steps)
-            self.reqs = ()
-            self.agreed = True
-            self._finish()
+        if r == -1:
+            self.ended_in_lane()
             return True
         e, k = (-r - 2) & 3, (-r - 2) >> 2
         self.lane = None
@@ -456,6 +458,19 @@ class Run:
         elif e == _lane.ERROR:
             raise MPI.Exception(lane.last_rc)
         return None
+
+    def ended_in_lane(self) -> None:
+        """The lane ran the last step, and every word the agreement received equalled this rank's own: the ranks
+        agree, the run is done (its completion callbacks run now)."""
+        self.a = -1
+        self.k = len(self.program.steps)
+        self.reqs = ()
+        self.agreed = True
+        self.keep = None
+        self.done = True
+        self.status = "done"
+        if self.callbacks:
+            _call_back(self)
 
     def _waited(self, step: Step) -> bool:
         """Whether the step's counter waits and nested runs are done (raises a nested run's error)."""

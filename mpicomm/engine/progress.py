@@ -40,7 +40,7 @@ from mpi4py import MPI
 from . import executor as _executor
 from .executor import Run
 
-__all__ = ["Queue", "submit", "drive", "wait", "finish_pending", "progress_all", "thread_started", "ProgressThread", "queues", "unattended"]
+__all__ = ["Queue", "submit", "tell_thread", "drive", "wait", "finish_pending", "progress_all", "thread_started", "ProgressThread", "queues", "unattended"]
 
 
 
@@ -149,6 +149,11 @@ def submit(q: Queue, run: Run) -> None:
         if len(q.runs) == 1 and _launch(run):
             q.runs.popleft()
             return
+    tell_thread(q)
+
+
+def tell_thread(q: Queue) -> None:
+    """*q* has runs the caller will not finish now: make sure the progress thread (if any) polls it."""
     if _thread.enabled:
         if q in queues and not _thread.idle:
             return  # the running thread polls this queue: nothing to tell it

@@ -26,6 +26,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from mpi4py import MPI
+
+from .. import config
+from ..engine import executor as _executor
+from ..engine import progress as _progress
+from ..engine import requests as _requests
 from ..engine.executor import Program, Run
 from ..engine.progress import callback_when_done, submit
 from ..engine.requests import CollectiveRequest
@@ -52,13 +58,14 @@ class Prequest(CollectiveRequest):
     the same program gets the same answer on every rank.
     """
 
-    __slots__ = ("_plan", "_args", "_algorithm", "starts")
+    __slots__ = ("_plan", "_args", "_algorithm", "starts", "_host")
 
     def __init__(self, plan: Plan, args: Args, algorithm: str | None):
         self._plan: Plan | None = plan
         self._args = args
         self._algorithm = algorithm
         self.starts = 0
+        self._host = args.device is None  # host arrays: Start and Wait may take the compiled lane's short path
         run = Run(_INACTIVE, -1)
         run.done = True  # inactive: a wait returns at once, Waitany skips it
         CollectiveRequest.__init__(self, run, plan.state.queue, None, self)
@@ -79,6 +86,31 @@ class Prequest(CollectiveRequest):
 
     def Start(self) -> None:
         """Start one run of the collective on the buffers' current contents (every rank, in the same order)."""
+        plan = self._plan
+        if plan is not None and self._delivered and self._host and plan.program.lane is not None:
+            # The short path (host arrays, a plan with a compiled lane, nothing queued or in its way): the run
+            # starts, polls and often finishes in one call into the lane, with little Python around it (a Python
+            # call costs as much as the lane's whole round on 8 bytes)
+            state = plan.state
+            q = state.queue
+            if not q.runs and plan.epoch == state.epoch and not state.freed and state.lock.acquire(False):
+                try:  # (a completion callback's start takes the call lock too, where it is free)
+                    if q.lock.acquire(False):
+                        try:
+                            if not q.runs and not q.driving:
+                                run = self._next_run(plan.program, state)
+                                if run.launch():
+                                    self._settle()
+                                else:
+                                    run.callbacks = [self._finished]
+                                    q.owner = threading.get_ident()
+                                    q.runs.append(run)
+                                    _progress.tell_thread(q)
+                                return
+                        finally:
+                            q.lock.release()
+                finally:
+                    state.lock.release()
         plan = self._live_plan()
         if not self._delivered:  # (not _done: the progress thread may have finished the run already)
             raise ValueError(f"{self.label}: started again while active (started, and no Wait or Test has "
@@ -95,17 +127,7 @@ class Prequest(CollectiveRequest):
             if plan.epoch != state.epoch:  # a call failed on a disagreement since: fresh tags, so a fresh plan
                 plan = self._plan = dispatch.plan_for(state, self._args, self._algorithm, False,
                                                       persistent=plan.persistent)
-            self.starts += 1
-            seq = state.collectives
-            state.collectives = seq + 1
-            run = Run(plan.program, seq)
-            run.keep = self._args  # (the request keeps them too; the run may outlive a dropped request)
-            state.recent.append(run)
-            self.run = run
-            self._done = False
-            self._delivered = False
-            self._error = None
-            self._result = None
+            run = self._next_run(plan.program, state)
             if locked:
                 state.queue.owner = threading.get_ident()
             callback_when_done(run, self._finished, state.queue)
@@ -115,6 +137,54 @@ class Prequest(CollectiveRequest):
         finally:
             if locked:
                 state.lock.release()
+
+    def _next_run(self, program: Program, state: Any) -> Run:
+        """This request's next run (numbered, in the flight recorder); the request becomes active."""
+        self.starts += 1
+        seq = state.collectives
+        state.collectives = seq + 1
+        run = Run(program, seq)
+        run.keep = self._args  # (the request keeps them too; the run may outlive a dropped request)
+        state.recent.append(run)
+        self.run = run
+        self._done = False
+        self._delivered = False
+        self._error = None
+        self._result = None
+        return run
+
+    def Wait(self, status: MPI.Status | None = None) -> bool:
+        """Block until the collective completes (raising its error, if any); at once when inactive."""
+        if not self._done:
+            run = self.run
+            lane = run.lane
+            q = self.queue
+            if (lane is not None and not run.done and run.k >= 0 and not run.broken and not _requests._active
+                    and not config.raw("MPICOMM_TIMEOUT") and q.lock.acquire(False)):
+                # The short path: this run heads the queue, nothing else needs this thread's polls, no watchdog:
+                # wait in the lane (the GIL released) and finish the run here
+                try:
+                    if not q.driving and q.runs and q.runs[0] is run:
+                        q.driving = True
+                        try:  # (the run's completion callback settles this request)
+                            if run._advance(lane, _executor.SPINS, True) is None:
+                                run.poll(True)  # handed back to the executor's loop
+                        except Exception as exc:  # noqa: BLE001 - as in Run.poll
+                            run._failed(exc)
+                        except BaseException as exc:
+                            run._fail(exc)
+                        finally:
+                            q.driving = False
+                        if run.done:
+                            q.runs.popleft()
+                            if q.runs:
+                                _progress.drive(q)  # (the next run starts)
+                finally:
+                    q.lock.release()
+        if self._done and self._error is None and status is None:
+            self._delivered = True
+            return True
+        return CollectiveRequest.Wait(self, status)
 
     @staticmethod
     def Startall(requests: Sequence[Prequest]) -> None:

@@ -11,6 +11,7 @@ every rank however far the run got in the background (20 runs each).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import registry
+from mpicomm.engine import lane, progress
 
 from . import reference
 from .reference import assert_matches, counts, data
@@ -381,3 +383,47 @@ def test_requests_of_different_shapes_started_in_different_orders_raise_on_every
         small.Free()
         big.Free()
         dup.Free()
+
+
+@pytest.mark.skipif(not lane.available(), reason=f"no compiled lane here: {lane.why_not}")
+def test_start_and_wait_are_one_call_each_into_the_compiled_lane(comm, monkeypatch):
+    """A repeated Start/Wait of a host-array allreduce: Start makes one call into the lane (start, first poll, often
+    the whole run), Wait at most one (the rest of the run, without the GIL); neither goes through the queue's
+    general submit or wait. With a nonblocking call queued ahead, Start queues behind it (the order every rank
+    keeps) and the results still match the library's."""
+    rank, p = _ranks(comm)
+    send, recv = np.zeros(1), np.zeros(1)
+    request = comm.Allreduce_init(send, recv)
+    general = []
+    monkeypatch.setattr(progress, "submit", lambda *a, _f=progress.submit: general.append("submit") or _f(*a))
+    monkeypatch.setattr(progress, "wait", lambda *a, _f=progress.wait: general.append("wait") or _f(*a))
+    into_lane = []
+
+    def count(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__qualname__", "").startswith("Lane."):
+            into_lane.append(arg.__qualname__)
+
+    for start in range(20):
+        _fill(send, rank, start)
+        into_lane.clear()
+        sys.setprofile(count)
+        try:
+            request.Start()
+            started = list(into_lane)
+            request.Wait()
+        finally:
+            sys.setprofile(None)
+        assert started == ["Lane.start"], f"start {start}: Start's calls into the lane: {started}"
+        assert into_lane[1:] in ([], ["Lane.advance"]), f"start {start}: Wait's calls into the lane: {into_lane[1:]}"
+        assert recv[0] == sum(data(r, 1, np.float64)[0] + start for r in range(p))
+    assert general == [], f"Start/Wait went through the queue's general path: {general}"
+    ahead_send, ahead_recv = np.full(3, rank + 1.0), np.zeros(3)
+    ahead = comm.Iallreduce(ahead_send, ahead_recv)
+    _fill(send, rank, 99)
+    request.Start()
+    request.Wait()
+    ahead.Wait()
+    assert "submit" in general
+    assert recv[0] == sum(data(r, 1, np.float64)[0] + 99 for r in range(p))
+    assert np.array_equal(ahead_recv, np.full(3, p * (p + 1) / 2))
+    request.Free()
