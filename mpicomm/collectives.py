@@ -31,6 +31,7 @@ from .front.dispatch import start
 from .ops import resolve
 from .plan.args import Args
 from .transport.buffers import adopt, array_module, check_array
+from .transport.specs import displacements
 from .validate import check_peer
 
 __all__ = [
@@ -262,7 +263,7 @@ def gatherv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algor
                 raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
             result = _output(args, x, out, (sum(cs),))
             args.recv, args.recvcounts = result, cs
-            args.recvdispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+            args.recvdispls = displacements(cs)
             args.result = lambda: result
 
     return _go(c, _guard(args, read), algorithm, True)
@@ -345,7 +346,7 @@ def scatterv(x: Any, counts: Sequence[int] | None = None, root: int = 0, *, algo
             if len(cs) != p or sum(cs) > x.size:
                 raise ValueError(f"counts {list(cs)}: need {p} entries summing to at most x.size = {x.size}")
             args.send, args.sendcounts = _flat(x), cs
-            args.senddispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+            args.senddispls = displacements(cs)
             result = out if out is not None else _new(x, (cs[rank],))
         else:
             result = out if out is not None else mine
@@ -403,7 +404,7 @@ def allgatherv(x: Any, counts: Sequence[int] | None = None, *, algorithm: str | 
             raise ValueError(f"counts has {len(cs)} entries for {p} ranks")
         result = _output(args, x, out, (sum(cs),))
         args.send, args.recv, args.recvcounts = _flat(x), result, cs
-        args.recvdispls = tuple(int(d) for d in np.cumsum((0,) + cs[:-1]))
+        args.recvdispls = displacements(cs)
         args.result = lambda: result
 
     return _go(c, _guard(args, read), algorithm, True)
@@ -463,8 +464,8 @@ def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | Non
                              f"sendcounts summing to at most x.size = {x.size}")
         result = _output(args, x, out, (sum(rc),))
         args.send, args.recv = _flat(x), result
-        args.sendcounts, args.senddispls = sc, tuple(int(d) for d in np.cumsum((0,) + sc[:-1]))
-        args.recvcounts, args.recvdispls = rc, tuple(int(d) for d in np.cumsum((0,) + rc[:-1]))
+        args.sendcounts, args.senddispls = sc, displacements(sc)
+        args.recvcounts, args.recvdispls = rc, displacements(rc)
         args.result = lambda: result
 
     return _go(c, _guard(args, read), algorithm, True)

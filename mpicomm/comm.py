@@ -368,19 +368,23 @@ class Comm(MPI.Intracomm):
 
     @overload
     def _collective(self, collective: str, blocking: Literal[False], algorithm: str | None, *args: Any,
-                    _fast: None = None, **kwargs: Any) -> Request: ...
+                    **kwargs: Any) -> Request: ...
 
     @overload
-    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any,
-                    _fast: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None, **kwargs: Any) -> Any: ...
+    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any: ...
 
-    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any,
-                    _fast: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None, **kwargs: Any) -> Any:
-        return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking, _fast)
+    def _collective(self, collective: str, blocking: bool, algorithm: str | None, *args: Any, **kwargs: Any) -> Any:
+        return _start(self._state, _read(collective, self, *args, **kwargs), algorithm, blocking)
 
-    # A blocking call repeated on the same arrays runs its kept plan at once (dispatch.Fast): the key is the
-    # collective and the arguments' identities; anything else (a new array, a changed setting) takes the full
-    # path, which reads and checks the arguments, and remembers the call for next time.
+    def _blocking(self, key: tuple[Any, ...], objects: tuple[Any, ...], algorithm: str | None, *args: Any,
+                  **kwargs: Any) -> None:
+        """A blocking call: repeated on the same arrays, it runs its kept plan at once (``dispatch.Fast``; *key*:
+        the collective, then the arguments' identities; *objects*: the arguments the kept plan checks); anything
+        else (a new array, a changed setting) takes the full path, which reads and checks the arguments and
+        remembers the call for next time."""
+        fast = self._state.fast.get(key)
+        if fast is None or not fast.run(*objects):
+            _start(self._state, _read(key[0], self, *args, **kwargs), algorithm, True, (key, objects))
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
@@ -392,10 +396,7 @@ class Comm(MPI.Intracomm):
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast *buf* from *root* to every rank."""
-        key = ("bcast", id(buf), root, algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(buf):
-            self._collective("bcast", True, algorithm, buf, root, _fast=(key, (buf,)))
+        self._blocking(("bcast", id(buf), root, algorithm), (buf,), algorithm, buf, root)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Bcast`."""
@@ -404,11 +405,8 @@ class Comm(MPI.Intracomm):
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root)."""
-        key = ("reduce", id(sendbuf), id(recvbuf), id(op), root, algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf, op):
-            self._collective("reduce", True, algorithm, sendbuf, recvbuf, op=op, root=root,
-                             _fast=(key, (sendbuf, recvbuf, op)))
+        self._blocking(("reduce", id(sendbuf), id(recvbuf), id(op), root, algorithm),
+                       (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op, root=root)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Request:
@@ -417,10 +415,8 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the input)."""
-        key = ("allreduce", id(sendbuf), id(recvbuf), id(op), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf, op):
-            self._collective("allreduce", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
+        self._blocking(("allreduce", id(sendbuf), id(recvbuf), id(op), algorithm),
+                       (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Allreduce`."""
@@ -428,10 +424,8 @@ class Comm(MPI.Intracomm):
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Gather equal blocks from every rank into *recvbuf* on *root*, in rank order."""
-        key = ("gather", id(sendbuf), id(recvbuf), root, algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("gather", True, algorithm, sendbuf, recvbuf, root, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("gather", id(sendbuf), id(recvbuf), root, algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf, root)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Gather`."""
@@ -447,10 +441,8 @@ class Comm(MPI.Intracomm):
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Send block r of *sendbuf* on *root* to rank r's *recvbuf*."""
-        key = ("scatter", id(sendbuf), id(recvbuf), root, algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("scatter", True, algorithm, sendbuf, recvbuf, root, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("scatter", id(sendbuf), id(recvbuf), root, algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf, root)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Scatter`."""
@@ -466,10 +458,8 @@ class Comm(MPI.Intracomm):
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's equal block into every rank's *recvbuf*, in rank order."""
-        key = ("allgather", id(sendbuf), id(recvbuf), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("allgather", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("allgather", id(sendbuf), id(recvbuf), algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Allgather`."""
@@ -485,10 +475,8 @@ class Comm(MPI.Intracomm):
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Send block j of *sendbuf* to rank j; receive block i of *recvbuf* from rank i."""
-        key = ("alltoall", id(sendbuf), id(recvbuf), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("alltoall", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("alltoall", id(sendbuf), id(recvbuf), algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Alltoall`."""
@@ -515,11 +503,8 @@ class Comm(MPI.Intracomm):
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce p equal blocks with *op*; rank r receives reduced block r."""
-        key = ("reduce_scatter_block", id(sendbuf), id(recvbuf), id(op), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf, op):
-            self._collective("reduce_scatter_block", True, algorithm, sendbuf, recvbuf, op=op,
-                             _fast=(key, (sendbuf, recvbuf, op)))
+        self._blocking(("reduce_scatter_block", id(sendbuf), id(recvbuf), id(op), algorithm),
+                       (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Request:
@@ -550,10 +535,8 @@ class Comm(MPI.Intracomm):
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r."""
-        key = ("scan", id(sendbuf), id(recvbuf), id(op), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf, op):
-            self._collective("scan", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
+        self._blocking(("scan", id(sendbuf), id(recvbuf), id(op), algorithm),
+                       (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Scan`."""
@@ -561,10 +544,8 @@ class Comm(MPI.Intracomm):
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it was."""
-        key = ("exscan", id(sendbuf), id(recvbuf), id(op), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf, op):
-            self._collective("exscan", True, algorithm, sendbuf, recvbuf, op=op, _fast=(key, (sendbuf, recvbuf, op)))
+        self._blocking(("exscan", id(sendbuf), id(recvbuf), id(op), algorithm),
+                       (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Exscan`."""
@@ -790,10 +771,8 @@ class _Neighborhood(Comm):
 
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Send *sendbuf* to every out-neighbour; receive one block from each in-neighbour, in order."""
-        key = ("neighbor_allgather", id(sendbuf), id(recvbuf), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("neighbor_allgather", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("neighbor_allgather", id(sendbuf), id(recvbuf), algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf)
 
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Neighbor_allgather`."""
@@ -809,10 +788,8 @@ class _Neighborhood(Comm):
 
     def Neighbor_alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Send block k of *sendbuf* to out-neighbour k; receive block k of *recvbuf* from in-neighbour k."""
-        key = ("neighbor_alltoall", id(sendbuf), id(recvbuf), algorithm)
-        fast = self._state.fast.get(key)
-        if fast is None or not fast.run(sendbuf, recvbuf):
-            self._collective("neighbor_alltoall", True, algorithm, sendbuf, recvbuf, _fast=(key, (sendbuf, recvbuf)))
+        self._blocking(("neighbor_alltoall", id(sendbuf), id(recvbuf), algorithm),
+                       (sendbuf, recvbuf), algorithm, sendbuf, recvbuf)
 
     def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Request:
         """Nonblocking :meth:`Neighbor_alltoall`."""

@@ -50,6 +50,7 @@ from mpi4py import MPI
 
 from ..comm import Comm
 from ..front.dispatch import start as _start
+from ..front.readers import read
 from ..plan.args import Args, ArgumentError
 from ..transport.buffers import byte_range, overlap
 from .tensors import Staged, check_tensor, finisher, mpi_op, stage
@@ -277,7 +278,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
                         array = t.detach().numpy()
                     except Exception as exc:  # noqa: BLE001 - refused on every rank
                         return self._refuse("allreduce", exc, opts)
-                    self.comm._collective("allreduce", True, None, MPI.IN_PLACE, array, op=red.op, _fast=(key, ()))
+                    _start(self._state, read("allreduce", self.comm, MPI.IN_PLACE, array, op=red.op), None, True,
+                           (key, ()))  # (remembered by the tensor's address: a repeat needs no arguments)
                     if red.scale is not None:  # AVG
                         t.detach().mul_(1.0 / self._p)
                     return done(tensors, "allreduce")

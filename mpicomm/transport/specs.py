@@ -44,7 +44,7 @@ from mpi4py import MPI
 from ..ops import is_pair_dtype
 from .buffers import DTYPES, adopt, array_module
 
-__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "wvector", "block", "block_counts", "writable", "check_disjoint"]
+__all__ = ["Unsupported", "Buffer", "VBuffer", "is_in_place", "plain", "simple", "vector", "wvector", "block", "block_counts", "displacements", "writable", "check_disjoint"]
 
 
 class Unsupported(Exception):
@@ -263,6 +263,15 @@ def block_counts(total: int, p: int, name: str) -> tuple[int, ...]:
     return (total // p if p else 0,) * p
 
 
+def displacements(counts: Sequence[int]) -> tuple[int, ...]:
+    """Where each block starts when blocks of *counts* elements lie back to back (MPI's default for the v forms)."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += int(c)
+    return tuple(out)
+
+
 def _is_sequence(x: Any) -> bool:
     return isinstance(x, (Sequence, np.ndarray)) and not isinstance(x, (str, bytes)) \
         and not (isinstance(x, np.ndarray) and x.ndim == 0)
@@ -312,7 +321,7 @@ def vector(spec: Any, name: str, p: int) -> VBuffer:
         raise ValueError(f"{name} has {len(counts_t)} counts for {p} ranks; give one per rank")
     _none_holds_nothing(buf, sum(counts_t), name)
     if displs is None:
-        displs_t = tuple(int(d) for d in np.cumsum((0,) + counts_t[:-1], dtype=np.int64)) if p else ()
+        displs_t = displacements(counts_t)
     elif not _is_sequence(displs):
         step = _count(displs, name + " displacement")
         displs_t = tuple(r * step for r in range(p))  # mpi4py: rank i's block starts at i·displ
