@@ -72,6 +72,8 @@ typedef struct {
     PyObject *keep;      /* what the records point into */
 } Lane;
 
+static PyTypeObject LaneType;
+
 /* ---------------------------------------------------------------- the element loops */
 
 #define LOOP(T, EXPR)                                                   \
@@ -435,30 +437,62 @@ static PyObject *Lane_advance(Lane *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(r);
 }
 
-/* nap(k, seconds, waiters, gap): the progress thread's wait between its looks at the queues, spent polling this
- * run without the GIL: nonblocking advances, 1 us apart at first and at most *gap* seconds apart, until the run moves
- * (a step or an agreement round completes, it ends or hands itself back), *seconds* have passed, or another
- * thread waits for the queue's lock (the int64 at address *waiters* is non-zero). Returns as advance(). */
-static PyObject *Lane_nap(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "nap(k, seconds, waiters, gap) takes 4 arguments");
-    long k = PyLong_AsLong(args[0]);
+/* nap(runs, seconds, gap): the progress thread's wait between its looks at the queues, spent polling runs without
+ * the GIL. *runs*: a sequence of (lane, k, waiters), one per queue whose lock the thread holds: the run's lane, the
+ * step its requests are in flight for, and the address of the queue's int64 count of threads waiting for its lock.
+ * Nonblocking advances of each in turn, 1 us apart at first and at most *gap* seconds apart, until one run moves
+ * (a step or an agreement round completes, it ends or hands itself back), *seconds* have passed, or another thread
+ * waits for one of the queues (its count non-zero). Returns (i, r): the run that moved or whose queue is wanted and
+ * advance()'s answer for it, or (-1, 0) when time was up. */
+#define NAP_MOST 64
+static PyObject *py_nap(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) return PyErr_Format(PyExc_TypeError, "nap(runs, seconds, gap) takes 3 arguments");
     double seconds = PyFloat_AsDouble(args[1]);
-    unsigned long long address = PyLong_AsUnsignedLongLong(args[2]);
-    double most = PyFloat_AsDouble(args[3]);
+    double most = PyFloat_AsDouble(args[2]);
     if (PyErr_Occurred()) return NULL;
-    if (k < 0 || k > self->nsteps) return PyErr_Format(PyExc_IndexError, "step %ld of %d", k, self->nsteps);
-    volatile int64_t *waiters = (volatile int64_t *)(uintptr_t)address;
-    long r;
+    PyObject *seq = PySequence_Fast(args[0], "nap: runs must be a sequence of (lane, k, waiters)");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > NAP_MOST) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "nap: %zd runs (1 to %d)", n, NAP_MOST);
+    }
+    Lane *lanes[NAP_MOST];
+    int ks[NAP_MOST], as[NAP_MOST];
+    volatile int64_t *waiters[NAP_MOST];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *lane;
+        long k;
+        unsigned long long address;
+        if (!PyArg_ParseTuple(item, "O!lK", &LaneType, &lane, &k, &address)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        Lane *l = (Lane *)lane;
+        if (k < 0 || k > l->nsteps) {
+            Py_DECREF(seq);
+            return PyErr_Format(PyExc_IndexError, "nap: run %zd at step %ld of %d", i, k, l->nsteps);
+        }
+        lanes[i] = l;
+        ks[i] = (int)k;
+        as[i] = l->a;
+        waiters[i] = (volatile int64_t *)(uintptr_t)address;
+    }
+    long r = 0;
+    Py_ssize_t moved = -1;
     Py_BEGIN_ALLOW_THREADS
     struct timespec begun, now;
     clock_gettime(CLOCK_MONOTONIC, &begun);
     long gap = 1000, cap = (long)(most * 1e9);  /* ns */
     if (cap < 1000) cap = 1000;
     if (cap > 999999999) cap = 999999999;
-    int a = self->a;
     for (;;) {
-        r = advance(self, (int)k, 1, 0);
-        if (r != k || self->a != a || *waiters) break;
+        for (Py_ssize_t i = 0; i < n && moved < 0; i++) {
+            r = advance(lanes[i], ks[i], 1, 0);
+            if (r != ks[i] || lanes[i]->a != as[i] || *waiters[i]) moved = i;
+        }
+        if (moved >= 0) break;
         clock_gettime(CLOCK_MONOTONIC, &now);
         double spent = (double)(now.tv_sec - begun.tv_sec) + 1e-9 * (double)(now.tv_nsec - begun.tv_nsec);
         if (spent >= seconds) break;
@@ -467,7 +501,8 @@ static PyObject *Lane_nap(Lane *self, PyObject *const *args, Py_ssize_t nargs) {
         if (gap < cap) gap = gap * 2 < cap ? gap * 2 : cap;
     }
     Py_END_ALLOW_THREADS
-    return PyLong_FromLong(r);
+    Py_DECREF(seq);  /* (the lanes stay alive: the caller's runs hold them) */
+    return Py_BuildValue("(nl)", moved, moved < 0 ? 0L : r);
 }
 
 /* start(spins, block): a run's start - the agreement's first round, the first data step - then advance(0, spins,
@@ -501,9 +536,6 @@ static PyMethodDef Lane_methods[] = {
     {"post", (PyCFunction)Lane_post, METH_O, "post(k): run step k's posting records and start its requests; "
                                               "returns MPI's error code (0)."},
     {"agree", (PyCFunction)Lane_agree, METH_NOARGS, "agree(): start the agreement's first round."},
-    {"nap", (PyCFunction)(void (*)(void))Lane_nap, METH_FASTCALL,
-     "nap(k, seconds, waiters, gap): poll from step k without the GIL until the run moves, time is up or a thread "
-     "waits for the queue (see the module)."},
     {"start", (PyCFunction)(void (*)(void))Lane_start, METH_FASTCALL,
      "start(spins, block): start a run (the agreement's first round, the first step) and advance(0, ...)."},
     {"advance", (PyCFunction)(void (*)(void))Lane_advance, METH_FASTCALL,
@@ -569,6 +601,9 @@ static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS, "Bind the MPI library's functions (see mpicomm.engine.lane)."},
     {"supported", py_supported, METH_VARARGS, "supported(op, dtype): whether the lane computes that reduction."},
     {"combine", py_combine, METH_VARARGS, "combine(op, dtype, a, b, out, count): one reduction, by address."},
+    {"nap", (PyCFunction)(void (*)(void))py_nap, METH_FASTCALL,
+     "nap(runs, seconds, gap): poll several runs' lanes without the GIL until one moves, time is up or a thread "
+     "waits for one of their queues; (i, r) (see the source)."},
     {NULL}};
 
 static struct PyModuleDef lane_module = {PyModuleDef_HEAD_INIT, "_lane",

@@ -50,7 +50,7 @@ from mpi4py import MPI
 
 from . import lane as _lane
 
-__all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "graveyard", "SPINS", "in_callback"]
+__all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "nap", "graveyard", "SPINS", "in_callback"]
 
 _Testall = MPI.Request.Testall
 _Startall = MPI.Prequest.Startall
@@ -418,22 +418,9 @@ class Run:
             return True
         return self._decoded(lane, r)
 
-    def nap(self, seconds: float, waiters: int, gap: float) -> bool:
-        """Poll this run in its compiled lane without the GIL for up to *seconds* (the progress thread's wait;
-        the queue's lock held): until it moves, or another thread waits for the lock (the int64 at address
-        *waiters* is non-zero); polls at most *gap* seconds apart. True if it moved (or finished)."""
-        lane = self.lane
-        if lane is None or self.done or self.k < 0 or self.broken:
-            return self.poll()
-        before = (self.k, self.a)
-        try:
-            if self._decoded(lane, lane.nap(self.k, seconds, waiters, gap)) is None:
-                self._poll()
-        except Exception as exc:  # noqa: BLE001 - as in poll
-            self._failed(exc)
-        except BaseException as exc:
-            self._fail(exc)
-        return self.done or (self.k, self.a) != before
+    def napping(self) -> bool:
+        """Whether the progress thread may wait for this run inside its compiled lane (:func:`nap`)."""
+        return self.lane is not None and self.started and not self.done and self.k >= 0 and not self.broken
 
     def _decoded(self, lane: Any, r: int) -> bool | None:
         """What a lane call's answer *r* means for this run (see :meth:`_advance`)."""
@@ -608,6 +595,26 @@ class Run:
     def raise_error(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+def nap(runs: Sequence[Run], waiters: Sequence[int], seconds: float, gap: float) -> bool:
+    """Poll *runs* (each the head of its queue, whose lock the caller holds; each :meth:`Run.napping`) in their
+    compiled lanes without the GIL, for up to *seconds* (the progress thread's wait): until one moves, or another
+    thread waits for one of the queues (the int64 at that queue's address in *waiters* is non-zero); polls at most
+    *gap* seconds apart. True if a run moved (or finished)."""
+    i, r = _lane.nap([(run.lane, run.k, w) for run, w in zip(runs, waiters)], seconds, gap)
+    if i < 0:
+        return False
+    run = runs[i]
+    before = (run.k, run.a)
+    try:
+        if run._decoded(run.lane, r) is None:
+            run._poll()
+    except Exception as exc:  # noqa: BLE001 - as in Run.poll
+        run._failed(exc)
+    except BaseException as exc:
+        run._fail(exc)
+    return run.done or (run.k, run.a) != before
 
 
 def _Testall_or_truncated(reqs: Sequence[Any], run: Run) -> bool:

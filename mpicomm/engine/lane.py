@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from .. import config
 
-__all__ = ["Lane", "available", "why_not", "of", "with_record", "copy", "combine", "check", "dtype_code",
+__all__ = ["Lane", "nap", "available", "why_not", "of", "with_record", "copy", "combine", "check", "dtype_code",
            "COPY", "COMBINE", "CHECK", "CHECK_TAKE", "DONE", "BAIL", "TRUNCATED", "ERROR"]
 
 COPY, COMBINE, CHECK, CHECK_TAKE = 1, 3, 4, 5
@@ -56,6 +56,7 @@ DTYPES = {("f", 4): 1, ("f", 8): 2, ("i", 1): 3, ("i", 2): 4, ("i", 4): 5, ("i",
           ("u", 4): 9, ("u", 8): 10, ("b", 1): 11, ("c", 8): 12, ("c", 16): 13}
 
 Lane: Any = None
+nap: Any = None  #: nap(runs, seconds, gap): the progress thread's wait in several runs' lanes (see _lane.c)
 _native: Any = None
 why_not = ""  #: why there is no lane here ("" when there is one)
 
@@ -79,7 +80,7 @@ def _address(lib: ctypes.CDLL, name: str) -> int:
 
 
 def _bind() -> None:
-    global Lane, _native, why_not
+    global Lane, nap, _native, why_not
     try:
         on = config.lane()
     except ValueError:  # (refused with the other settings when a Comm is made)
@@ -102,7 +103,7 @@ def _bind() -> None:
     except (OSError, ValueError) as exc:
         why_not = f"the MPI library's functions were not found: {exc}"
         return
-    _native, Lane = _lane, _lane.Lane
+    _native, Lane, nap = _lane, _lane.Lane, _lane.nap
 
 
 _bind()

@@ -46,7 +46,7 @@ __all__ = ["Queue", "submit", "tell_thread", "drive", "wait", "finish_pending", 
 
 class _Held:
     """``with q.held:`` - the queue's lock, for a thread that may have to wait for it: counted in ``q.waiters``
-    while it waits, so that the progress thread polling in the compiled lane (:meth:`Run.nap`) lets go."""
+    while it waits, so that the progress thread polling in the compiled lane (:func:`~.executor.nap`) lets go."""
 
     __slots__ = ("q",)
 
@@ -327,34 +327,46 @@ class ProgressThread:
             if moved:
                 nap = self.FIRST_NAP
                 time.sleep(0)  # let the user's threads in
-            elif len(active) == 1 and self._nap_in_lane(active[0]):
+            elif self._nap_in_lanes(active):
                 nap = self.FIRST_NAP
             else:
                 time.sleep(nap)
                 nap = min(2 * nap, self.LAST_NAP)
 
 
-    def _nap_in_lane(self, q: Queue) -> bool:
-        """Wait for the only active queue's head run inside its compiled lane (:meth:`Run.nap`), holding the
-        queue's lock and not the GIL; True if it did (the run moved, or time was up)."""
-        head = q.runs[0] if q.runs else None
-        if head is None or head.lane is None or not head.started or head.done or not q.lock.acquire(False):
+    def _nap_in_lanes(self, active: list[Queue]) -> bool:
+        """Wait for the active queues' head runs inside their compiled lanes, all in one call
+        (:func:`~.executor.nap`), holding the queues' locks and not the GIL; True if it did (a run moved, or time
+        was up). False at once unless every active queue's head run can (see :meth:`Run.napping`) and its lock
+        is free."""
+        if len(active) > 64:  # (the most one call into the lane takes)
             return False
+        held: list[Queue] = []
         try:
-            if q.driving or not q.runs or q.runs[0] is not head:
-                return False
-            q.driving = True
+            for q in active:
+                head = q.runs[0] if q.runs else None
+                if head is None or not head.napping() or not q.lock.acquire(False):
+                    return False
+                held.append(q)
+                if q.driving or not q.runs or q.runs[0] is not head:
+                    return False
+            runs = [q.runs[0] for q in held]
+            for q in held:
+                q.driving = True
             try:
                 gap = self.LANE_GAP if _executor.SPINS else self.LAST_NAP
-                head.nap(self.LANE_NAP, q.address, gap)
+                _executor.nap(runs, [q.address for q in held], self.LANE_NAP, gap)
             finally:
-                q.driving = False
-            drive(q)  # (a finished run leaves the queue; the next one starts)
+                for q in held:
+                    q.driving = False
+            for q in held:
+                drive(q)  # (a finished run leaves its queue; the next one starts)
             return True
         except BaseException:  # never let the thread die: a failed run keeps its error
             return True
         finally:
-            q.lock.release()
+            for q in held:
+                q.lock.release()
 
 
 _thread = ProgressThread()

@@ -18,6 +18,7 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
+from mpicomm.engine import lane
 
 from ..conftest import rank_data
 
@@ -142,6 +143,39 @@ def test_a_collective_completes_while_its_rank_is_busy(comm, busy):
     waits = comm.library_comm.allgather(waited)
     assert np.array_equal(y, expected)
     assert max(waits) < 1.0, f"the peers of a busy rank waited {max(waits):.2f} s: its collective did not progress"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(not lane.available(), reason=f"no compiled lane here: {lane.why_not}")
+def test_collectives_on_several_communicators_complete_while_their_rank_sleeps(comm, monkeypatch):
+    """Three communicators, each with a collective in flight while rank 0 sleeps: the progress thread completes all
+    of them (the peers' waits end long before rank 0 wakes), waiting for the three in one call into the lane."""
+    naps = []
+    monkeypatch.setattr(lane, "nap", lambda runs, *a, _f=lane.nap: naps.append(len(runs)) or _f(runs, *a))
+    comms = [comm] + [mpicomm.Comm(comm.library_comm.Dup()) for _ in range(2)]
+    xs = [rank_data(comm.rank, 1 << 17) * (i + 1) for i in range(3)]  # (1 MiB: rounds that need rank 0's progress)
+    expected = [_sum_of(comm, x) for x in xs]
+    ys = [np.empty_like(x) for x in xs]
+    for c in comms:
+        c.Barrier()
+    MPI.COMM_WORLD.Barrier()
+    if comm.rank != 0:  # rank 0 starts first, and sleeps: its runs stay in flight until the thread completes them
+        time.sleep(0.2)
+    requests = [c.Iallreduce(x, y) for c, x, y in zip(comms, xs, ys)]
+    began = time.perf_counter()
+    if comm.rank == 0:
+        time.sleep(1.5)
+    for r in requests:
+        r.Wait()
+    waited = time.perf_counter() - began
+    waits = comm.library_comm.allgather(waited)
+    for i, (y, e) in enumerate(zip(ys, expected)):
+        assert np.array_equal(y, e), f"communicator {i}"
+    assert max(waits[1:]) < 1.0, f"the peers of a sleeping rank waited {max(waits[1:]):.2f} s"
+    if comm.rank == 0:
+        assert max(naps, default=0) >= 2, f"the thread's waits in the lane took {sorted(set(naps))} runs at once"
+    for c in comms[1:]:
+        c.Free()
 
 
 @pytest.mark.mpi(min_size=2)
