@@ -56,6 +56,13 @@ __all__ = ["start", "persistent_plan", "choose", "planner", "execute", "Argument
 log = logging.getLogger("mpicomm")
 
 PLANS_KEPT = 64  #: compiled plans a communicator keeps (the oldest is dropped first)
+#: A blocking call on host arrays of at most this many bytes (send and receive together), whose arrays have no
+#: kept plan, runs the kept plan of its shape on that plan's own arrays, copied in and out (a few hundred
+#: nanoseconds), instead of compiling a plan bound to its arrays (tens to hundreds of microseconds: prepared
+#: requests, scratch, the agreement). The second call on the same arrays compiles theirs, which the fast path
+#: then runs with no copies. So a loop that makes new arrays every call pays neither.
+STAGE_MOST = 64 * 1024
+SEEN_KEPT = 256  #: signatures of staged calls remembered (the oldest is forgotten first)
 _CHOICES_KEPT = 512
 _UINT8 = np.dtype(np.uint8)
 
@@ -176,6 +183,10 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
         if plan is not None and plan.epoch == state.epoch:  # (kept by a thread that raced a failure: rebuilt)
             return plan
     try:
+        if key is not None and blocking and key not in state.seen:
+            staged = _staged(state, args, chosen, source, key, validate)
+            if staged is not None:
+                return staged
         plan = build(state, args, chosen, source, blocking=blocking, validate=validate, persistent=persistent,
                      planner=planner, cached=key is not None)
     except (ValueError, TypeError) as exc:  # the algorithm cannot describe this call: a problem of this rank's
@@ -186,6 +197,36 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
     if key is not None:
         _keep(state, key, plan)
     return plan
+
+
+def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
+            validate: bool) -> Plan | None:
+    """The kept plan of this call's shape on its own arrays (see :data:`STAGE_MOST`), or None: the call's arrays
+    are larger, overlap in part, the algorithm uses node-shared memory, or their shape's plan does not run in the
+    compiled lane (then, or once they are seen again, a plan is compiled for them)."""
+    if chosen.single_node or chosen.composite or chosen.blocking_only:
+        return None  # (shared memory and levels: building a plan reserves node-shared state)
+    send, recv = args.send, args.recv
+    size = (0 if send is None else send.nbytes) + (0 if recv is None else recv.nbytes)
+    if not 0 < size <= STAGE_MOST:
+        return None
+    alias = send is recv
+    if not alias and send is not None and recv is not None and _overlap(send, recv):
+        return None
+    seen = state.seen
+    if len(seen) >= SEEN_KEPT:
+        del seen[next(iter(seen))]
+    seen[key] = None
+    shape = key[:-4] + ("staged", key[-3], key[-1], alias)  # (the signature without the arrays' addresses)
+    plan = state.plans.get(shape)
+    if plan is None or plan.epoch != state.epoch:
+        own_send = None if send is None else np.empty_like(send)
+        own_recv = own_send if alias else None if recv is None else np.empty_like(recv)
+        plan = build(state, args.detached(own_send, own_recv), chosen, source, blocking=True, validate=validate,
+                     planner=planner, cached=True)
+        plan.stage = (own_send, own_recv)
+        _keep(state, shape, plan)
+    return plan if plan.program.lane is not None else None
 
 
 def planner(state: Any, collective: str, *, send: Any = None, recv: Any = None, op: Any = None, root: int = 0,
@@ -341,9 +382,20 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: t
             if _trace.ON:
                 _event(state, args, began, state.collectives, error=f"{type(exc).__name__}: {exc}")
             raise
-        result = execute(state, plan, args.result, blocking, began, None if blocking else args)
-        if fast is not None and plan.cached and args.problem is None:
-            _remember(state, plan, *fast)
+        stage = plan.stage
+        if stage is None or not locked:  # (not locked: a completion callback's call, which execute refuses)
+            result = execute(state, plan, args.result, blocking, began, None if blocking else args)
+            if fast is not None and plan.cached and args.problem is None and stage is None:
+                _remember(state, plan, *fast)
+            return result
+        own_send, own_recv = stage  # a staged plan (blocking): the call's arrays copied in, the result out
+        if own_send is not None:
+            np.copyto(own_send, args.send)
+        if own_recv is not None and own_recv is not own_send:
+            np.copyto(own_recv, args.recv)
+        result = execute(state, plan, args.result, blocking, began)
+        if own_recv is not None:
+            np.copyto(args.recv, own_recv)
         return result
     finally:
         if locked:

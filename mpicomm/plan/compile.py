@@ -83,7 +83,7 @@ class Plan:
 
     __slots__ = ("program", "state", "collective", "algorithm", "name_", "source", "count", "dtype", "op", "root", "p",
                  "nbytes", "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
-                 "__weakref__")
+                 "stage", "__weakref__")
 
     def __init__(self, state: Any, args: Args, algorithm: Any, source: str):
         self.state = state
@@ -105,6 +105,7 @@ class Plan:
         self.arrays: list[Any] = []
         self.cached = False  # bound by address and kept for later calls
         self.keep: list[Any] = []  # what the prepared requests point into (scratch, staging)
+        self.stage: tuple[Any, Any] | None = None  # a staged plan's own send and receive arrays (the front copies)
         self.program: Program = Program([], self, state)
 
     # ------------------------------------------------------------ labels (built only when shown)

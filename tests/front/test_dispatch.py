@@ -179,6 +179,8 @@ def test_a_repeated_call_reuses_its_plan_and_follows_changes(comm, monkeypatch):
     WORLD.Allreduce(x, expected)
     comm._state.plans.clear()
     comm._state.fast.clear()
+    comm._state.seen.clear()
+    comm.Allreduce(x, out, algorithm="naive")  # (the first call on these arrays: the staged plan of their shape)
     comm.Allreduce(x, out, algorithm="naive")
     assert len(comm._state.fast) == 1, "a blocking call on plain arrays is remembered for the fast path"
     plans = dict(comm._state.plans)
@@ -188,7 +190,9 @@ def test_a_repeated_call_reuses_its_plan_and_follows_changes(comm, monkeypatch):
         R.assert_matches(out, expected, "repeated allreduce")
     assert comm._state.plans == plans, "the same signature again: the kept plan, nothing new"
     other = np.zeros_like(x)
-    comm.Allreduce(x, other, algorithm="naive")  # another output array: another plan
+    comm.Allreduce(x, other, algorithm="naive")  # another output array: the staged plan again, then its own
+    assert len(comm._state.plans) == len(plans)
+    comm.Allreduce(x, other, algorithm="naive")
     assert len(comm._state.plans) == len(plans) + 1
     monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "tree")  # a setting the plan depends on changes
     comm.Allreduce(x, out)
@@ -274,3 +278,63 @@ def test_a_failed_collective_is_recorded_with_its_error(comm, events):
         comm.Allreduce(x, np.zeros(2), "band")
     (name, _, _, _, args), = events
     assert name == "allreduce" and "op band is not defined on dtype float64" in args["error"]
+
+
+def _call(comm: Any, collective: str, x: np.ndarray, y: np.ndarray | None) -> None:
+    """*collective* on *comm* (mpicomm's or the library's) with send *x* and receive *y* (root 1 % P)."""
+    root = 1 % P
+    if collective == "allreduce":
+        comm.Allreduce(x, y)
+    elif collective == "allreduce in place":
+        comm.Allreduce(MPI.IN_PLACE, y)
+    elif collective == "bcast":
+        comm.Bcast(y, root=root)
+    elif collective == "reduce":
+        comm.Reduce(x, y if RANK == root else None, root=root)
+    elif collective == "exscan":
+        comm.Exscan(x, y)
+    elif collective == "gather":
+        comm.Gather(x, y if RANK == root else None, root=root)
+    elif collective == "allgather":
+        comm.Allgather(x, y)
+    elif collective == "alltoall":
+        comm.Alltoall(x, y)
+    elif collective == "reduce_scatter_block":
+        comm.Reduce_scatter_block(x, y)
+    else:
+        raise AssertionError(collective)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allreduce in place", "bcast", "reduce", "exscan", "gather",
+                                        "allgather", "alltoall", "reduce_scatter_block"])
+def test_new_arrays_on_every_call_run_one_staged_plan_of_their_shape(comm, collective, monkeypatch):
+    """A loop that makes new (small) arrays on every call compiles one plan for their shape, run on its own arrays
+    with the call's copied in and the result copied out, and matches the library on rank-, index- and
+    call-dependent data (rank 0's Exscan output left as it was); the second call on the same arrays compiles
+    their own plan, which the third runs through the fast path with no copies."""
+    builds = []
+    monkeypatch.setattr(dispatch, "build", lambda *a, _f=dispatch.build, **k: builds.append(1) or _f(*a, **k))
+    comm._state.plans.clear()
+    comm._state.fast.clear()
+    comm._state.seen.clear()
+    count = 3
+    send_count = count * P if collective in ("alltoall", "reduce_scatter_block") else count
+    recv_count = count * P if collective in ("gather", "allgather", "alltoall") else count
+    kept = []  # (alive: every call's arrays at new addresses)
+    for call in range(6):
+        x = R.data(RANK, send_count, np.int64) * (call + 2)
+        y = R.data(RANK, recv_count, np.int64) - 100 * call  # (read by bcast, in place; kept by rank 0's Exscan)
+        expected = y.copy()
+        _call(WORLD, collective, x.copy(), expected)
+        _call(comm, collective, x, y)
+        R.assert_matches(y, expected, f"{collective}, call {call} on new arrays")
+        kept.append((x, y))
+    assert len(builds) == 1, f"{len(builds)} plans compiled for 6 calls of one shape on new arrays"
+    x, y = kept[0]
+    for again in range(2):
+        y[:] = R.data(RANK, recv_count, np.int64) + again
+        expected = y.copy()
+        _call(WORLD, collective, x.copy(), expected)
+        _call(comm, collective, x, y)
+        R.assert_matches(y, expected, f"{collective}, the first call's arrays again ({again + 1})")
+    assert len(builds) == 2, "the second call on the same arrays compiles their plan, the third reuses it"
