@@ -137,13 +137,22 @@ class Algorithm:
         """The current values of its module's upper-case numeric settings (``SEGMENT_BYTES``...), which shape
         its schedules: part of the key a compiled plan is kept under, so changing one makes new plans."""
         module = sys.modules.get(getattr(self.steps, "__module__", ""), None)
-        found = vars(module) if module is not None else {}
-        return tuple((k, v) for k, v in found.items() if k.isupper() and type(v) in (int, float))
+        if module is None:
+            return ()
+        found = vars(module)
+        names = _TUNABLE_NAMES.get(module.__name__)
+        if names is None:  # (which names are settings is looked up once per module; their values on every call)
+            names = _TUNABLE_NAMES[module.__name__] = tuple(
+                k for k, v in found.items() if k.isupper() and type(v) in (int, float))
+        return tuple((k, found[k]) for k in names)
 
     @property
     def summary(self) -> str:
         """The docstring's first line."""
         return (self.steps.__doc__ or "").strip().splitlines()[0]
+
+
+_TUNABLE_NAMES: dict[str, tuple[str, ...]] = {}
 
 
 def cost_of(fn: Callable) -> str:

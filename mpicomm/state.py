@@ -95,7 +95,7 @@ class State:
     choices: dict[tuple, Any]  #: the dispatcher's algorithm choices for facts seen before
     plans: dict[tuple, Any]  #: compiled plans of calls seen before, by signature (:mod:`mpicomm.plan`)
     fast: dict[tuple, Any]  #: the same plans by the identity of plain-array arguments (the front's fast path)
-    seen: dict[tuple, None]  #: signatures of small blocking calls run once on a staged plan (the next one compiles)
+    seen: dict[tuple, tuple]  #: small blocking calls run once on a staged plan (a repeat compiles): the dispatcher's
     machine: Any  #: the fitted cost model (:class:`mpicomm.model.Machine`) or None
     rules: Any  #: the measured selection rules of this layout (:class:`mpicomm.rules.Rules`) or None
     arena: Any  #: the shared-memory arena (:class:`mpicomm.transport.memory.Arena`), made by the first shm call

@@ -151,12 +151,14 @@ def _keep(state: Any, key: tuple, plan: Plan) -> None:
 
 
 def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, validate: bool | None = None,
-             persistent: int | None = None) -> Plan:
+             persistent: int | None = None, again: bool | None = None) -> Plan:
     """The plan of this rank's call (kept for later calls with the same signature, where it can be).
 
     A rank whose arguments have a problem (or whose selection failed) gets a
     plan that only takes part in the agreement, so that every rank raises
-    the same error; with validation off the problem raises here.
+    the same error; with validation off the problem raises here. *again*: a
+    blocking call on plain arrays, seen before (compile a plan for them) or
+    not (a staged plan may run); None: seen before if the arrays' addresses were.
     """
     collective = args.collective
     if validate is None:
@@ -183,8 +185,8 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
         if plan is not None and plan.epoch == state.epoch:  # (kept by a thread that raced a failure: rebuilt)
             return plan
     try:
-        if key is not None and blocking and key not in state.seen:
-            staged = _staged(state, args, chosen, source, key, validate)
+        if key is not None and blocking and not (key in state.seen if again is None else again):
+            staged = _staged(state, args, chosen, source, key, validate, again is None)
             if staged is not None:
                 return staged
         plan = build(state, args, chosen, source, blocking=blocking, validate=validate, persistent=persistent,
@@ -199,8 +201,21 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
     return plan
 
 
+def _seen_again(state: Any, key: tuple, objects: tuple) -> bool:
+    """Whether a call on these very objects (*key*: the fast path's) ran staged before."""
+    checks = state.seen.get(key)
+    return checks is not None and _same(checks, objects)
+
+
+def _saw(state: Any, key: tuple, objects: tuple) -> None:
+    seen = state.seen
+    if len(seen) >= SEEN_KEPT:
+        del seen[next(iter(seen))]
+    seen[key] = _identities(objects)
+
+
 def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
-            validate: bool) -> Plan | None:
+            validate: bool, by_address: bool) -> Plan | None:
     """The kept plan of this call's shape on its own arrays (see :data:`STAGE_MOST`), or None: the call's arrays
     are larger, overlap in part, the algorithm uses node-shared memory, or their shape's plan does not run in the
     compiled lane (then, or once they are seen again, a plan is compiled for them)."""
@@ -213,10 +228,11 @@ def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key
     alias = send is recv
     if not alias and send is not None and recv is not None and _overlap(send, recv):
         return None
-    seen = state.seen
-    if len(seen) >= SEEN_KEPT:
-        del seen[next(iter(seen))]
-    seen[key] = None
+    if by_address:  # (a call on plain arrays is remembered by its arrays' identities once it ran: _saw)
+        seen = state.seen
+        if len(seen) >= SEEN_KEPT:
+            del seen[next(iter(seen))]
+        seen[key] = ()
     shape = key[:-4] + ("staged", key[-3], key[-1], alias)  # (the signature without the arrays' addresses)
     plan = state.plans.get(shape)
     if plan is None or plan.epoch != state.epoch:
@@ -376,8 +392,11 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: t
     locked = enter(state)
     try:
         began = _trace.now() if _trace.ON else 0.0
+        # a call on plain arrays: compile a plan for them when these very arrays were seen before (a repeat), else
+        # the staged plan of their shape may run (see STAGE_MOST)
+        again = _seen_again(state, *fast) if fast is not None else None
         try:
-            plan = plan_for(state, args, algorithm, blocking)
+            plan = plan_for(state, args, algorithm, blocking, again=again)
         except BaseException as exc:
             if _trace.ON:
                 _event(state, args, began, state.collectives, error=f"{type(exc).__name__}: {exc}")
@@ -396,6 +415,8 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: t
         result = execute(state, plan, args.result, blocking, began)
         if own_recv is not None:
             np.copyto(args.recv, own_recv)
+        if fast is not None:
+            _saw(state, *fast)
         return result
     finally:
         if locked:
@@ -422,25 +443,15 @@ class Fast:
         self.state = state
         self.plan = plan
         self.program = plan.program
-        checks: list[tuple[weakref.ref[np.ndarray] | None, Any, int | None]] = []
-        for x in objects:
-            if type(x) is np.ndarray:
-                checks.append((weakref.ref(x), x.dtype, x.size))
-            else:
-                checks.append((None, x, None))  # MPI.IN_PLACE, an op: the object itself is kept
-        self.checks = tuple(checks)
+        self.checks = _identities(objects)
         self.env = env
         self.watch = config.timeout() is not None
         self.epoch = state.epoch
 
     def run(self, *objects: Any) -> bool:
         """Run the plan if this entry is still valid for *objects*; False when the full path must run."""
-        for (ref, kind, size), x in zip(self.checks, objects):
-            if ref is None:
-                if x is not kind:
-                    return False
-            elif ref() is not x or x.dtype is not kind or x.size != size:  # type: ignore[union-attr]  # x is ref(): never None (found by the arrays' ids)
-                return False
+        if not _same(self.checks, objects):
+            return False
         if _environment(self.plan.collective) != self.env:
             return False
         state = self.state
@@ -460,6 +471,24 @@ class Fast:
             return True
         finally:
             state.lock.release()
+
+
+def _identities(objects: tuple) -> tuple:
+    """What :func:`_same` checks: a weak reference to each array with its type and size, or the object itself
+    (``MPI.IN_PLACE``, an op: kept)."""
+    return tuple((weakref.ref(x), x.dtype, x.size) if type(x) is np.ndarray else (None, x, None) for x in objects)
+
+
+def _same(checks: tuple, objects: tuple) -> bool:
+    """Whether *objects* are the very objects *checks* were made of (:func:`_identities`), arrays unchanged in type
+    and size."""
+    for (ref, kind, size), x in zip(checks, objects):
+        if ref is None:
+            if x is not kind:
+                return False
+        elif ref() is not x or x.dtype is not kind or x.size != size:
+            return False
+    return True
 
 
 _ENV = getattr(config, "_DATA", None)
