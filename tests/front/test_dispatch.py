@@ -290,11 +290,11 @@ def _call(comm: Any, collective: str, x: np.ndarray, y: np.ndarray | None) -> No
     elif collective == "bcast":
         comm.Bcast(y, root=root)
     elif collective == "reduce":
-        comm.Reduce(x, y if RANK == root else None, root=root)
+        comm.Reduce(x, y if root == RANK else None, root=root)
     elif collective == "exscan":
         comm.Exscan(x, y)
     elif collective == "gather":
-        comm.Gather(x, y if RANK == root else None, root=root)
+        comm.Gather(x, y if root == RANK else None, root=root)
     elif collective == "allgather":
         comm.Allgather(x, y)
     elif collective == "alltoall":
