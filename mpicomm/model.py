@@ -5,9 +5,10 @@ A :class:`Machine` holds what one message costs on each path (a :class:`Link`:
 cost locally (γ, δ), and the fixed Python cost of one mpicomm collective
 call (plus what validation adds). This module is arithmetic only: each
 algorithm's cost function ``fn(machine, n, p) -> seconds`` is written beside
-the algorithm in :mod:`mpicomm.coll` (its docstring's ``Cost:`` line states
-the same formula) and registered with :func:`mpicomm.registry.cost`;
-:func:`mpicomm.registry.predict` evaluates it and adds the per-call overhead::
+the algorithm in :mod:`mpicomm.coll` (its docstring states the same formula in
+words, the only place it is written so) and registered with
+:func:`mpicomm.registry.cost`; :func:`mpicomm.registry.predict` evaluates it
+and adds the per-call overhead::
 
     mpicomm.predict("allreduce", "ring", 1 << 20, 4)   # seconds
 
@@ -17,13 +18,16 @@ benchmarks and the trace use too): the whole vector for
 bcast/reduce/allreduce/scan/exscan, the per-rank block for gather/scatter(v),
 everything gathered for allgather(v), each rank's whole send for
 alltoall(v), the whole input for reduce_scatter(_block). The v-forms and
-``reduce_scatter_block`` use their family's functions, plus their own where the
-docstring adds a term (header messages). Flat algorithms pay ``m.link(p)``:
+``reduce_scatter_block`` use their family's functions, plus their own where they
+add a term (header messages). Flat algorithms pay ``m.link(p)``:
 the intra-node link when all p ranks fit on one node, else the inter-node one.
 Conventions for reading the docstrings: ``lg p`` of a tree is ⌈lg p⌉ (its
 depth); algorithms that fold a non-power-of-two p run their rounds over p' (the
 largest power of two ≤ p), so their ``lg p`` and ``(p−1)/p`` are lg p' and
-(p'−1)/p', plus the fold's terms. With p = 1 no message moves: every
+(p'−1)/p', plus the fold's terms (after ``; p ≠ p':``); N = n·p where the
+docstring says so; ``T(collective, n, q, link)`` in a hierarchical algorithm's
+formula is the least cost of that collective's flat algorithms over q ranks on
+that link (:func:`mpicomm.registry.cheapest`). With p = 1 no message moves: every
 algorithm costs 0 (plus the call overhead). Rooted collectives are modelled
 with root 0.
 

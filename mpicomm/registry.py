@@ -1,10 +1,14 @@
 """The one table of algorithms: (collective, name) → schedule function, restrictions, cost.
 
 Every algorithm of a collective has the same signature, so any of them can
-stand in for another. Each is registered with :func:`register`, whose
-docstring must state its steps and a ``Cost:`` line in α (latency per message),
-β (seconds per byte on the wire) and γ (seconds per byte reduced); import fails
-loudly otherwise.
+stand in for another. Each is registered with :func:`register`, its docstring
+stating its steps and restrictions, and its cost with :func:`cost`: a function
+``fn(machine, n, p) -> seconds`` whose docstring states the formula in α
+(latency per message), β (seconds per byte on the wire), γ (seconds per byte
+reduced) and δ (seconds per byte copied) - the one place the formula is
+written in words (:attr:`Algorithm.cost`, which ``python -m mpicomm
+algorithms`` shows). Loading the table fails loudly when one of mpicomm's own
+algorithms has no such docstring.
 
 Choosing an algorithm is data, in this order of precedence:
 
@@ -40,7 +44,10 @@ both are logged at debug level on the ``mpicomm`` logger, with the rule that cho
 
 User algorithms: a module of the program's own registers them exactly as
 ``mpicomm/coll/*.py`` does (``mpicomm.register_algorithm`` is :func:`register`,
-``mpicomm.register_cost`` is :func:`cost`). So that every process of a job -
+``mpicomm.register_cost`` is :func:`cost`). One without a cost function (no
+predictions) may state its formula in a ``Cost:`` line of its own docstring
+instead; a user module whose algorithm states its cost nowhere fails to
+import. So that every process of a job -
 the program, ``python -m mpicomm verify``, the benchmarks, ``tune`` - knows
 them, name the module in ``MPICOMM_ALGORITHM_MODULES=pkg.mod[,pkg.mod2]``
 (:data:`MODULES_VARIABLE`): the table imports those modules when it first
@@ -125,8 +132,10 @@ class Algorithm:
 
     @property
     def cost(self) -> str:
-        """The ``Cost:`` line of the docstring (the α-β-γ formula)."""
-        return cost_of(self.steps)
+        """The α-β-γ formula in words, as one line: what the docstring of its cost function states (:func:`stated`);
+        for an algorithm whose cost function is missing or has no docstring (a user's), the ``Cost:`` line of its
+        own docstring (:func:`cost_of`); else ""."""
+        return stated(cost_function(self.collective, self.name)) or cost_of(self.steps)
 
     @property
     def time(self) -> CostFunction | None:
@@ -155,7 +164,20 @@ class Algorithm:
 _TUNABLE_NAMES: dict[str, tuple[str, ...]] = {}
 
 
+def stated(fn: Callable | None) -> str:
+    """The formula the docstring of cost function *fn* states, as one line: its first paragraph, the lines joined
+    ("" for None or a function without a docstring). Later paragraphs are notes for readers of the code."""
+    lines = []
+    for line in (getattr(fn, "__doc__", None) or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
+
+
 def cost_of(fn: Callable) -> str:
+    """The ``Cost:`` line of *fn*'s docstring without its label ("" when there is none): where an algorithm
+    without a cost function (a user's) may state its formula instead."""
     for line in (fn.__doc__ or "").splitlines():
         line = line.strip()
         if line.startswith("Cost:"):
@@ -259,11 +281,13 @@ def _show(facts: dict) -> str:
 
 
 def register(collective: str, name: str, **restrictions: Any) -> Callable[[Callable], Callable]:
-    """Decorator: register a step-generator function as *collective*'s algorithm *name*."""
+    """Decorator: register a step-generator function as *collective*'s algorithm *name*.
+
+    Its docstring states its steps and restrictions; its α-β-γ cost is the cost function registered for it
+    with :func:`cost`, whose docstring states the formula (:attr:`Algorithm.cost`).
+    """
 
     def decorate(fn: Callable) -> Callable:
-        if not cost_of(fn):
-            raise TypeError(f"algorithm {collective}/{name} ({fn.__qualname__}) has no 'Cost:' line in its docstring")
         algorithms_of = _TABLE.setdefault(collective, {})
         if name in algorithms_of:
             raise ValueError(f"algorithm {collective}/{name} is registered twice")
@@ -311,8 +335,7 @@ def register_schedule_file(path: str | os.PathLike[str], name: str | None = None
     steps.__doc__ = (
         f"{first.collective} {name}: the schedules of a file, made for {what} x {first.dtype}.\n\n"
         f"Steps: each rank's rounds as the file lists them (written by {first.algorithm}, or by hand).\n\n"
-        f"Restrictions: the file's p, root and count only; a commutative op; not in place.\n\n"
-        f"Cost: R·α + S·β + C·γ of the busiest rank (R rounds that communicate, S bytes sent, C bytes combined)\n")
+        f"Restrictions: the file's p, root and count only; a commutative op; not in place.\n")
     steps.__qualname__ = steps.__name__ = f"schedule_file_{name}"
     combines = any(type(op) is Combine for s in schedules for r in s.rounds for op in r.ops)
     register(first.collective, name, commutative_only=combines, in_place=False, fixed_p=first.p,
@@ -407,13 +430,33 @@ _plugins: list[str] = []  # user modules imported so far, in order
 
 def _load() -> None:
     """Import the modules that register algorithms: every module of :mod:`mpicomm.coll`, then the user modules
-    that :data:`MODULES_VARIABLE` names (once; a user module that failed to import is tried again next time)."""
+    that :data:`MODULES_VARIABLE` names (once; a user module that failed to import is tried again next time).
+    TypeError when an algorithm of :mod:`mpicomm.coll` has no cost function whose docstring states its formula."""
     if not _loaded:
         package = importlib.import_module(f"{__package__}.coll")
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{package.__name__}.{module.name}")
+        unstated = _unstated(package.__name__, own=True)
+        if unstated:
+            raise TypeError(f"no cost function whose docstring states the α-β-γ formula for {', '.join(unstated)}: "
+                            f"register one beside each algorithm in {package.__name__} with @cost")
         import_modules(config.raw(MODULES_VARIABLE) or "")
         _loaded.append(True)
+
+
+def _unstated(module: str, own: bool = False) -> list[str]:
+    """``collective/name`` of each registered algorithm whose schedule function is defined in *module* (or a module
+    of that package) and whose cost is stated nowhere: no docstring of a cost function states it nor, unless *own*
+    (mpicomm's algorithms, stated by their cost functions only), a ``Cost:`` line of its own docstring."""
+    missing = []
+    for collective, algorithms_of in _TABLE.items():
+        for name, algorithm in algorithms_of.items():
+            where = getattr(algorithm.steps, "__module__", None) or ""
+            if where != module and not where.startswith(module + "."):
+                continue
+            if not stated(_cost_function(collective, name)) and (own or not cost_of(algorithm.steps)):
+                missing.append(f"{collective}/{name}")
+    return sorted(missing)
 
 
 def module_names(text: str) -> list[str]:
@@ -426,10 +469,11 @@ def import_modules(modules: str | list[str] | tuple[str, ...], source: str = MOD
 
     *modules*: import paths, a list or one comma-separated string (what
     :data:`MODULES_VARIABLE` holds). A module already imported is not imported
-    again. A name that cannot be imported, or a module that fails while it
-    registers, raises ImportError naming *source* (the variable, or the
-    command-line option that gave it) and the module. Returns the modules
-    imported by this call.
+    again. A name that cannot be imported, a module that fails while it
+    registers, or one that registers an algorithm whose cost is stated nowhere
+    (see :attr:`Algorithm.cost`) raises ImportError naming *source* (the
+    variable, or the command-line option that gave it) and the module. Returns
+    the modules imported by this call.
     """
     names = module_names(modules) if isinstance(modules, str) else [str(m).strip() for m in modules]
     done = []
@@ -450,6 +494,11 @@ def import_modules(modules: str | list[str] | tuple[str, ...], source: str = MOD
         except Exception as exc:  # noqa: BLE001 - whatever the module raised, say which module and where it came from
             raise ImportError(f"{source}: algorithm module {name!r} failed to import: {type(exc).__name__}: {exc}",
                               name=name) from exc
+        unstated = _unstated(name)
+        if unstated:
+            raise ImportError(f"{source}: algorithm module {name!r} states no cost for {', '.join(unstated)}: "
+                              f"register a cost function whose docstring states the α-β-γ formula "
+                              f"(mpicomm.register_cost), or give the algorithm's docstring a 'Cost:' line", name=name)
         if name not in _plugins:  # (a module that loads the table while it imports is listed already)
             _plugins.append(name)
             done.append(name)
@@ -470,7 +519,14 @@ _COSTS: dict[tuple[str, str], CostFunction] = {}
 
 
 def cost(collective: str, *names: str) -> Callable[[CostFunction], CostFunction]:
-    """Decorator: register ``fn(machine, n, p) -> seconds`` as the cost of *collective*'s algorithms *names*."""
+    """Decorator: register ``fn(machine, n, p) -> seconds`` as the cost of *collective*'s algorithms *names*.
+
+    Its body is the formula the model evaluates; its docstring states the same formula in words, the one place
+    it is written so (:func:`stated` reads its first paragraph, which ``python -m mpicomm algorithms`` shows as
+    one line). The formula comes first, in α, β, γ, δ, n and p (``lg p``, ``p'``, ``T(…)``: the conventions of
+    :mod:`mpicomm.model`); then ``; p ≠ p': + …`` for the terms a fold onto a power of two adds, or ``, + …``
+    for terms of the implementation (segments, headers); then, after two spaces, remarks in parentheses.
+    """
     if not names:
         raise TypeError(f"cost({collective!r}) names no algorithm; give one or more: cost({collective!r}, 'ring')")
 
@@ -493,6 +549,11 @@ def costs() -> dict[tuple[str, str], CostFunction]:
 def cost_function(collective: str, algorithm: str) -> CostFunction | None:
     """The cost function of *collective*'s *algorithm* (its own, else its family's), or None."""
     _load()
+    return _cost_function(collective, algorithm)
+
+
+def _cost_function(collective: str, algorithm: str) -> CostFunction | None:
+    """:func:`cost_function` without loading the table (what is registered so far)."""
     fn = _COSTS.get((collective, algorithm))
     if fn is None and collective in CATALOGUE:
         fn = _COSTS.get((family(collective), algorithm))

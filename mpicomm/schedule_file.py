@@ -536,7 +536,7 @@ def _mismatch(schedules: Sequence[Schedule], b: Builder, args: Sequence[Any], ro
 def cost_of(schedules: Sequence[Schedule]) -> Callable[[Any, float, int], float]:
     """The cost function ``fn(machine, n, p)`` of a file's schedules: R·α + S·β + C·γ of its busiest rank (R
     rounds that communicate, S bytes sent, C bytes combined), with the link between nodes when the machine
-    spans several (*n* and *p* are the file's)."""
+    spans several (*n* and *p* are the file's); its docstring states that formula in words."""
     loads = []
     for s in schedules:
         rounds = sum(1 for r in s.rounds if r.communicates)
@@ -546,6 +546,8 @@ def cost_of(schedules: Sequence[Schedule]) -> Callable[[Any, float, int], float]
         loads.append((rounds, sent, combined))
 
     def cost(machine: Any, n: float, p: int) -> float:
+        """R·α + S·β + C·γ of the busiest rank  (R rounds that communicate, S bytes sent, C bytes combined; the
+        link between nodes when the machine spans several)"""
         link = machine.inter if machine.nodes > 1 else machine.intra
         return max((r * link.alpha + sent * link.beta + combined * machine.gamma for r, sent, combined in loads),
                    default=0.0)

@@ -41,7 +41,7 @@ def test_every_family_has_registered_algorithms_and_every_algorithm_a_cost():
         assert table.get(name), f"no algorithm registered for {name}"
         for algorithm in table[name].values():
             assert algorithm.time is not None, f"{name}/{algorithm.name} has no cost function beside it"
-            assert algorithm.cost, f"{name}/{algorithm.name} has no Cost: line"
+            assert algorithm.cost, f"{name}/{algorithm.name}: its cost function's docstring states no formula"
 
 
 def test_an_unknown_collective_is_named_with_the_known_ones():

@@ -42,9 +42,9 @@ def cache(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("collective,algorithm", all_algorithms(), ids=lambda v: v)
-def test_every_algorithm_has_a_cost_function_and_a_cost_line(collective, algorithm):
+def test_every_algorithm_has_a_cost_function_that_states_its_formula(collective, algorithm):
     assert registry.cost_function(collective, algorithm) is not None, f"no cost function for {collective}/{algorithm}"
-    assert registry.lookup(collective, algorithm).cost, f"{collective}/{algorithm} has no Cost: line"
+    assert registry.lookup(collective, algorithm).cost, f"{collective}/{algorithm}: its cost function has no docstring"
     for p in (1, 2, 3, 4, 8):
         for n in (0, 8, 65536, 1 << 22):
             seconds = registry.communication(collective, algorithm, n, p, M)

@@ -7,8 +7,9 @@ Directives (in Markdown pages: ```` ```{name} argument ```` ````):
   (:func:`mpicomm.__main__.algorithm_rows`, from :mod:`mpicomm.registry`);
 * ``selection-rules`` - the default rules ``auto`` follows, one line per
   collective, as ``python -m mpicomm algorithms`` prints them;
-* ``algorithm-reference`` - each algorithm's docstring (its steps, restrictions
-  and ``Cost:`` line) through autodoc, grouped by the module that holds it;
+* ``algorithm-reference`` - each algorithm's docstring (its steps and
+  restrictions) through autodoc, grouped by the module that holds it, with its
+  cost as its cost function's docstring states it (:attr:`mpicomm.registry.Algorithm.cost`);
 Generated regions (``<!-- generated: KIND [ARGUMENT] -->`` ... ``<!-- end generated -->`` in a page, filled
 afresh by the build and written into the pages by ``python docs/_ext/mpicomm_docs.py --write``, so that the
 pages read the same in a plain Markdown viewer: :data:`REGION`): ``command-help COMMAND``,
@@ -147,13 +148,15 @@ class SelectionRules(SphinxDirective):
 
 
 class AlgorithmReference(SphinxDirective):
-    """Each algorithm's docstring through autodoc, under the collectives that register it."""
+    """Each algorithm's docstring through autodoc, under the collectives that register it, and its cost (the
+    docstring of its cost function: one line for all of them where they share it, else one per collective)."""
 
     def run(self) -> list[nodes.Node]:
         from mpicomm import registry
         from mpicomm.catalogue import COLLECTIVES
 
         found: dict[str, dict[str, list[str]]] = {}  # module -> function -> collectives/names
+        costs: dict[str, dict[str, list[tuple[str, str]]]] = {}  # module -> function -> (collective, cost)
         order: list[str] = []
         for collective in COLLECTIVES:
             for name, algorithm in sorted(registry.table().get(collective, {}).items()):
@@ -164,13 +167,20 @@ class AlgorithmReference(SphinxDirective):
                     found[module] = {}
                     order.append(module)
                 found[module].setdefault(function, []).append(f"``{collective}`` ``{name}``")
+                costs.setdefault(module, {}).setdefault(function, []).append((collective, algorithm.cost))
         text = []
         for module in order:
             title = importlib.import_module(module).__doc__ or module
             text += [f"## `{module}`", "", title.strip().splitlines()[0], ""]
             for function, names in found[module].items():
+                stated = costs[module][function]
+                lines = [f"   Cost: {stated[0][1]}"]
+                if len({cost for _, cost in stated}) > 1:  # (a v-form with a cost function of its own)
+                    lines = []
+                    for collective, cost in stated:
+                        lines += [f"   Cost of ``{collective}``: {cost}", ""]
                 text += ["```{eval-rst}", f".. autofunction:: {module}.{function}", "", "   Registered as "
-                         f"{', '.join(names)}.", "```", ""]
+                         f"{', '.join(names)}.", "", *lines, "```", ""]
         return self.parse_text_to_nodes("\n".join(text))
 
 

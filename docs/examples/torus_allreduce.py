@@ -4,8 +4,9 @@ An mpicomm algorithm is a function that *describes* one rank's part of a
 collective to a :class:`mpicomm.schedule.Builder` - rounds of sends and
 receives of views of the call's buffers, then copies and combines - and never
 touches MPI itself. Register it with :func:`mpicomm.register_algorithm` (its
-docstring needs a ``Cost:`` line), give the cost model its formula with
-:func:`mpicomm.register_cost`, and it is selectable (``algorithm="torus2d"``,
+docstring states its steps and restrictions), give the cost model its formula
+with :func:`mpicomm.register_cost` (the function computes it, its docstring
+states it in words), and it is selectable (``algorithm="torus2d"``,
 ``comm.set_algorithm("allreduce", "torus2d")``,
 ``MPICOMM_ALLREDUCE_ALGORITHM=torus2d``), validated, traced, run blocking,
 nonblocking and persistent, printed and checked like the built-in ones.
@@ -114,7 +115,6 @@ def torus2d(s: Builder, send: View, recv: View) -> None:
     Restrictions: commutative ops only (each ring combines in ring order); p
     must not be prime unless p ≤ 3 (1 × p is the plain ring: raises
     ValueError); any count (count < cols leaves blocks empty); works in place.
-    Cost: 2(R+C−2)·α + 2n(p−1)/p·β + n(p−1)/p·γ  (R × C = p: the ring's bandwidth in R + C − 2 steps instead of p − 1)
     """
     s.copy(recv, send)
     rows, cols = grid(s.p)
@@ -136,8 +136,12 @@ def torus2d(s: Builder, send: View, recv: View) -> None:
 
 @register_cost("allreduce", "torus2d")
 def _torus2d_cost(m: Machine, n: float, p: int) -> float:
-    """2(R+C−2)·α + 2n(p−1)/p·β + n(p−1)/p·γ; infinite for a prime p > 3, where it cannot run (a cost function
-    must not raise: the costs of compositions take the cheapest registered algorithm of each level)."""
+    """2(R+C−2)·α + 2n(p−1)/p·β + n(p−1)/p·γ  (R × C = p: the ring's bandwidth in R + C − 2 steps instead of
+    p − 1; infinite for a prime p > 3, where it cannot run)
+
+    A cost function must not raise: the costs of compositions take the cheapest registered algorithm of each
+    level.
+    """
     try:
         rows, cols = grid(p)
     except ValueError:

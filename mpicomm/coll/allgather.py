@@ -69,7 +69,6 @@ def linear(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Se
     and p − 1 sends of the own block (to r + 1, r + 2, …, so that not every
     rank starts with rank 0).
     Restrictions: none (any p, any counts and displacements; works in place).
-    Cost: (p−1)α + n(p−1)/p·β  (all p − 1 messages in flight at once)
     """
     p, rank = s.p, s.rank
     s.copy(block(recv, counts, displs, rank), send)
@@ -92,7 +91,6 @@ def ring(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequ
     r − 1 (:func:`~mpicomm.coll.patterns.ring_allgather`), each straight
     from and into its place in *recv*.
     Restrictions: none (any p, any counts and displacements; works in place).
-    Cost: (p−1)α + n(p−1)/p·β
     """
     p, rank = s.p, s.rank
     s.copy(block(recv, counts, displs, rank), send)
@@ -117,7 +115,6 @@ def recursive_doubling(s: Builder, send: View, recv: View, counts: Sequence[int]
     its even partner, and blocks are copied out to *displs* if they are not
     packed.
     Restrictions: none (any p, any counts and displacements; works in place).
-    Cost: lg p·α + n(p−1)/p·β  (p not a power of two: + 2α + n·β for the fold)
     """
     p, rank = s.p, s.rank
     work, offsets = _packed_workspace(s, recv, counts, displs)
@@ -165,7 +162,6 @@ def bruck(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Seq
     the last round all p blocks are there; undo the rotation into *recv* at
     *displs* (two copies when *displs* are packed, else one per block).
     Restrictions: none (any p, any counts and displacements; works in place).
-    Cost: ⌈lg p⌉·α + n(p−1)/p·β + 2n·δ  (two local copies of n: the rotation in and out)
     """
     p, rank = s.p, s.rank
     order = [(rank + i) % p for i in range(p)]
@@ -199,7 +195,6 @@ def shm(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Seque
     barrier at the end either: the next shared-memory call waits until every
     rank has read this one's blocks (a pool block waits at the end).
     Restrictions: every rank on one node; host buffers.
-    Cost: α + n(p+1)/p·δ  (a pool block skips its copy in)
     """
     from .shm import allgather as shm_allgather
 
@@ -217,7 +212,6 @@ def hierarchical(s: Builder, send: View, recv: View, counts: Sequence[int], disp
     the blocks from node order to their places in *recv*. Each level is a
     nested call, so each runs the algorithm chosen for it.
     Restrictions: none.
-    Cost: T_gather(n/p, ppn; intra) + T_allgatherv(n, nodes; inter) + T_bcast(n, ppn; intra) + n·δ
     """
     from .hierarchy import levels
 
@@ -252,7 +246,7 @@ def hierarchical(s: Builder, send: View, recv: View, counts: Sequence[int], disp
 
 @cost("allgather", "linear", "ring")
 def _allgather_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + n(p−1)/p·β"""
+    """(p−1)α + n(p−1)/p·β  (linear: all p − 1 messages in flight at once; ring: p − 1 steps of one message)"""
     return direct_exchange(m, n, p)
 
 
@@ -269,14 +263,14 @@ def _allgather_recursive_doubling(m: Machine, n: float, p: int) -> float:
 
 @cost("allgather", "bruck")
 def _allgather_bruck(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α + n(p−1)/p·β, plus two local copies of n (2n·δ)"""
+    """⌈lg p⌉·α + n(p−1)/p·β + 2n·δ  (two local copies of n: the rotation in and out)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * a + n * (p - 1) / p * b + 2 * n * m.copy
 
 
 @cost("allgather", "shm")
 def _allgather_shm(m: Machine, n: float, p: int) -> float:
-    """α + n(p+1)/p·δ  (α of the intra-node link)"""
+    """α + n(p+1)/p·δ  (a pool block skips its copy in; α of the intra-node link)"""
     return m.intra.alpha + n * (p + 1) / p * m.copy
 
 

@@ -43,7 +43,6 @@ def recursive_doubling(s: Builder, send: View, recv: View) -> None:
     digests travel in the same messages (no extra message for validation).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
-    Cost: lg p·α + n·lg p·β + n·lg p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
     """
     f = fold(s.rank, s.p)
     if f.newrank is None:  # folded away: hand the vector up, wait for the result
@@ -80,7 +79,6 @@ def naive(s: Builder, send: View, recv: View) -> None:
     every other rank.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
-    Cost: 2(p−1)·α + 2(p−1)·n·β + (p−1)·n·γ
     """
     p = s.p
     if s.rank != 0:
@@ -134,7 +132,6 @@ def tree(s: Builder, send: View, recv: View) -> None:
     previous child's partial is combined.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
-    Cost: 2lg p·α + 2n·lg p·β + n·lg p·γ
     """
     s.copy(recv, send)
     _binomial_reduce(s, recv)
@@ -186,7 +183,6 @@ def ring(s: Builder, send: View, recv: View) -> None:
     segment is in flight while the current one is reduced, also across steps.
     Restrictions: commutative ops only (the ring combines in ring order);
     any p and count (count < p too); works in place.
-    Cost: 2(p−1)·α + 2n(p−1)/p·β + n(p−1)/p·γ  (+ one α per extra segment: blocks over SEGMENT_BYTES take n/(p·SEGMENT_BYTES) messages)
     """
     s.copy(recv, send)
     p, rank = s.p, s.rank
@@ -227,7 +223,6 @@ def rabenseifner(s: Builder, send: View, recv: View) -> None:
     odd folded ranks send it to the even rank below.
     Restrictions: commutative ops only (partners are combined out of rank
     order); any p and count (count < p' leaves some blocks empty); works in place.
-    Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + 2α + 2n·β + n·γ for the fold)
     """
     s.copy(recv, send)
     f = fold(s.rank, s.p)
@@ -282,7 +277,6 @@ def shm(s: Builder, send: View, recv: View) -> None:
     the ranks synchronised by counters in shared memory (no MPI barrier; no
     barrier at the end: the next call waits for the peers to be done).
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
-    Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ  (δ: seconds per byte copied; pool buffers skip both copies)
     """
     from .shm import reduce
 
@@ -298,7 +292,6 @@ def hierarchical(s: Builder, send: View, recv: View) -> None:
     each a nested call, so each level runs the algorithm chosen for it
     (shared memory on a node, a message-passing one between nodes).
     Restrictions: commutative ops (ranks meet in node order, not rank order).
-    Cost: T_reduce(n, ppn; intra) + T_allreduce(n, nodes; inter) + T_bcast(n, ppn; intra)
     """
     from .hierarchy import levels
 
@@ -360,7 +353,8 @@ def _allreduce_rabenseifner(m: Machine, n: float, p: int) -> float:
 
 @cost("allreduce", "shm")
 def _allreduce_shm(m: Machine, n: float, p: int) -> float:
-    """2α + n(2p−1)/p·δ + n(p−1)/p·γ: copy in all but the own slice, copy out everything (α of the intra-node link)"""
+    """2α + n(2p−1)/p·δ + n(p−1)/p·γ  (δ, seconds per byte copied: the copy in of all but the own slice and the
+    copy out of everything, both skipped for pool buffers; α of the intra-node link)"""
     return 2 * m.intra.alpha + n * (2 * p - 1) / p * m.copy + n * (p - 1) / p * m.gamma
 
 

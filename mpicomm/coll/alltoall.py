@@ -45,7 +45,6 @@ def linear(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequen
     and a send of every other rank's block of *send* (to r + 1, r + 2, …, so
     that not every rank sends to rank 0 first).
     Restrictions: none (any p, any counts); not in place (the plan copies).
-    Cost: (p−1)α + n(p−1)/p·β  (all p − 1 messages in flight at once)
     """
     p, rank = s.p, s.rank
     s.copy(_block(recv, recvcounts, recvdispls, rank), _block(send, sendcounts, senddispls, rank))
@@ -72,7 +71,6 @@ def pairwise(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequ
     *recv*. Each round has one message in flight each way, so large blocks do
     not flood the network the way the linear algorithm's do.
     Restrictions: none (any p, any counts); not in place (the plan copies).
-    Cost: (p−1)α + n(p−1)/p·β
     """
     rank = s.rank
     s.copy(_block(recv, recvcounts, recvdispls, rank), _block(send, sendcounts, senddispls, rank))
@@ -210,7 +208,6 @@ def bruck(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequenc
     *recvcounts* raises ValueError once the exchange is over (the other ranks
     still need this one's forwarding).
     Restrictions: none (any p, any counts); not in place (the plan copies).
-    Cost: ⌈lg p⌉·α + (n/2)·⌈lg p⌉·β  (alltoallv: + ⌈lg p⌉·α, and (p/2)·8 size bytes per round)
     """
     p, rank = s.p, s.rank
     held = [_block(send, sendcounts, senddispls, (rank + i) % p) for i in range(p)]  # rotated views
@@ -293,7 +290,6 @@ def shm(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[
     the largest scratch any rank needs (+ α). A sender's count that differs
     from *recvcounts* raises ValueError on the receiver once the call is over.
     Restrictions: every rank on one node; host buffers; not in place (the plan copies).
-    Cost: α + 2n(p−1)/p·δ  (alltoallv: + α; a pool send array skips the copy in: α + n(p−1)/p·δ)
     """
     from .shm import alltoall as shm_alltoall
 
@@ -305,7 +301,8 @@ def shm(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[
 
 @cost("alltoall", "linear", "pairwise")
 def _alltoall_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + n(p−1)/p·β"""
+    """(p−1)α + n(p−1)/p·β  (linear: all p − 1 messages in flight at once; pairwise: p − 1 rounds of one message
+    each way)"""
     return direct_exchange(m, n, p)
 
 
@@ -319,7 +316,7 @@ def _alltoall_bruck(m: Machine, n: float, p: int) -> float:
 
 @cost("alltoallv", "bruck")
 def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β, + ⌈lg p⌉·α and (p/2)·8 size bytes per round (the sizes go first)"""
+    """⌈lg p⌉·α + (n/2)·⌈lg p⌉·β, + ⌈lg p⌉·α and (p/2)·8 size bytes per round  (the sizes go first)"""
     a, b = m.link(p).alpha, m.link(p).beta
     lg = ceil_lg(p)
     return _alltoall_bruck(m, n, p) + lg * a + lg * (p / 2) * 8 * b
@@ -327,11 +324,13 @@ def _alltoallv_bruck(m: Machine, n: float, p: int) -> float:
 
 @cost("alltoall", "shm")
 def _alltoall_shm(m: Machine, n: float, p: int) -> float:
-    """α + 2n(p−1)/p·δ: copy in all but the own block, copy the p − 1 others' blocks out (α of the intra-node link)"""
+    """α + 2n(p−1)/p·δ  (copy in all but the own block, copy the p − 1 others' blocks out; a pool send array skips
+    the copy in: α + n(p−1)/p·δ; α of the intra-node link)"""
     return m.intra.alpha + 2 * n * (p - 1) / p * m.copy
 
 
 @cost("alltoallv", "shm")
 def _alltoallv_shm(m: Machine, n: float, p: int) -> float:
-    """α + 2n(p−1)/p·δ, + α to agree on the scratch size"""
+    """α + 2n(p−1)/p·δ, + α to agree on the scratch size  (as alltoall's otherwise: a pool send array skips the
+    copy in)"""
     return _alltoall_shm(m, n, p) + m.intra.alpha

@@ -28,7 +28,6 @@ def dissemination(s: Builder) -> None:
     has heard, directly or through others, from the 2^(k+1) − 1 ranks before
     it, so after the last round from all of them.
     Restrictions: none (any p, no power-of-two folding needed).
-    Cost: ⌈lg p⌉·α
     """
     nothing = s.empty(0)
     for to, frm in dissemination_schedule(s.rank, s.p):
@@ -48,7 +47,6 @@ def native(s: Builder) -> None:
     dissemination-style algorithm (recursive doubling with the same round
     count).
     Restrictions: none.
-    Cost: ⌈lg p⌉·α (MPICH's algorithm; the library decides)
     """
     s.library(_ibarrier, "MPI_Ibarrier on the communicator's private duplicate")
 
@@ -58,5 +56,5 @@ def native(s: Builder) -> None:
 
 @cost("barrier", "dissemination", "native")
 def _barrier(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉·α"""
+    """⌈lg p⌉·α  (native: MPICH's algorithm; the library decides)"""
     return ceil_lg(p) * m.link(p).alpha

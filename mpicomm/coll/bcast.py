@@ -29,7 +29,6 @@ def linear(s: Builder, buf: View) -> None:
     Steps: the root posts p − 1 sends of *buf* at once; every other rank
     receives it straight into *buf*.
     Restrictions: none (any p, any count).
-    Cost: (p−1)α + (p−1)n·β  (at the root; the others wait α + nβ)
     """
     if s.rank == s.root:
         if s.p > 1:
@@ -48,7 +47,6 @@ def binomial(s: Builder, buf: View) -> None:
     (:func:`~mpicomm.coll.patterns.binomial`). After round k the 2^k lowest
     relative ranks hold the vector.
     Restrictions: none (any p, any count).
-    Cost: lg p·α + n·lg p·β
     """
     node = binomial_tree(s.vrank, s.p)
     if node.parent is not None:
@@ -69,7 +67,6 @@ def scatter_allgather(s: Builder, buf: View) -> None:
     sends block (v − k) mod p to v + 1 and receives block (v − k − 1) mod p
     from v − 1 (:func:`~mpicomm.coll.patterns.ring_allgather`).
     Restrictions: none (any p, any count; empty blocks travel as empty messages).
-    Cost: (lg p + p − 1)α + 2n(p−1)/p·β
     """
     p, vrank = s.p, s.vrank
     counts, displs = block_partition(buf.size, p)
@@ -98,7 +95,6 @@ def pipeline(s: Builder, buf: View) -> None:
     successor (both in one round, the receive posted first), so all links of
     the chain carry a segment at once once the pipeline has filled.
     Restrictions: none (any p, any count; count 0 sends nothing).
-    Cost: (p − 2 + S)·(α + n/S·β)  (S = ⌈n / SEGMENT_BYTES⌉ segments)
     """
     p, vrank = s.p, s.vrank
     seg = max(1, SEGMENT_BYTES // s.dtype.itemsize)
@@ -127,7 +123,6 @@ def shm(s: Builder, buf: View) -> None:
     barrier at the end either: the root's next shared-memory call waits until
     every rank has read this one (a pool buffer at the root waits at the end).
     Restrictions: every rank on one node; host buffers.
-    Cost: α + n·δ + c·δ  (c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk; a pool buffer at the root: α + n·δ)
     """
     from .shm import bcast as shm_bcast
 
@@ -145,7 +140,6 @@ def hierarchical(s: Builder, buf: View) -> None:
     chosen for it (shared memory on a node, any message-passing algorithm
     between nodes).
     Restrictions: none.
-    Cost: 2·T_bcast(n, ppn; intra) + T_bcast(n, nodes; inter)
     """
     from .hierarchy import levels
 
@@ -166,7 +160,7 @@ def hierarchical(s: Builder, buf: View) -> None:
 
 @cost("bcast", "linear")
 def _bcast_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + (p−1)n·β"""
+    """(p−1)α + (p−1)n·β  (at the root; the others wait α + nβ)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * a + (p - 1) * n * b
 
@@ -187,7 +181,7 @@ def _bcast_scatter_allgather(m: Machine, n: float, p: int) -> float:
 
 @cost("bcast", "pipeline")
 def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
-    """(p − 2 + S)·(α + n/S·β), S = ⌈n / SEGMENT_BYTES⌉"""
+    """(p − 2 + S)·(α + n/S·β)  (S = ⌈n / SEGMENT_BYTES⌉ segments)"""
 
     a, b = m.link(p).alpha, m.link(p).beta
     s = segments(n, SEGMENT_BYTES)
@@ -196,7 +190,8 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
 
 @cost("bcast", "shm")
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
-    """α + n·δ + c·δ, c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk (α of the intra-node link)"""
+    """α + n·δ + c·δ  (c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk; a pool buffer at the
+    root: α + n·δ; α of the intra-node link)"""
     from .shm import CHUNK_BYTES
 
     return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy

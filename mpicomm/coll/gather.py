@@ -86,7 +86,6 @@ def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, dis
     each straight into the sender's block of *recv* at its displacement;
     every other rank sends its block to the root.
     Restrictions: none (any p, any counts and displacements); works in place.
-    Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
     if s.rank != s.root:
         s.send(s.root, send)
@@ -117,7 +116,6 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
     displacement.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
-    Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; gatherv: + lg p·α for the size headers)
     """
     node = binomial_tree(s.vrank, s.p)
     # children in relative-rank order (the tree lists them largest subtree first): their subtrees follow
@@ -195,14 +193,14 @@ def _forward(s: Builder, parent: int, send: View, children: list[tuple[int, list
 @cost("gather", "linear")
 @cost("scatter", "linear")
 def _rooted_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + N(p−1)/p·β"""
+    """(p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)"""
     return direct_exchange(m, n * p, p)
 
 
 @cost("gather", "binomial")
 @cost("scatter", "binomial")
 def _rooted_binomial(m: Machine, n: float, p: int) -> float:
-    """lg p·α + N(p−1)/p·β"""
+    """lg p·α + N(p−1)/p·β  (N = n·p, every block)"""
     a, b = m.link(p).alpha, m.link(p).beta
     total = n * p
     return ceil_lg(p) * a + total * (p - 1) / p * b
@@ -211,5 +209,6 @@ def _rooted_binomial(m: Machine, n: float, p: int) -> float:
 @cost("gatherv", "binomial")
 @cost("scatterv", "binomial")
 def _rooted_binomial_v(m: Machine, n: float, p: int) -> float:
-    """lg p·α + N(p−1)/p·β, + lg p·α for the size headers"""
+    """lg p·α + N(p−1)/p·β, + lg p·α for the count headers  (N = n·p, every block; off the root nobody knows the
+    counts: gatherv's children send theirs up, scatterv's parents send them down)"""
     return _rooted_binomial(m, n, p) + ceil_lg(p) * m.link(p).alpha

@@ -81,7 +81,6 @@ def direct(s: Builder, send: View | None, sendcounts: Sequence[int], senddispls:
     times gets k messages, matched in order). What MPICH's own neighbourhood
     collectives do.
     Restrictions: none (any topology, any counts).
-    Cost: p·α + n·p·β  (p: this rank's degree d - d messages in flight at once, n each)
     """
     sends, recvs = _edges(s, send, sendcounts, senddispls, recv, recvcounts, recvdispls, sources, destinations)
     if sends or recvs:
@@ -104,7 +103,6 @@ def combined(s: Builder, send: View | None, sendcounts: Sequence[int], senddispl
     d: it pays where peers repeat (periodic dimensions of size 2, graphs with
     repeated edges) and latency dominates; elsewhere it is direct.
     Restrictions: none (any topology, any counts).
-    Cost: p·α + n·p·β + 2n·p·δ  (the worst case, every block packed and unpacked; u distinct peers: u·α)
     """
     sends, recvs = _edges(s, send, sendcounts, senddispls, recv, recvcounts, recvdispls, sources, destinations)
     messages_out, packing = _messages(s, sends)
@@ -148,12 +146,13 @@ for _collective in _NEIGHBORHOOD:
 
 @cost("neighbor", "direct")
 def _neighbor_direct(m: Machine, n: float, p: int) -> float:
-    """p·α + n·p·β (p: the degree)"""
+    """p·α + n·p·β  (p: this rank's degree d - d messages in flight at once, n each)"""
     link = m.link(p)
     return p * link.alpha + n * p * link.beta
 
 
 @cost("neighbor", "combined")
 def _neighbor_combined(m: Machine, n: float, p: int) -> float:
-    """p·α + n·p·β + 2n·p·δ (p: the degree; every block packed and unpacked)"""
+    """p·α + n·p·β + 2n·p·δ  (p: the degree; the worst case, every block packed and unpacked; with u distinct
+    peers, u·α)"""
     return _neighbor_direct(m, n, p) + 2 * n * p * m.copy

@@ -30,7 +30,6 @@ def linear(s: Builder, send: View, recv: View | None) -> None:
     before *recv* is written.
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place.
-    Cost: (p−1)α + (p−1)nβ + (p−1)nγ  (all of it at the root)
     """
     rank, root, p = s.rank, s.root, s.p
     if rank != root:
@@ -71,7 +70,6 @@ def binomial(s: Builder, send: View, recv: View | None) -> None:
     sends the result to the root.
     Restrictions: none - rank order is kept for non-commutative ops; works in
     place; any p.
-    Cost: lg p·α + n·lg p·β + n·lg p·γ  (non-commutative op and root ≠ 0: + α + nβ)
     """
     rank, root, p = s.rank, s.root, s.p
     base = root if s.commutative else 0  # the real rank at the top of the tree
@@ -119,7 +117,6 @@ def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
     Restrictions: commutative ops only (blocks are reduced in the order the
     exchanges happen); any p and count (count < p leaves some blocks empty);
     works in place.
-    Cost: 2lg p·α + 2n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + α + nβ + nγ to fold, + α + nβ for a folded root)
     """
     rank, root, p = s.rank, s.root, s.p
     count = send.size
@@ -191,7 +188,6 @@ def shm(s: Builder, send: View, recv: View | None) -> None:
     root copies out. Pipelined in chunks of :data:`mpicomm.coll.shm.CHUNK_BYTES`;
     counters in shared memory, no MPI barrier.
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
-    Cost: 2α + n(2p−1)/p·δ + n(p−1)/p·γ
     """
     from .shm import reduce as shm_reduce
 
@@ -205,7 +201,8 @@ def shm(s: Builder, send: View, recv: View | None) -> None:
 @cost("scan", "linear")
 @cost("exscan", "linear")
 def _reduce_linear(m: Machine, n: float, p: int) -> float:
-    """(p−1)α + (p−1)nβ + (p−1)nγ"""
+    """(p−1)α + (p−1)nβ + (p−1)nγ  (reduce: all of it at the root; scan and exscan: the chain's length, rank p−1
+    finishes last)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return (p - 1) * (a + n * b + n * m.gamma)
 
@@ -213,7 +210,8 @@ def _reduce_linear(m: Machine, n: float, p: int) -> float:
 @cost("reduce", "binomial")
 @cost("scan", "recursive_doubling")
 def _reduce_binomial(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root; scan: the same rounds)"""
+    """⌈lg p⌉(α + nβ + nγ)  (reduce: root 0, no hand-over to the root - a non-commutative op and root ≠ 0 add
+    α + nβ; scan: the same rounds)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * (a + n * b + n * m.gamma)
 

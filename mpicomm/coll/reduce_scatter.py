@@ -41,7 +41,6 @@ def ring(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     received last, block r, holds every rank's contribution.
     Restrictions: commutative ops only (the ring combines in ring order, not
     rank order); any p and counts (zeros too); not in place (the plan copies).
-    Cost: (p−1)·α + n(p−1)/p·β + n(p−1)/p·γ
     """
     p, rank = s.p, s.rank
     at = _displs(counts)
@@ -79,7 +78,6 @@ def recursive_halving(s: Builder, send: View, recv: View, counts: Sequence[int])
     i; an odd folded rank sends the even rank below its block.
     Restrictions: commutative ops only (partners are combined out of rank
     order); any p and counts (zeros too); not in place (the plan copies).
-    Cost: lg p·α + n(p−1)/p·β + n(p−1)/p·γ  (p not a power of two: + 2α + n·β + n·γ for the fold)
     """
     p, rank = s.p, s.rank
     at = _displs(counts)
@@ -141,7 +139,6 @@ def pairwise(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; any p and counts (zeros too); not in place
     (the plan copies).
-    Cost: (p−1)·α + n(p−1)/p·β + n(p−1)/p·γ
     """
     p, rank = s.p, s.rank
     at = _displs(counts)
@@ -187,7 +184,6 @@ def shm(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     pool input waits at the end).
     Restrictions: every rank on one node; host buffers; any op (rank order
     kept); not in place (the plan copies).
-    Cost: α + n(p−1)/p·δ + n(p−1)/p·γ  (a pool input skips the copy in)
     """
     from .shm import reduce_scatter as shm_reduce_scatter
 
@@ -217,5 +213,5 @@ def _reduce_scatter_recursive_halving(m: Machine, n: float, p: int) -> float:
 
 @cost("reduce_scatter", "shm")
 def _reduce_scatter_shm(m: Machine, n: float, p: int) -> float:
-    """α + n(p−1)/p·δ + n(p−1)/p·γ  (α of the intra-node link)"""
+    """α + n(p−1)/p·δ + n(p−1)/p·γ  (a pool input skips the copy in; α of the intra-node link)"""
     return m.intra.alpha + n * (p - 1) / p * (m.copy + m.gamma)

@@ -10,7 +10,8 @@ n = bytes of the vector, p = ranks.
 
 Each algorithm serves both collectives through one private function
 (``inclusive`` says which); the registered functions differ in what they
-leave in *recv* and in their cost, so each has its own docstring.
+leave in *recv*, so each has its own docstring; exscan's recursive doubling,
+which combines twice a round, has a cost function of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ def scan_linear(s: Builder, send: View, recv: View) -> None:
     right into *recv* and sends that to r+1 (the last rank sends nothing).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place; any p.
-    Cost: (p−1)(α + nβ + nγ)  (the chain's length: rank p−1 finishes last)
     """
     _chain(s, send, recv, inclusive=True)
 
@@ -45,7 +45,6 @@ def exscan_linear(s: Builder, send: View, recv: View) -> None:
     to r+1 (the last rank, which sends nothing, receives straight into *recv*).
     Restrictions: none - operands are combined in rank order, so
     non-commutative ops are fine; works in place; any p.
-    Cost: (p−1)(α + nβ + nγ)  (the chain's length: rank p−1 finishes last)
     """
     _chain(s, send, recv, inclusive=False)
 
@@ -63,7 +62,6 @@ def scan_recursive_doubling(s: Builder, send: View, recv: View) -> None:
     Restrictions: none - lower ranks' data is always on the left, so
     non-commutative ops are fine; works in place; any p (no fold: partners
     that would fall outside 0 … p−1 are skipped).
-    Cost: ⌈lg p⌉(α + nβ + nγ)
     """
     _doubling(s, send, recv, inclusive=True)
 
@@ -82,7 +80,6 @@ def exscan_recursive_doubling(s: Builder, send: View, recv: View) -> None:
     receives nothing and its *recv* is not touched.
     Restrictions: none - lower ranks' data is always on the left, so
     non-commutative ops are fine; works in place; any p (no fold).
-    Cost: ⌈lg p⌉(α + nβ + 2nγ)
     """
     _doubling(s, send, recv, inclusive=False)
 
@@ -158,6 +155,6 @@ def _doubling(s: Builder, send: View, recv: View, inclusive: bool) -> None:
 
 @cost("exscan", "recursive_doubling")
 def _exscan_recursive_doubling(m: Machine, n: float, p: int) -> float:
-    """⌈lg p⌉(α + nβ + 2nγ)"""
+    """⌈lg p⌉(α + nβ + 2nγ)  (two combines a round: one into the result, one into the partial)"""
     a, b = m.link(p).alpha, m.link(p).beta
     return ceil_lg(p) * (a + n * b + 2 * n * m.gamma)

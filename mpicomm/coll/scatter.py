@@ -42,7 +42,6 @@ def linear(s: Builder, send: View, recv: View, counts: Sequence[int] | None, dis
     each straight from the receiver's block of *send*; every other rank
     receives its block into *recv*.
     Restrictions: none (any p, any counts and displacements); works in place.
-    Cost: (p−1)α + N(p−1)/p·β  (N = n·p, every block; at the root)
     """
     if s.rank != s.root:
         s.recv(s.root, recv)
@@ -71,7 +70,6 @@ def binomial(s: Builder, send: View, recv: View, counts: Sequence[int] | None, d
     values.
     Restrictions: none (any p, root, counts, displacements in any order with
     gaps); works in place.
-    Cost: lg p·α + N(p−1)/p·β  (N = n·p, every block; scatterv: + lg p·α for the count headers)
     """
     vrank = s.vrank
     node = binomial_tree(vrank, s.p)

@@ -1,10 +1,11 @@
-"""Each algorithm's ``Cost:`` docstring line and its registered cost function state the same formula.
+"""Each cost function's docstring states the formula its body computes (the one place it is written in words).
 
-The line is read as arithmetic (α β γ δ, n, p, ``lg p``, ``⌈lg p⌉``, N = n·p,
-implicit products as written: ``2n(p−1)/p·β``) and evaluated at powers of two
-(so the terms a line gives for folding a non-power-of-two p, after ``;``, do not
-apply), against the function on the same machine. Lines that name quantities
-of the implementation rather than of the call - compositions (``T_bcast(…)``),
+The docstring's formula (:attr:`mpicomm.registry.Algorithm.cost`) is read as
+arithmetic (α β γ δ, n, p, ``lg p``, ``lg p'``, ``⌈lg p⌉``, N = n·p, implicit
+products as written: ``2n(p−1)/p·β``) and evaluated at powers of two (so the
+terms it gives for folding a non-power-of-two p, after ``;``, do not apply),
+against the function on the same machine. Formulas that name quantities of the
+implementation rather than of the call - compositions (``T(bcast, …)``),
 segment and chunk counts (``S``, ``c``) - are left out, and named.
 """
 
@@ -25,9 +26,9 @@ _SYMBOLS = (("⌈lg p⌉", "L"), ("lg p'", "L"), ("lg p", "L"), ("p'", "p"), ("�
 _NOT_ARITHMETIC = ("T_", "T(", "S", "c", "min")  # compositions, segments, chunks: quantities of the implementation
 
 
-def formula(cost_line: str) -> str:
-    """The line's formula for a power-of-two p: before its remark (two spaces), fold terms (``;``), extras."""
-    return re.split(r"  \(|; |, \+|, plus", cost_line)[0].strip()
+def formula(stated: str) -> str:
+    """The stated formula for a power-of-two p: before its remark (two spaces), fold terms (``;``), extras."""
+    return re.split(r"  \(|; |, \+|, plus", stated)[0].strip()
 
 
 def as_python(text: str) -> str:
@@ -47,7 +48,7 @@ def _cases() -> list[tuple[str, str]]:
     families = set()
     for collective in COLLECTIVES:
         if family(collective) in families or (family(collective) != collective and family(collective) in COLLECTIVES):
-            continue  # the v-forms share the line, and add their terms in the remark (a family of its own: its first)
+            continue  # the v-forms share the family's function, or add a term after ", +" (own family: its first)
         families.add(family(collective))
         for name in registry.algorithms(collective):
             cases.append((collective, name))
@@ -65,7 +66,7 @@ def test_the_docstring_and_the_cost_function_agree(collective, name):
     algorithm = registry.lookup(collective, name)
     text = formula(algorithm.cost)
     if name == "native" or any(token in text for token in _NOT_ARITHMETIC):
-        pytest.skip(f"{collective}/{name}: the line names quantities of the implementation ({text})")
+        pytest.skip(f"{collective}/{name}: the formula names quantities of the implementation ({text})")
     expression = as_python(text)
     for p in (2, 4, 8):
         for n in (1024.0, float(1 << 20)):
