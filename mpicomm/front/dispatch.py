@@ -56,6 +56,9 @@ __all__ = ["start", "persistent_plan", "choose", "planner", "execute", "Argument
 log = logging.getLogger("mpicomm")
 
 PLANS_KEPT = 64  #: compiled plans a communicator keeps (the oldest is dropped first)
+#: The most bytes of their own arrays (scratch, staging) the kept plans of a communicator hold: a plan for a
+#: large call, whose compile costs little beside its transfer, does not keep gigabytes alive after the call.
+KEPT_BYTES = 256 << 20
 #: A blocking call on host arrays of at most this many bytes (send and receive together), whose arrays have no
 #: kept plan, runs the kept plan of its shape on that plan's own arrays, copied in and out (a few hundred
 #: nanoseconds), instead of compiling a plan bound to its arrays (tens to hundreds of microseconds: prepared
@@ -144,10 +147,24 @@ def _signature(args: Args, chosen: registry.Algorithm, validate: bool, blocking:
 
 
 def _keep(state: Any, key: tuple, plan: Plan) -> None:
+    """Keep *plan* under *key*: the oldest kept plans are dropped while there are more than :data:`PLANS_KEPT`
+    or their own arrays (scratch, staging) take more than :data:`KEPT_BYTES` (the newest plan is always kept),
+    with the fast path's entries that run them."""
     plans = state.plans
-    if len(plans) >= PLANS_KEPT:
-        del plans[next(iter(plans))]
     plans[key] = plan
+    held = {k: sum(getattr(a, "nbytes", 0) for a in kept.keep) + sum(getattr(a, "nbytes", 0) for a in kept.stage or ())
+            for k, kept in plans.items()}
+    total = sum(held.values())
+    dropped = []
+    for k in list(plans):
+        if len(plans) <= PLANS_KEPT and total <= KEPT_BYTES or k == key:
+            break
+        total -= held[k]
+        dropped.append(plans.pop(k))
+    if dropped:
+        fast = state.fast
+        for k in [k for k, entry in fast.items() if any(entry.plan is d for d in dropped)]:
+            del fast[k]
 
 
 def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, validate: bool | None = None,

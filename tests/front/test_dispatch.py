@@ -338,3 +338,26 @@ def test_new_arrays_on_every_call_run_one_staged_plan_of_their_shape(comm, colle
         _call(comm, collective, x, y)
         R.assert_matches(y, expected, f"{collective}, the first call's arrays again ({again + 1})")
     assert len(builds) == 2, "the second call on the same arrays compiles their plan, the third reuses it"
+
+
+def test_kept_plans_hold_at_most_kept_bytes_of_their_own_arrays(comm, monkeypatch):
+    """Plans of large calls are dropped, oldest first, once the kept plans' scratch passes KEPT_BYTES (the newest
+    stays, so a repeated large call keeps its plan), with the fast path's entries that ran them."""
+    monkeypatch.setattr(dispatch, "KEPT_BYTES", 300_000)
+    comm._state.plans.clear()
+    comm._state.fast.clear()
+    arrays = [(R.data(RANK, 20_000, np.float64) * (i + 1), np.zeros(20_000)) for i in range(4)]  # 160 KB each
+    for x, y in arrays:
+        for _ in range(2):
+            comm.Allreduce(x, y, algorithm="recursive_doubling")  # (scratch: one vector)
+            expected = np.empty_like(x)
+            WORLD.Allreduce(x, expected)
+            R.assert_matches(y, expected, "allreduce of 160 KB")
+    held = [sum(a.nbytes for a in plan.keep) for plan in comm._state.plans.values()]
+    assert len(held) == 1 or sum(held) <= 300_000, held  # (a rank that recursive doubling folds away has none)
+    if P == 2:
+        assert len(held) == 1 and held[0] >= 160_000, held
+    assert all(entry.plan in comm._state.plans.values() for entry in comm._state.fast.values())
+    x, y = arrays[-1]
+    comm.Allreduce(x, y, algorithm="recursive_doubling")  # the newest plan: still kept, still fast
+    assert len(comm._state.fast) >= (P > 1)
