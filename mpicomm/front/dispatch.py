@@ -9,9 +9,11 @@ Every entry point - ``Comm.Allreduce``, ``Comm.Iallreduce``, ``Comm.Allreduce_in
    ``MPICOMM_<COLLECTIVE>_ALGORITHM``, the measured rules, the default rules), kept per
    communicator for facts seen before;
 2. **plan** - the compiled plan of this signature (:mod:`mpicomm.plan.compile`),
-   kept per communicator (at most :data:`PLANS_KEPT`, by collective, algorithm,
-   counts, element type, op, root and the buffers' addresses); built the first
-   time a signature is seen, never collectively;
+   kept per communicator (at most :data:`PLANS_KEPT` holding :data:`KEPT_BYTES`,
+   by collective, algorithm, counts, element type, op, root and the buffers'
+   addresses); built the first time a signature is seen, never collectively -
+   except that a small blocking call on arrays not seen before runs the staged
+   plan of its shape (:data:`STAGE_MOST`);
 3. **executor** - a run of the plan: on this thread to its end for a blocking
    call (or behind the communicator's queued runs), queued for a nonblocking
    or persistent one (:mod:`mpicomm.engine.progress`).
