@@ -147,23 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_or_exit(_parse, argv)
     from mpi4py import MPI
 
-    from ..config import describe_cpu
+    from .report import publish
 
     world = MPI.COMM_WORLD
     rows = table(args.collectives.split(","), args.sizes, args.calls)
     if world.rank != 0:
         return 0
-    text = "\n".join([
-        f"`{cli.command_line(f'mpiexec -n {world.size} {PROG}', argv)}`", "",
-        f"Machine: {describe_cpu()}; {MPI.Get_library_version().splitlines()[0].strip()}", "",
+    publish(args, argv, f"mpiexec -n {world.size} {PROG}", [
         f"Calls on arrays not seen before, float64, auto, at {world.size} ranks (µs per call, median of {ROUNDS} "
         f"interleaved rounds; ratio to native). new arrays: mpicomm's default (a staged plan up to 64 KiB); "
-        f"compiled each call: the plan compile on every call; same arrays: the fast path.", "",
+        f"compiled each call: the plan compile on every call; same arrays: the fast path.",
         cli.markdown_table(["collective", "bytes per block", "native", "new arrays", "compiled each call",
-                            "same arrays"], rows), ""])
-    print(text)
-    if args.out:
-        cli.write_out(args.out, text, args.append)
+                            "same arrays"], rows)])
     return 0
 
 

@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_or_exit(_parse, argv)
     from mpi4py import MPI
 
-    from ..config import describe_cpu
     from ..engine import lane
+    from .report import publish
 
     world = MPI.COMM_WORLD
     ways = route(args.calls) if world.rank == 0 else []
@@ -178,20 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = effect(args.sizes, args.calls)
     if world.rank != 0:
         return 0
-    text = "\n".join([
-        f"`{cli.command_line(f'mpiexec -n {world.size} {PROG}', argv)}`", "",
-        f"Machine: {describe_cpu()}; {MPI.Get_library_version().splitlines()[0].strip()}; "
-        f"lane: {'built' if lane.available() else 'off (' + lane.why_not + ')'}", "",
+    publish(args, argv, f"mpiexec -n {world.size} {PROG}", [
+        f"Lane: {'built' if lane.available() else 'off (' + lane.why_not + ')'}",
         "One round of a prepared persistent send to itself and its receive, started, waited for and 8 bytes added "
-        "(rank 0, best of 5):", "",
-        cli.markdown_table(["route", "ns per round"], ways), "",
+        "(rank 0, best of 5):",
+        cli.markdown_table(["route", "ns per round"], ways),
         f"Blocking and persistent Allreduce of float64 on the same arrays, auto, at {world.size} ranks (µs per call, "
-        f"median of {ROUNDS} interleaved rounds; ratio to native):", "",
+        f"median of {ROUNDS} interleaved rounds; ratio to native):",
         cli.markdown_table(["bytes", "native", "lane", "Python loop", "persistent, lane", "persistent, Python loop"],
-                           rows), ""])
-    print(text)
-    if args.out:
-        cli.write_out(args.out, text, args.append)
+                           rows)])
     return 0
 
 

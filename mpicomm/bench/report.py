@@ -65,6 +65,15 @@ def _machine() -> str:
     return f"{describe_cpu()}, {_library()}"
 
 
+def publish(args: argparse.Namespace, argv: list[str], command: str, sections: list[str]) -> None:
+    """Print a small benchmark's report - its command line, the machine, then *sections* (paragraphs, tables) -
+    and write it to ``--out`` if given (rank 0 only calls this)."""
+    text = "\n\n".join([f"`{cli.command_line(command, argv)}`", f"Machine: {_machine()}", *sections]) + "\n"
+    print(text)
+    if args.out:
+        cli.write_out(args.out, text, args.append)
+
+
 def _library() -> str:
     from mpi4py import MPI
 

@@ -453,11 +453,7 @@ class Run:
         self.k = len(self.program.steps)
         self.reqs = ()
         self.agreed = True
-        self.keep = None
-        self.done = True
-        self.status = "done"
-        if self.callbacks:
-            _call_back(self)
+        self._finish()
 
     def _waited(self, step: Step) -> bool:
         """Whether the step's counter waits and nested runs are done (raises a nested run's error)."""

@@ -226,11 +226,13 @@ def _seen_again(state: Any, key: tuple, objects: tuple) -> bool:
     return checks is not None and _same(checks, objects)
 
 
-def _saw(state: Any, key: tuple, objects: tuple) -> None:
+def _saw(state: Any, key: tuple, checks: tuple) -> None:
+    """Remember that a call ran staged: by its arrays' identities (*checks*: :func:`_identities`), or by their
+    addresses (*key*: the plan's signature, *checks* empty)."""
     seen = state.seen
     if len(seen) >= SEEN_KEPT:
         del seen[next(iter(seen))]
-    seen[key] = _identities(objects)
+    seen[key] = checks
 
 
 def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
@@ -247,11 +249,8 @@ def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key
     alias = send is recv
     if not alias and send is not None and recv is not None and _overlap(send, recv):
         return None
-    if by_address:  # (a call on plain arrays is remembered by its arrays' identities once it ran: _saw)
-        seen = state.seen
-        if len(seen) >= SEEN_KEPT:
-            del seen[next(iter(seen))]
-        seen[key] = ()
+    if by_address:  # (a call on plain arrays is remembered by its arrays' identities once it ran)
+        _saw(state, key, ())
     shape = key[:-4] + ("staged", key[-3], key[-1], alias)  # (the signature without the arrays' addresses)
     plan = state.plans.get(shape)
     if plan is None or plan.epoch != state.epoch:
@@ -435,7 +434,7 @@ def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: t
         if own_recv is not None:
             np.copyto(args.recv, own_recv)
         if fast is not None:
-            _saw(state, *fast)
+            _saw(state, fast[0], _identities(fast[1]))
         return result
     finally:
         if locked:
