@@ -129,9 +129,9 @@ def _time_collective(comm, collective: str, method: str, send, expected, got, ar
     import mpicomm
     from mpicomm import registry
     from mpicomm.bench import COLLECTIVES, auto_choice
+    from mpicomm.facts import Facts
 
-    facts = {"p": comm.size, "nodes": comm.nodes, "commutative": True, "device": args.backend == "cupy",
-             "blocking": True}
+    facts = Facts(p=comm.size, nodes=comm.nodes, device=args.backend == "cupy", blocking=True)
     rows: list[dict] = []
     calls = {"MPI": lambda: getattr(MPI.COMM_WORLD, method)(send, expected)}
     for algorithm in [*mpicomm.algorithms(collective), "auto"]:

@@ -39,14 +39,17 @@ below; ``tests/test_imports.py`` checks it). A collective call walks down once:
   each communicator's :mod:`.state`; :mod:`.front` reads a call's arguments
   (:mod:`.front.readers`), asks the selection, gets the plan and runs it
   (:mod:`.front.dispatch`, :mod:`.front.persistent`);
+* **selection** - :mod:`.selection` (which algorithm runs a call: the
+  precedence, ``auto``, the choices kept per communicator), :mod:`.rules`
+  (the default and the measured rules, one format), over a call's
+  :mod:`.facts`;
 * **plan** - :mod:`.plan.compile` binds an algorithm's schedule to a call's
   buffers once (prepared requests, scratch, reductions), with the validation
   inside its messages (:mod:`.plan.agreement`);
 * **algorithms** - :mod:`.coll`: each algorithm describes a schedule
   (:mod:`.schedule`), with its cost;
-* **selection** - :mod:`.registry` (the table of algorithms, their
-  restrictions and costs, and which one runs), :mod:`.rules` (the default
-  and the measured rules, one format), :mod:`.model` (α-β-γ predictions);
+* **table** - :mod:`.registry` (the algorithms, their restrictions and
+  costs), :mod:`.model` (α-β-γ predictions);
 * **engine** - :mod:`.engine`: one executor runs every plan, blocking,
   nonblocking and persistent alike; per communicator a queue, and a
   progress thread; requests; the hang watchdog;

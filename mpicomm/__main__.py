@@ -181,7 +181,7 @@ def algorithm_markdown() -> str:
 
 def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[str] | None = None) -> int:
     """Print every registered algorithm with its restrictions and cost, and the selection table's rules."""
-    from mpicomm import registry
+    from mpicomm import selection
     from mpicomm.catalogue import COLLECTIVES
 
     rows = algorithm_rows()
@@ -193,7 +193,7 @@ def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[
     lines.append("")
     lines.append("auto selection (first matching rule; sizes in bytes):")
     for collective in COLLECTIVES:
-        rules = registry.SELECTION.get(collective, [])
+        rules = selection.SELECTION.get(collective, [])
         text = "; ".join(
             ", ".join(f"{k}={v}" for k, v in rule.items() if k != "algorithm") + f" → {rule['algorithm']}"
             if len(rule) > 1 else f"otherwise → {rule['algorithm']}"
@@ -204,8 +204,8 @@ def algorithms(markdown: bool = False, json_path: str | None = None, argv: list[
     if json_path:
         results = [{"collective": c, "algorithm": n, "restrictions": [] if r == "-" else r.split(", "), "cost": cost}
                    for c, n, r, cost in rows]
-        selection = {c: registry.SELECTION.get(c, []) for c in COLLECTIVES}
-        cli.write_json(json_path, _command(argv), results, selection=selection)
+        default = {c: selection.SELECTION.get(c, []) for c in COLLECTIVES}
+        cli.write_json(json_path, _command(argv), results, selection=default)
     return 0
 
 
@@ -240,8 +240,9 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     """Print why ``auto`` picks its algorithm for *collective* at *size* bytes (see the module docstring): each
     algorithm allowed or why not, the model's prediction, the measured time where the measured rules have one,
     and the rule that chose."""
-    from mpicomm import model, registry, rules
+    from mpicomm import model, registry, rules, selection
     from mpicomm.bench.metrics import COLLECTIVES, layout, model_bytes
+    from mpicomm.facts import Facts
 
     known = registry.table()
     if collective not in known and collective in COLLECTIVES:  # a benchmark name (reduce_scatter_block's)
@@ -274,14 +275,13 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     else:
         lines.append(f"measured rules: {measured.path} (measured {measured.measured or '?'})" if measured is not None
                      else f"measured rules: none for this layout ({path}; {_tune_advice(p, nodes)})")
-    lines.append(f"default rules: {registry.DEFAULT.path or 'built in'}")
+    lines.append(f"default rules: {selection.DEFAULT.path or 'built in'}")
     fitted = model.load(host, key, quiet=True)
     machine = fitted if fitted is not None else replace(model.NOMINAL, ppn=ppn, nodes=nodes, host=host)
     lines.append((f"model: fitted {model.path_for(host, key)}" if fitted is not None
                   else f"model: nominal (no fit saved for this layout: {model.path_for(host, key)})")
                  + "; it predicts, the rules choose")
-    facts = {"p": p, "bytes": nbytes, "count": count, "commutative": True, "op": op, "nodes": nodes, "ppn": ppn,
-             "device": False, "rules": measured, "blocking": True}
+    facts = Facts(p=p, bytes=nbytes, count=count, op=op, nodes=nodes, ppn=ppn, rules=measured, blocking=True)
     point = measured.measured_at(collective, nbytes) if measured is not None else None
     at = "" if point is None else f" at {point.get('bytes')} B" if point.get("bytes") != nbytes else ""
     rows = [("algorithm", "allowed", f"model ({cli.US})", f"measured ({cli.US}){at}")]
@@ -302,12 +302,12 @@ def explain(collective: str, size: int, ranks: int | None = None, json_path: str
     lines.append("")
     call = {"collective": collective, "size": size, "selection_bytes": nbytes, "p": p, "nodes": nodes, "ppn": ppn,
             "layout": key, "host": host, "rules": measured.path if measured is not None else None,
-            "default_rules": registry.DEFAULT.path or None,
+            "default_rules": selection.DEFAULT.path or None,
             "model": model.path_for(host, key) if fitted is not None else "nominal"}
     try:
-        table_pick, _, table_rule = registry.auto_rule(collective, {**facts, "rules": None})
-        picked, _, rule = registry.auto_rule(collective, facts)
-        chosen, source = registry.choose(collective, None, None, facts)
+        table_pick, _, table_rule = selection.auto_rule(collective, replace(facts, rules=None))
+        picked, _, rule = selection.auto_rule(collective, facts)
+        chosen, source = selection.choose(collective, None, None, facts)
     except ValueError as exc:
         print("\n".join(lines + [f"no algorithm can run: {exc}"]))
         if json_path:

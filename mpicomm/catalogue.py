@@ -95,6 +95,19 @@ class Collective:
     def signature(self) -> str:
         return SIGNATURES[self.family]
 
+    def nbytes(self, count: int, itemsize: int, p: int, recvcounts: tuple[int, ...] | None = None) -> int | None:
+        """n for a call of *count* elements of *itemsize* bytes on *p* ranks, by the size rule (None where the
+        ranks cannot know it alike: the per-rank counts of gatherv, scatterv, alltoallv(w), the neighbourhood
+        collectives; or no count, a buffer spec only the MPI library runs). *recvcounts*: allgatherv's and
+        reduce_scatter's, which every rank gives alike."""
+        if self.equal_blocks and self.size in ("vector", "block") and self.name != "barrier":
+            return count * itemsize if count >= 0 else None
+        if self.equal_blocks and self.size in ("gathered", "send", "input"):
+            return count * itemsize * p if count >= 0 else None
+        if self.name in ("allgatherv", "reduce_scatter") and recvcounts is not None:
+            return sum(recvcounts) * itemsize
+        return None
+
     @property
     def blockwise(self) -> bool:
         """n is one rank's (or one neighbour's) block, so a call's working set is n·p (n·d)."""

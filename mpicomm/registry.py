@@ -10,37 +10,9 @@ written in words (:attr:`Algorithm.cost`, which ``python -m mpicomm
 algorithms`` shows). Loading the table fails loudly when one of mpicomm's own
 algorithms has no such docstring.
 
-Choosing an algorithm is data, in this order of precedence:
-
-1. the call's ``algorithm=`` argument (``"auto"`` or None passes);
-2. the communicator's default (``comm.set_algorithm(collective, name)``);
-3. the environment, ``MPICOMM_<COLLECTIVE>_ALGORITHM=name``;
-4. ``auto``: the measured rules of the communicator's layout
-   (``facts["rules"]``, a :class:`mpicomm.rules.Rules` written by
-   ``python -m mpicomm.tune --collectives``), when a file exists;
-5. ``auto``: the default rules (:data:`SELECTION`, read from the rules file
-   shipped with mpicomm, :data:`DEFAULT`);
-6. ``auto``: any algorithm that can run (the first by name).
-
-Both kinds of rules are one format (:mod:`mpicomm.rules`): per collective, rules
-tried in order; the first whose conditions hold and whose algorithm is
-allowed wins. Conditions are facts every rank knows alike:
-``max_bytes``/``min_bytes`` (the message size, see
-:func:`mpicomm.plan.args.selection_bytes`), ``pof2`` (p is a power of two),
-``min_p``/``max_p``, ``min_count`` (elements ≥ a multiple of p:
-``min_count: 1`` means count ≥ p) and ``device`` (device buffers or host
-ones). The fitted α-β-γ model (:mod:`mpicomm.model`) does not choose: it
-predicts (:func:`predict`) and explains (``python -m mpicomm algorithms --explain``).
-
 An algorithm's restrictions (:class:`Algorithm`) say when it cannot run:
-:func:`allowed` checks them against the call's facts. A named algorithm that
-is not allowed raises ValueError; ``auto`` skips it. ``min_count`` in the rules
-is about speed only - every algorithm runs with any count, count < p included.
-
-:func:`choose` returns the algorithm and where the choice came from
-(``"call"``, ``"communicator"``, ``"environment"``, ``"rules"`` - the measured
-rules -, ``"table"`` - the default rules, or any algorithm that can run);
-both are logged at debug level on the ``mpicomm`` logger, with the rule that chose.
+:func:`allowed` checks them against a call's :class:`~mpicomm.facts.Facts`.
+Which algorithm a call runs is the selection's (:mod:`mpicomm.selection`).
 
 User algorithms: a module of the program's own registers them exactly as
 ``mpicomm/coll/*.py`` does (``mpicomm.register_algorithm`` is :func:`register`,
@@ -57,18 +29,11 @@ example: ``docs/examples/torus_allreduce.py``. An algorithm may also come as a
 file of schedules for one call (:mod:`mpicomm.schedule_file`):
 :func:`register_schedule_file` checks it and registers it for that call's p
 and count.
-
-Facts (every key optional): ``p`` ranks, ``bytes`` (selection size or None),
-``count``, ``commutative`` and ``op`` (its name), ``nodes`` and ``ppn`` (the
-communicator's layout), ``device`` (true, or a device object, when the
-buffers are not host memory; None/False on the host), ``blocking``, ``nested``, ``rules`` (the measured
-rules of the communicator's layout, or None).
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import os
 import pkgutil
@@ -79,19 +44,13 @@ from typing import Any
 
 from . import config, schedule_file
 from .catalogue import CATALOGUE, family
+from .facts import Facts
 from .model import NOMINAL, CostFunction, Link, Machine, working_set
-from .rules import Rules
-from .rules import default as _default_rules
-from .rules import describe as describe_rule
-from .rules import holds as _holds
 from .schedule import Combine
 
-__all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "choose", "select", "auto", "auto_rule",
-           "SELECTION", "DEFAULT",
-           "table", "cost", "costs", "cost_function", "communication", "predict", "cheapest", "MODULES_VARIABLE",
-           "import_modules", "module_names", "user_modules", "register_schedule_file"]
-
-log = logging.getLogger("mpicomm")
+__all__ = ["Algorithm", "register", "algorithms", "lookup", "allowed", "table", "cost", "costs", "cost_function",
+           "communication", "predict", "cheapest", "MODULES_VARIABLE", "import_modules", "module_names",
+           "user_modules", "register_schedule_file"]
 
 
 @dataclass(frozen=True)
@@ -187,97 +146,29 @@ def cost_of(fn: Callable) -> str:
 
 _TABLE: dict[str, dict[str, Algorithm]] = {}
 
-#: The default rules (:mod:`mpicomm.rules`), read from the rules file shipped with mpicomm
-#: (``mpicomm/default_rules.json``): what ``auto`` follows after the measured rules of the communicator's layout.
-DEFAULT: Rules = _default_rules()
-
-#: The default rules' lists, by collective (``DEFAULT.collectives``, the same dict): rules tried in order, the first
-#: whose conditions hold and whose algorithm can run the call wins. Replace a collective's list to change them
-#: (the dispatcher keeps its choices by the list's identity, so a new list makes new choices).
-SELECTION: dict[str, list[dict]] = DEFAULT.collectives
-
-
-def allowed(algorithm: Algorithm, facts: dict) -> str | None:
+def allowed(algorithm: Algorithm, facts: Facts) -> str | None:
     """Why *algorithm* cannot run a call with these *facts* (see the module docstring), or None if it can."""
-    if algorithm.commutative_only and not facts.get("commutative", True):
-        return (f"reorders operands and needs a commutative op, but op {facts.get('op', '?')} "
+    if algorithm.commutative_only and not facts.commutative:
+        return (f"reorders operands and needs a commutative op, but op {facts.op or '?'} "
                 f"is not commutative")
-    nodes = facts.get("nodes") or 1
+    nodes = facts.nodes or 1
     if algorithm.single_node and nodes > 1:
         return f"needs every rank on one node (shared memory), but the communicator spans {nodes} nodes"
-    device = facts.get("device")
-    if algorithm.host_only and device is not None and device is not False:
+    if algorithm.host_only and facts.device:
         return "works on host memory only, but the buffers are device (GPU) arrays"
-    if algorithm.composite and facts.get("nested"):
+    if algorithm.composite and facts.nested:
         return "runs collectives on sub-communicators, and this call is already a step of such a composition"
-    if algorithm.blocking_only and facts.get("blocking") is False:
+    if algorithm.blocking_only and facts.blocking is False:
         return "runs blocking calls only (its calls share the communicator's scratch), but this call is nonblocking"
-    p = facts.get("p") or 1
+    p = facts.p or 1
     if algorithm.power_of_two and p & (p - 1):
         return f"needs a power-of-two number of ranks, but p = {p}"
     if algorithm.fixed_p is not None and p != algorithm.fixed_p:
         return f"is a schedule file made for p = {algorithm.fixed_p} only, but p = {p}"
-    count = facts.get("count")
+    count = facts.count
     if algorithm.fixed_count is not None and count is not None and count != algorithm.fixed_count:
         return f"is a schedule file made for count {algorithm.fixed_count} only, but the count is {count}"
     return None
-
-
-def auto(collective: str, facts: dict) -> Algorithm:
-    """The default rules' choice (:data:`SELECTION`) for a call with these *facts*, skipping algorithms that are not
-    :func:`allowed`; when no rule fits, the first algorithm by name that can run (measured rules not consulted)."""
-    return auto_rule(collective, {**facts, "rules": None})[0]
-
-
-def auto_rule(collective: str, facts: dict) -> tuple[Algorithm, str, str]:
-    """What ``auto`` picks for a call with these *facts*, where from, and which rule: ``(algorithm, source, rule)``.
-
-    *source* is ``"rules"`` (the measured rules ``facts["rules"]``) or ``"table"`` (the default rules, or
-    no rule fitted and *algorithm* is the first by name that can run); *rule* says which rule chose, in words
-    (``"rule 2 of the default rules: up to 2048 B → recursive_doubling"``). ValueError when nothing can run.
-    """
-    measured = facts.get("rules")
-    if measured is not None:
-        found = _first(measured.collectives.get(collective) or (), collective, facts, measured.applies(facts),
-                       strict=False)
-        if found is not None:
-            index, rule, algorithm = found
-            return algorithm, "rules", f"rule {index + 1} of {measured.name}: {describe_rule(rule)}"
-    found = _first(SELECTION.get(collective) or (), collective, facts)
-    if found is not None:
-        index, rule, algorithm = found
-        return algorithm, "table", f"rule {index + 1} of the default rules: {describe_rule(rule)}"
-    for name in algorithms(collective):  # no rule fits: any algorithm that can run
-        algorithm = lookup(collective, name)
-        if allowed(algorithm, facts) is None:
-            return algorithm, "table", "no rule fits: the first algorithm by name that can run"
-    raise ValueError(f"no {collective} algorithm accepts these arguments ({_show(facts)})")
-
-
-def _first(rules: Any, collective: str, facts: dict, applies: bool = True,
-           strict: bool = True) -> tuple[int, dict, Algorithm] | None:
-    """(index, rule, algorithm) of the first of *rules* that holds and whose algorithm is allowed. *strict*: an
-    algorithm that is not registered raises ValueError (the default rules); else the rule is skipped (measured
-    rules, read from a file that another installation may have written)."""
-    if not applies:
-        return None
-    for index, rule in enumerate(rules):
-        if _holds(rule, facts):
-            algorithm: Algorithm | None
-            if strict:
-                algorithm = lookup(collective, rule["algorithm"])
-            else:
-                _load()
-                algorithm = _TABLE.get(collective, {}).get(rule["algorithm"])
-                if algorithm is None:
-                    continue
-            if allowed(algorithm, facts) is None:
-                return index, rule, algorithm
-    return None
-
-
-def _show(facts: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in facts.items() if k not in ("machine", "rules"))
 
 
 def register(collective: str, name: str, **restrictions: Any) -> Callable[[Callable], Callable]:
@@ -372,51 +263,6 @@ def lookup(collective: str, name: str) -> Algorithm:
         raise ValueError(
             f"unknown {collective} algorithm {name!r}{hint}; registered: {', '.join(names)} (or 'auto')"
         ) from None
-
-
-def choose(collective: str, requested: str | None, comm_default: str | None = None,
-           facts: dict | None = None) -> tuple[Algorithm, str]:
-    """Resolve the algorithm for one call and say where the choice came from (see the module docstring).
-
-    Returns ``(algorithm, source)``, source one of ``"call"``,
-    ``"communicator"``, ``"environment"``, ``"rules"`` (measured), ``"table"`` (default rules). A named
-    algorithm that is not :func:`allowed` with these *facts* (a non-commutative
-    op for a commutative-only one, several nodes for a single-node one...)
-    raises ValueError with the reason and the algorithms that can run.
-    """
-    facts = facts or {}
-    note = ""
-    for source, name in (
-        ("call", requested),
-        ("communicator", comm_default),
-        ("environment", config.algorithm_setting(collective)),
-    ):
-        if name is not None and name != "auto":
-            algorithm = lookup(collective, name)
-            if algorithm.composite and facts.get("nested"):
-                if source != "call":
-                    continue  # a composition's inner call: the setting is for the outer calls; choose as auto
-                reason = allowed(algorithm, {**facts, "nested": False})  # named by the composition itself
-            else:
-                reason = allowed(algorithm, facts)
-            if reason is not None:
-                can = [n for n in algorithms(collective) if allowed(_TABLE[collective][n], facts) is None]
-                fix = ("keeps rank order" if algorithm.commutative_only and not facts.get("commutative", True)
-                       else "can run here")
-                raise ValueError(f"{collective} algorithm {name!r} (from the {source}) {reason}; use one that "
-                                 f"{fix}: {', '.join(can)} (or 'auto')")
-            break
-    else:
-        algorithm, source, note = auto_rule(collective, facts)
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s: algorithm %s (from the %s)%s", collective, algorithm.name, source, f", {note}" if note else "")
-    return algorithm, source
-
-
-def select(collective: str, requested: str | None, comm_default: str | None = None,
-           facts: dict | None = None) -> Algorithm:
-    """The algorithm :func:`choose` picks, without its source."""
-    return choose(collective, requested, comm_default, facts)[0]
 
 
 _loaded: list[bool] = []
@@ -612,7 +458,7 @@ def cheapest(m: Machine, collective: str, n: float, q: int, link: Link, spans_no
     if q <= 1:
         return 0.0
     level = replace(m, intra=link, inter=link)
-    facts = {"p": q, "nodes": q if spans_nodes else 1, "commutative": True}
+    facts = Facts(p=q, nodes=q if spans_nodes else 1)
     best = math.inf
     _load()
     for name, algorithm in _TABLE.get(collective, {}).items():

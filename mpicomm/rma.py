@@ -41,7 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, trace
-from .engine.requests import Request, Step, Steps, barrier
+from .engine.requests import Request, RequestStep, Steps, barrier
 from .transport.buffers import (
     adopt,
     check_array,
@@ -256,7 +256,7 @@ def _done(value: Any) -> Steps:
 def _after_get(request: MPI.Request, transfer: Any, out: Any, target: int) -> Steps:
     """An ``rget``'s one step: the library's request; then the staged copy to the device, if any."""
     try:
-        yield Step([request], peers=[("recv", target)])
+        yield RequestStep([request], peers=[("recv", target)])
     except BaseException:
         transfer.abandon()
         raise

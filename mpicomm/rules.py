@@ -17,12 +17,12 @@ A rules file is JSON, hand-editable, one rule per line::
 
 Per collective, an ordered list of rules; a rule is conditions and an
 ``algorithm``. The first rule whose conditions all hold **and** whose algorithm
-can run the call (:func:`mpicomm.registry.allowed`) wins. Conditions are facts
-every rank knows alike (:data:`CONDITIONS`):
+can run the call (:func:`mpicomm.registry.allowed`) wins. Conditions are on a call's
+:class:`~mpicomm.facts.Facts`, which every rank knows alike (:data:`CONDITIONS`):
 
 * ``max_bytes`` / ``min_bytes``: the selection size (the whole vector for
   allreduce, the whole gathered result for allgather..., see
-  :func:`mpicomm.plan.args.selection_bytes`) is at most / at least this; a call
+  :meth:`mpicomm.catalogue.Collective.nbytes`) is at most / at least this; a call
   without a size (barrier, or a size ranks cannot know alike) fails both;
 * ``pof2``: p is (true) or is not (false) a power of two;
 * ``min_p`` / ``max_p``: bounds on p;
@@ -49,7 +49,7 @@ optional and only explained (``python -m mpicomm algorithms --explain``), never
 used to choose; ``measured``, ``command`` and ``comment`` are free text. Edit
 ``collectives`` by hand to override a choice.
 
-``auto`` (:func:`mpicomm.registry.choose`) tries the measured rules of the
+``auto`` (:func:`mpicomm.selection.choose`) tries the measured rules of the
 communicator's layout (when a file exists), then the default rules, then any
 algorithm that can run; the choice's source is ``"rules"``, ``"table"`` and
 ``"table"``. The α-β-γ model never chooses: it predicts
@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import model
+from .facts import Facts
 
 __all__ = ["FORMAT", "VERSION", "CONDITIONS", "RulesError", "Rules", "holds", "describe", "decide", "default",
            "DEFAULT_PATH", "path_for", "save", "load", "load_for", "for_comm", "saved_layouts", "TUNE"]
@@ -93,15 +94,10 @@ class RulesError(ValueError):
     """A rules file that cannot be used; the message names the file, the bad key and the fix."""
 
 
-def _is_device(facts: Mapping[str, Any]) -> bool:
-    device = facts.get("device")
-    return device is not None and device is not False
-
-
-def holds(rule: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
+def holds(rule: Mapping[str, Any], facts: Facts) -> bool:
     """Whether every condition of *rule* holds for a call with these *facts* (``p``, ``bytes``, ``count``,
     ``device``; see the module docstring). ValueError for a condition that is not one of :data:`CONDITIONS`."""
-    p, nbytes, count = facts.get("p") or 1, facts.get("bytes"), facts.get("count")
+    p, nbytes, count = facts.p or 1, facts.bytes, facts.count
     for key, value in rule.items():
         if key == "algorithm":
             continue
@@ -124,7 +120,7 @@ def holds(rule: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
             if count is None or count < value * p:
                 return False
         elif key == "device":
-            if _is_device(facts) != value:
+            if bool(facts.device) != value:
                 return False
         else:
             raise ValueError(f"selection rule {dict(rule)} has unknown condition {key!r}; known: "
@@ -174,11 +170,11 @@ class Rules:
         """What to call these rules in messages: their file, or their layout."""
         return self.path or (f"the measured rules of {self.layout}" if self.p else "the rules")
 
-    def applies(self, facts: Mapping[str, Any]) -> bool:
+    def applies(self, facts: Facts) -> bool:
         """Whether these rules may choose for a call with *facts*: rules of a layout only for its number of ranks."""
-        return not self.p or self.p == (facts.get("p") or 1)
+        return not self.p or self.p == (facts.p or 1)
 
-    def first(self, collective: str, facts: Mapping[str, Any],
+    def first(self, collective: str, facts: Facts,
               accept: Callable[[str], bool] | None = None) -> tuple[int, dict] | None:
         """(index, rule) of the first rule of *collective* that holds for *facts* and whose algorithm *accept*
         takes (default: any); None when there is none, or the rules do not apply (:meth:`applies`)."""
@@ -192,7 +188,7 @@ class Rules:
     def algorithm_for(self, collective: str, nbytes: int | None, **facts: Any) -> str | None:
         """The algorithm of the first rule of *collective* that holds at *nbytes* (host buffers, and *facts*:
         ``p``, ``count``...), whether or not it can run there; None when no rule holds."""
-        found = self.first(collective, {"p": self.p or 1, "device": False, **facts, "bytes": nbytes})
+        found = self.first(collective, Facts(**{"p": self.p or 1, **facts, "bytes": nbytes}))
         return found[1]["algorithm"] if found is not None else None
 
     def measured_at(self, collective: str, nbytes: int | None) -> dict | None:

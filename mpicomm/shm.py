@@ -18,7 +18,7 @@ import numpy as np
 
 from .state import as_state
 from .transport import memory
-from .transport.memory import Window, check_single_node, round_up
+from .transport.memory import SharedWindow, check_single_node, round_up
 
 __all__ = ["Pool", "arena"]
 
@@ -50,7 +50,7 @@ class Pool:
         self._rank, self._size = state.rank, state.size
         self._arena = memory.arena(state)
         self._arena.release()  # collective, like the window: frees retired pools no array uses any more
-        self._window: Window | None = Window(state.library_comm, round_up(int(nbytes)))
+        self._window: SharedWindow | None = SharedWindow(state.library_comm, round_up(int(nbytes)))
         # Arrays handed out are views of _root: NumPy makes every view's (and view of a view's) base the
         # first array that does not own its memory, so _root's reference count says whether any is alive.
         self._root: np.ndarray | None = self._window.export(self._rank)
@@ -58,7 +58,7 @@ class Pool:
         self._used = 0
 
     @property
-    def window(self) -> Window:
+    def window(self) -> SharedWindow:
         if self._window is None:
             raise ValueError("this shared-memory pool was freed; create a new one")
         return self._window

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from . import cli
+from .facts import Facts
 
 __all__ = ["LARGE", "MATMUL", "MODES", "IN_PLACE", "Case", "parse_ranks", "counts_for", "cases", "pair_check",
            "mpiexec_path", "verify", "run_cases", "main", "markdown_report"]
@@ -219,7 +220,7 @@ def pair_check(collective: str, algorithm: str, p: int, quick: bool = False, nod
     checked = 0
     problems: list[str] = []
     refusals: list[str] = []
-    if registry.allowed(registry.lookup(collective, algorithm), {"p": p, "nodes": nodes}) is not None:
+    if registry.allowed(registry.lookup(collective, algorithm), Facts(p=p, nodes=nodes)) is not None:
         return checked, problems, refusals
     for case in cases(collective, p, quick):
         counts = _counts(collective, case, p)
@@ -557,15 +558,15 @@ def _library() -> Any:
     return _OPS["library"]
 
 
-def _facts(comm: Any, case: Case, collective: str) -> dict:
+def _facts(comm: Any, case: Case, collective: str) -> Facts:
     """What :func:`mpicomm.registry.allowed` looks at for *case* on *comm* (the count as the call's: none for the
     v-forms, whose ranks give their own, nor for the matrix op, counted in matrices)."""
     from .catalogue import CATALOGUE
 
     commutative = case.op != MATMUL
     count = None if CATALOGUE[collective].vector or case.op == MATMUL else case.count
-    return {"p": comm.Get_size(), "nodes": getattr(comm, "nodes", 1) or 1, "commutative": commutative,
-            "op": case.op, "device": False, "blocking": case.mode == "blocking", "nested": False, "count": count}
+    return Facts(p=comm.Get_size(), nodes=getattr(comm, "nodes", 1) or 1, commutative=commutative, op=case.op,
+                 blocking=case.mode == "blocking", count=count)
 
 
 def run_cases(comm: Any, collective: str, algorithm: str, quick: bool = False, progress: bool = False) -> dict:

@@ -76,18 +76,18 @@ def test_algbw_counts_what_nccl_tests_counts(p):
 
 @pytest.mark.parametrize("collective", [c for c in COLLECTIVES if c != "barrier" and not COLLECTIVES[c].neighbors])
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_model_bytes_are_the_dispatchers_selection_bytes(collective, p):
-    from mpicomm.front import dispatch
+def test_model_bytes_are_the_selections_message_bytes(collective, p):
+    from mpicomm.plan.args import Args
 
     spec = COLLECTIVES[collective]
     for unit in (1, 5, 4096):
-        args = dispatch.Args(spec.registry, dtype=np.dtype(np.float64), count=unit)
-        assert model_bytes(collective, unit, 8, p) == dispatch.selection_bytes(args, p), (collective, unit)
+        args = Args(spec.registry, dtype=np.dtype(np.float64), count=unit)
+        assert model_bytes(collective, unit, 8, p) == args.message_bytes(p), (collective, unit)
 
 
 @pytest.mark.parametrize("collective", [c for c in COLLECTIVES if COLLECTIVES[c].neighbors])
 def test_a_neighbourhood_collective_is_sized_by_one_neighbours_block(collective):
-    from mpicomm.front import dispatch
+    from mpicomm.plan.args import Args
 
     spec = COLLECTIVES[collective]
     for p in (1, 2, 5):
@@ -96,7 +96,7 @@ def test_a_neighbourhood_collective_is_sized_by_one_neighbours_block(collective)
         assert send == (1024 if collective == "neighbor_alltoall" else 512)
         assert model_bytes(collective, unit, 8, p) == 4096 and nccl_bytes(collective, unit, 8, p) == 8192
         # a rank's blocks may differ from its neighbours': the selection has no size, so no rule can split on one
-        assert dispatch.selection_bytes(dispatch.Args(spec.registry, dtype=np.dtype(np.float64), count=unit), p) is None
+        assert Args(spec.registry, dtype=np.dtype(np.float64), count=unit).message_bytes(p) is None
 
 
 def test_layout_rounds_to_float64_elements_and_reports_osu_size():

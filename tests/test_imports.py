@@ -135,12 +135,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "mpicomm.doctor")),
     ("front", ("mpicomm", "mpicomm.comm", "mpicomm.collectives", "mpicomm.p2p", "mpicomm.rma", "mpicomm.rendezvous",
                "mpicomm.shm", "mpicomm.state", "mpicomm.front")),
+    ("selection", ("mpicomm.selection", "mpicomm.rules")),
     ("plan", ("mpicomm.plan",)),
     ("algorithms", ("mpicomm.coll",)),
-    ("selection", ("mpicomm.registry", "mpicomm.rules", "mpicomm.model")),
+    ("table", ("mpicomm.registry", "mpicomm.model")),
     ("engine", ("mpicomm.engine", "mpicomm.trace")),
     ("transport", ("mpicomm.transport",)),
-    ("floor", ("mpicomm.catalogue", "mpicomm.config", "mpicomm.ops", "mpicomm.schedule", "mpicomm.schedule_file",
+    ("floor", ("mpicomm.catalogue", "mpicomm.facts", "mpicomm.config", "mpicomm.ops", "mpicomm.schedule", "mpicomm.schedule_file",
                "mpicomm.launcher", "mpicomm.device", "mpicomm.cleanup", "mpicomm.runtime", "mpicomm.validate")),
 ]
 

@@ -13,7 +13,7 @@ import pytest
 
 import mpicomm
 from mpicomm import __main__ as cli
-from mpicomm import doctor, registry
+from mpicomm import doctor, registry, selection
 from mpicomm.cli import US
 from tests import mpirun
 
@@ -78,7 +78,7 @@ def test_algorithms_json_holds_the_rows_printed(tmp_path, capsys):
         assert line.split()[:2] == [row["collective"], row["algorithm"]] and line.endswith(row["cost"])
         restrictions = ", ".join(row["restrictions"]) or "-"
         assert f"  {restrictions}  " in line
-    assert doc["selection"] == {c: registry.SELECTION.get(c, []) for c in doc["selection"]}
+    assert doc["selection"] == {c: selection.SELECTION.get(c, []) for c in doc["selection"]}
     assert "allreduce" in doc["selection"]
 
 

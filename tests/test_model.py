@@ -14,6 +14,7 @@ import pytest
 
 import mpicomm
 from mpicomm import model, registry
+from mpicomm.facts import Facts
 
 #: A fixed machine: intra α 2 µs, β 1 ns/B; inter α 10 µs, β 4 ns/B; γ 0.5 ns/B; δ 0.25 ns/B; 4 ranks per node.
 M = model.Machine(
@@ -124,7 +125,7 @@ def test_link_is_intra_on_one_node_and_inter_beyond():
 
 def brute_force_cheapest(collective, n, q, link, spans_nodes):
     level = replace(M, intra=link, inter=link)
-    facts = {"p": q, "nodes": q if spans_nodes else 1}
+    facts = Facts(p=q, nodes=q if spans_nodes else 1)
     best = math.inf
     for name, algorithm in registry.table()[collective].items():
         if name != "hierarchical" and registry.allowed(algorithm, facts) is None:

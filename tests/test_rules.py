@@ -8,11 +8,13 @@ import json
 import os
 import socket
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from mpicomm import model, registry, rules
+from mpicomm import model, registry, rules, selection
+from mpicomm.facts import Facts
 from mpicomm.rules import Rules, RulesError
 
 ALLREDUCE = [{"max_bytes": 4096, "device": False, "algorithm": "recursive_doubling"},
@@ -57,7 +59,7 @@ def test_round_trip_and_the_file_sits_next_to_the_model(tmp_path, monkeypatch):
 def test_the_default_rules_are_a_rules_file_of_any_layout():
     default = rules.default()
     assert default.path == rules.DEFAULT_PATH and not default.p and default.layout == ""
-    assert default.collectives == registry.SELECTION
+    assert default.collectives == selection.SELECTION
     assert Rules.from_json(default.to_json(), "again", registry.algorithms).collectives == default.collectives
     assert default.collectives["allreduce"][0] == {"max_bytes": 2048, "algorithm": "recursive_doubling"}
 
@@ -175,19 +177,19 @@ def test_open_ranges_missing_collectives_and_devices():
     assert sample().algorithm_for("barrier", None) == "native"  # a rule without conditions covers "no size"
     assert sample().algorithm_for("bcast", 8) is None
     assert sample().algorithm_for("allreduce", 8, device=True) is None  # measured on host arrays
-    assert sample().first("allreduce", {"p": 4, "bytes": 8}) is None  # rules of p = 2 only
+    assert sample().first("allreduce", Facts(p=4, bytes=8)) is None  # rules of p = 2 only
 
 
 @pytest.mark.serial
 @pytest.mark.parametrize("rule,facts,expected", [
-    ({"min_bytes": 64}, {"bytes": 64}, True), ({"min_bytes": 64}, {"bytes": 63}, False),
-    ({"min_bytes": 0}, {"bytes": None}, False),
-    ({"pof2": True}, {"p": 4}, True), ({"pof2": True}, {"p": 6}, False), ({"pof2": False}, {"p": 6}, True),
-    ({"min_p": 3}, {"p": 3}, True), ({"min_p": 3}, {"p": 2}, False), ({"max_p": 2}, {"p": 3}, False),
-    ({"min_count": 1}, {"p": 4, "count": 4}, True), ({"min_count": 1}, {"p": 4, "count": 3}, False),
-    ({"min_count": 1}, {"p": 4}, False),
-    ({"device": True}, {"device": object()}, True), ({"device": True}, {"device": None}, False),
-    ({"device": False}, {}, True), ({}, {}, True),
+    ({"min_bytes": 64}, Facts(bytes=64), True), ({"min_bytes": 64}, Facts(bytes=63), False),
+    ({"min_bytes": 0}, Facts(bytes=None), False),
+    ({"pof2": True}, Facts(p=4), True), ({"pof2": True}, Facts(p=6), False), ({"pof2": False}, Facts(p=6), True),
+    ({"min_p": 3}, Facts(p=3), True), ({"min_p": 3}, Facts(p=2), False), ({"max_p": 2}, Facts(p=3), False),
+    ({"min_count": 1}, Facts(p=4, count=4), True), ({"min_count": 1}, Facts(p=4, count=3), False),
+    ({"min_count": 1}, Facts(p=4), False),
+    ({"device": True}, Facts(device=True), True), ({"device": True}, Facts(device=False), False),
+    ({"device": False}, Facts(), True), ({}, Facts(), True),
 ])
 def test_each_condition(rule, facts, expected):
     assert rules.holds({**rule, "algorithm": "x"}, facts) is expected
@@ -195,7 +197,7 @@ def test_each_condition(rule, facts, expected):
 
 def test_an_unknown_condition_in_a_patched_table_is_named():
     with pytest.raises(ValueError, match="unknown condition 'tiny'; known: max_bytes"):
-        rules.holds({"tiny": True, "algorithm": "ring"}, {})
+        rules.holds({"tiny": True, "algorithm": "ring"}, Facts())
 
 
 def test_describe_says_a_rule_in_words():
@@ -225,40 +227,40 @@ def test_decide_merges_neighbours_and_breaks_ties_by_name():
 # ---------------------------------------------------------------- precedence
 
 
-FACTS = {"p": 2, "bytes": 1024, "count": 128, "commutative": True, "op": "sum", "nodes": 1, "ppn": 2,
-         "device": False, "blocking": True}
+FACTS = Facts(p=2, bytes=1024, count=128, commutative=True, op="sum", nodes=1, ppn=2, device=False, blocking=True)
 
 
 @pytest.mark.serial
 def test_measured_rules_come_after_call_communicator_and_environment(monkeypatch):
     monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM", raising=False)
-    facts = {**FACTS, "rules": sample()}
-    assert registry.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", "recursive_doubling"),
+    facts = replace(FACTS, rules=sample())
+    assert selection.choose("allreduce", None, None, facts) == (registry.lookup("allreduce", "recursive_doubling"),
                                                                 "rules")
-    assert registry.choose("allreduce", "auto", None, facts)[1] == "rules"
-    assert registry.choose("allreduce", "ring", None, facts) == (registry.lookup("allreduce", "ring"), "call")
-    assert registry.choose("allreduce", None, "naive", facts)[1] == "communicator"
+    assert selection.choose("allreduce", "auto", None, facts)[1] == "rules"
+    assert selection.choose("allreduce", "ring", None, facts) == (registry.lookup("allreduce", "ring"), "call")
+    assert selection.choose("allreduce", None, "naive", facts)[1] == "communicator"
     monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", "tree")
-    assert registry.choose("allreduce", None, None, facts)[:2] == (registry.lookup("allreduce", "tree"),
+    assert selection.choose("allreduce", None, None, facts)[:2] == (registry.lookup("allreduce", "tree"),
                                                                     "environment")
 
 
 @pytest.mark.serial
 def test_measured_rules_beat_the_default_rules_where_they_hold(monkeypatch):
     monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM", raising=False)
-    table = registry.choose("allreduce", None, None, FACTS)
+    table = selection.choose("allreduce", None, None, FACTS)
     assert table[1] == "table"
     picked = sample(collectives={"allreduce": [{"max_bytes": 65536, "algorithm": "naive"}]})  # not the table's
-    assert registry.choose("allreduce", None, None, {**FACTS, "rules": picked}) == (
+    assert selection.choose("allreduce", None, None, replace(FACTS, rules=picked)) == (
         registry.lookup("allreduce", "naive"), "rules")
-    # a fitted model changes nothing: it predicts, the rules choose
-    assert registry.choose("allreduce", None, None, {**FACTS, "rules": picked, "machine": model.NOMINAL})[1] == "rules"
+    # a fitted model changes nothing: it predicts, the rules choose (the facts have no place for a machine)
+    with pytest.raises(TypeError, match="machine"):
+        Facts(p=2, bytes=1024, rules=picked, machine=model.NOMINAL)
     # no measured rule holds (above the last range): the default rules
-    big = {**FACTS, "bytes": 1 << 20, "count": 1 << 17, "rules": picked}
-    assert registry.choose("allreduce", None, None, big) == registry.choose("allreduce", None, None,
-                                                                            {**big, "rules": None})
-    assert registry.choose("allreduce", None, None, big)[1] == "table"
-    algorithm, source, rule = registry.auto_rule("allreduce", {**FACTS, "rules": picked})
+    big = replace(FACTS, bytes=1 << 20, count=1 << 17, rules=picked)
+    assert selection.choose("allreduce", None, None, big) == selection.choose("allreduce", None, None,
+                                                                              replace(big, rules=None))
+    assert selection.choose("allreduce", None, None, big)[1] == "table"
+    algorithm, source, rule = selection.auto_rule("allreduce", replace(FACTS, rules=picked))
     assert rule == "rule 1 of the measured rules of p2-1x2: up to 65536 B → naive"
 
 
@@ -266,13 +268,13 @@ def test_measured_rules_beat_the_default_rules_where_they_hold(monkeypatch):
 def test_a_measured_rule_that_cannot_run_here_is_skipped(monkeypatch):
     monkeypatch.delenv("MPICOMM_ALLREDUCE_ALGORITHM", raising=False)
     ring = sample(collectives={"allreduce": [{"max_bytes": 65536, "device": False, "algorithm": "ring"}]})
-    assert registry.choose("allreduce", None, None, {**FACTS, "rules": ring})[0].name == "ring"
-    noncommutative = {**FACTS, "commutative": False, "op": "mine", "rules": ring}  # ring reorders operands
-    assert registry.choose("allreduce", None, None, noncommutative)[1] == "table"
-    assert registry.choose("allreduce", None, None, {**FACTS, "device": True, "rules": ring})[1] == "table"
-    assert registry.choose("allreduce", None, None, {**FACTS, "p": 4, "rules": ring})[1] == "table"  # other p
+    assert selection.choose("allreduce", None, None, replace(FACTS, rules=ring))[0].name == "ring"
+    noncommutative = replace(FACTS, commutative=False, op="mine", rules=ring)  # ring reorders operands
+    assert selection.choose("allreduce", None, None, noncommutative)[1] == "table"
+    assert selection.choose("allreduce", None, None, replace(FACTS, device=True, rules=ring))[1] == "table"
+    assert selection.choose("allreduce", None, None, replace(FACTS, p=4, rules=ring))[1] == "table"  # other p
     unknown = sample(collectives={"allreduce": [{"algorithm": "from_elsewhere"}]})  # not registered here
-    assert registry.choose("allreduce", None, None, {**FACTS, "rules": unknown})[1] == "table"
+    assert selection.choose("allreduce", None, None, replace(FACTS, rules=unknown))[1] == "table"
 
 
 # ---------------------------------------------------------------- --explain (no MPI job)
@@ -358,13 +360,14 @@ def test_a_communicator_loads_the_rules_of_its_layout(tmp_path, monkeypatch, com
         assert loaded.path == rules.path_for(host, layout)  # every rank knows where rank 0 read it
         small = dispatch.Args("allreduce", dtype=np.dtype(np.float64), count=8)
         big = dispatch.Args("allreduce", dtype=np.dtype(np.float64), count=1024)
-        assert (dispatch.choose(fresh, small, None)[0].name, dispatch.choose(fresh, small, None)[1]) == \
+        state = fresh._state
+        assert (selection.choose_for(state, small, None)[0].name, selection.choose_for(state, small, None)[1]) == \
             ("naive", "rules")
-        assert dispatch.choose(fresh, big, None)[1] == "table"
-        assert dispatch.choose(fresh, small, "ring")[1] == "call"
-        # a new rule list makes new choices (the dispatcher keeps its choices by the lists' identity)
+        assert selection.choose_for(state, big, None)[1] == "table"
+        assert selection.choose_for(state, small, "ring")[1] == "call"
+        # a new rule list makes new choices (the selection keeps a communicator's choices by the lists' identity)
         fresh._state.rules.collectives["allreduce"] = [{"max_bytes": 64, "algorithm": "tree"}]
-        assert dispatch.choose(fresh, small, None) == (registry.lookup("allreduce", "tree"), "rules")
+        assert selection.choose_for(state, small, None) == (registry.lookup("allreduce", "tree"), "rules")
         x = np.arange(8, dtype=np.float64)
         y = np.empty_like(x)
         fresh.Allreduce(x, y)

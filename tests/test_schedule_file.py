@@ -20,6 +20,7 @@ import mpicomm
 from mpicomm import __main__ as commands
 from mpicomm import registry, verify
 from mpicomm.catalogue import CATALOGUE
+from mpicomm.facts import Facts
 from mpicomm.plan.preview import schedule_for, schedules_for
 from mpicomm.schedule import RECV, SEND, Copy, Round, View
 from mpicomm.schedule_file import FORMAT, VERSION, check, from_json, run, to_json
@@ -233,8 +234,8 @@ def test_a_registered_file_describes_its_schedules_and_refuses_other_calls(regis
     with pytest.raises(ValueError, match="rank 0 has counts, displacements or neighbours \\[2, 1, 2\\], the file "
                                          "\\[2, 0, 3\\]"):
         schedules_for("allgatherv", "ring_from_file", 3, counts=[2, 1, 2])
-    assert registry.allowed(algorithm, {"p": 4}) == "is a schedule file made for p = 3 only, but p = 4"
-    assert registry.allowed(algorithm, {"p": 3}) is None
+    assert registry.allowed(algorithm, Facts(p=4)) == "is a schedule file made for p = 3 only, but p = 4"
+    assert registry.allowed(algorithm, Facts(p=3)) is None
     doc = algorithm.steps.__doc__
     assert "Steps:" in doc and "Restrictions:" in doc and "Cost:" not in doc
     assert algorithm.cost.startswith("R·α + S·β + C·γ of the busiest rank")  # its cost function's docstring
@@ -246,8 +247,8 @@ def test_a_reducing_file_needs_its_count_and_a_commutative_op(register, tmp_path
     schedules = schedules_for("allreduce", "rabenseifner", 4, 5, dtype=np.float32)
     algorithm = register(_write(str(tmp_path), schedules), "raben_file")
     assert algorithm.commutative_only and algorithm.fixed_count == 5
-    assert "made for count 5 only, but the count is 6" in registry.allowed(algorithm, {"p": 4, "count": 6})
-    assert "commutative" in registry.allowed(algorithm, {"p": 4, "count": 5, "commutative": False})
+    assert "made for count 5 only, but the count is 6" in registry.allowed(algorithm, Facts(p=4, count=6))
+    assert "commutative" in registry.allowed(algorithm, Facts(p=4, count=5, commutative=False))
     # another element type runs the same rounds, scratch of the call's type
     again = schedules_for("allreduce", "raben_file", 4, 5, dtype=np.int64)
     assert [s.rounds for s in again] == [s.rounds for s in schedules]

@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import shm
-from mpicomm.coll.shm import slices
+from mpicomm.coll.node_memory import slices
 from mpicomm.transport.memory import ALIGN
 
 from .coll import reference as R

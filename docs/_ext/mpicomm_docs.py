@@ -136,13 +136,13 @@ class SelectionRules(SphinxDirective):
     """The default rules of ``auto``, one line per collective (as ``python -m mpicomm algorithms`` prints them)."""
 
     def run(self) -> list[nodes.Node]:
-        from mpicomm import registry
+        from mpicomm import selection
         from mpicomm.catalogue import COLLECTIVES
         from mpicomm.rules import describe
 
         rows = []
         for collective in COLLECTIVES:
-            rules = registry.SELECTION.get(collective) or []
+            rules = selection.SELECTION.get(collective) or []
             rows.append([collective, "; ".join(f"{i + 1}. {describe(rule)}" for i, rule in enumerate(rules))])
         return [table(["collective", "default rules, tried in order"], rows, [2, 10])]
 

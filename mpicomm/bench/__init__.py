@@ -64,7 +64,7 @@ from .measure import _Variant as _Variant
 from .measure import auto_choice, time_algorithms
 from .metrics import (
                       COLLECTIVES,
-                      Collective,
+                      MeasuredCollective,
                       bandwidths,
                       bus_factor,
                       latency_iterations,
@@ -79,7 +79,7 @@ from .metrics import (
 from .report import Report, markdown_table
 
 __all__ = [
-    "BENCHMARKS", "Benchmark", "benchmark", "parse_sizes", "COLLECTIVES", "Collective", "nccl_bytes", "bus_factor",
-    "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "markdown_table", "main", "Report",
+    "BENCHMARKS", "Benchmark", "benchmark", "parse_sizes", "COLLECTIVES", "MeasuredCollective", "nccl_bytes",
+    "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "markdown_table", "main", "Report",
     "time_algorithms", "warmup_iterations", "latency_iterations", "auto_choice",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import cli as shared
 from .backend import BACKENDS, mpi_problem, problem
 from .measure import ROUNDS, _requested, collective_run, pingpong_rows
-from .metrics import COLLECTIVES, DTYPES, OPS, WINDOW, Collective
+from .metrics import COLLECTIVES, DTYPES, OPS, WINDOW, MeasuredCollective
 from .report import Report, _bandwidth_text, collective_report, finish, pingpong_report
 
 __all__ = ["BENCHMARKS", "Benchmark", "benchmark", "main", "PROG"]
@@ -66,12 +66,12 @@ def pingpong(args: argparse.Namespace) -> Report:
     return pingpong_report(args, pingpong_rows(args))
 
 
-def _collective(spec: Collective, args: argparse.Namespace) -> Report:
+def _collective(spec: MeasuredCollective, args: argparse.Namespace) -> Report:
     """Measure *spec* at every size (see :mod:`mpicomm.bench`) and build its report."""
     return collective_report(spec, args, collective_run(spec, args))
 
 
-def _describe(spec: Collective) -> str:
+def _describe(spec: MeasuredCollective) -> str:
     from mpicomm import registry
 
     names = ", ".join(registry.algorithms(spec.registry))
@@ -208,7 +208,7 @@ class _Refused(argparse.Action):
         parser.error(f"{option_string}: {self.why}")
 
 
-def _has_shm(spec: Collective) -> bool:
+def _has_shm(spec: MeasuredCollective) -> bool:
     """Whether *spec* has a registered ``shm`` algorithm (what ``--pool`` measures)."""
     from mpicomm import registry
 

@@ -49,7 +49,7 @@ from ..transport.buffers import cuda_aware
 from .backend import array_module, put, to_host
 from .metrics import (
     WINDOW,
-    Collective,
+    MeasuredCollective,
     _iterations,
     bandwidth_iterations,
     bandwidth_warmup,
@@ -242,7 +242,7 @@ def _label(algorithm: str) -> str:
     return "native (mpicomm)" if algorithm == "native" else algorithm
 
 
-def _keywords(spec: Collective, op: str = "sum") -> dict[str, Any]:
+def _keywords(spec: MeasuredCollective, op: str = "sum") -> dict[str, Any]:
     """The keyword arguments of one call: op *op* for the reducing collectives, root 0 for the rooted ones."""
     from mpi4py import MPI
 
@@ -250,14 +250,14 @@ def _keywords(spec: Collective, op: str = "sum") -> dict[str, Any]:
     return ({"op": mpi_op} if spec.op else {}) | ({"root": 0} if spec.root else {})
 
 
-def _arguments(spec: Collective, send: Any, recv: Any, op: str = "sum") -> tuple[tuple, dict]:
+def _arguments(spec: MeasuredCollective, send: Any, recv: Any, op: str = "sum") -> tuple[tuple, dict]:
     """The positional and keyword arguments of one out-of-place call (mpi4py's signature; op *op*, root 0)."""
     positional = () if spec.name == "barrier" else (recv,) if spec.name == "bcast" else (send, recv)
     return positional, _keywords(spec, op)
 
 
-def _call_buffers(spec: Collective, xp: Any, dtype: np.dtype, unit: int, nsend: int, nrecv: int, rank: int, p: int,
-                  op: str, in_place: bool) -> _Call:
+def _call_buffers(spec: MeasuredCollective, xp: Any, dtype: np.dtype, unit: int, nsend: int, nrecv: int, rank: int,
+                  p: int, op: str, in_place: bool) -> _Call:
     """Fresh buffers of one call holding this rank's data, out of place or in place (the module's table)."""
     from mpi4py import MPI
 
@@ -286,8 +286,8 @@ def _call_buffers(spec: Collective, xp: Any, dtype: np.dtype, unit: int, nsend: 
     return _Call((send, MPI.IN_PLACE), send, send[rank * unit:(rank + 1) * unit])
 
 
-def _staged_native(spec: Collective, library: Any, call: _Call, dtype: np.dtype, unit: int, nsend: int, nrecv: int,
-                   rank: int, p: int, op: str, in_place: bool) -> Callable:
+def _staged_native(spec: MeasuredCollective, library: Any, call: _Call, dtype: np.dtype, unit: int, nsend: int,
+                   nrecv: int, rank: int, p: int, op: str, in_place: bool) -> Callable:
     """Native MPI on device buffers when the library is not CUDA-aware: what a program does by hand without a
     CUDA-aware MPI - copy the input to host buffers of the same layout, call the library on them, copy the result
     back - timed as one call (mpicomm's own rows stage by themselves)."""
@@ -302,13 +302,13 @@ def _staged_native(spec: Collective, library: Any, call: _Call, dtype: np.dtype,
     return staged
 
 
-def _bound(spec: Collective, target: Any, send: Any, recv: Any, algorithm: str | None,
+def _bound(spec: MeasuredCollective, target: Any, send: Any, recv: Any, algorithm: str | None,
            op: str = "sum") -> Callable:
     """``target.<Method>(...)`` with this collective's arguments bound (and ``algorithm=`` for mpicomm)."""
     return _bind(spec, target, _arguments(spec, send, recv, op)[0], algorithm, op)
 
 
-def _bind(spec: Collective, target: Any, positional: tuple, algorithm: str | None, op: str = "sum") -> Callable:
+def _bind(spec: MeasuredCollective, target: Any, positional: tuple, algorithm: str | None, op: str = "sum") -> Callable:
     """``target.<Method>(*positional, op=..., root=...)`` as a call of no arguments (``algorithm=`` for mpicomm)."""
     method = getattr(target, spec.method)
     keywords = _keywords(spec, op)
@@ -317,7 +317,7 @@ def _bind(spec: Collective, target: Any, positional: tuple, algorithm: str | Non
     return lambda: method(*positional, **keywords)
 
 
-def _persistent(spec: Collective, comm: Any, send: Any, recv: Any, op: str = "sum") -> tuple[Callable, Any]:
+def _persistent(spec: MeasuredCollective, comm: Any, send: Any, recv: Any, op: str = "sum") -> tuple[Callable, Any]:
     """(one Start and Wait of ``comm.<Method>_init(...)``, the request): the call ``--persistent`` times."""
     positional, keywords = _arguments(spec, send, recv, op)
     request = getattr(comm, spec.method + "_init")(*positional, **keywords)
@@ -329,25 +329,26 @@ def _persistent(spec: Collective, comm: Any, send: Any, recv: Any, op: str = "su
     return run, request
 
 
-def auto_choice(comm: Any, spec: Collective, positional: tuple, op: str = "sum") -> tuple[str, str]:
+def auto_choice(comm: Any, spec: MeasuredCollective, positional: tuple, op: str = "sum") -> tuple[str, str]:
     """(algorithm, where the choice came from) that ``algorithm="auto"`` runs for ``comm.<Method>(*positional)``
     of *spec*, op *op*, root 0 (*comm* an ``mpicomm.Comm``; not collective).
 
-    Asks the dispatcher, from the call's arguments read as it reads them, so
-    the answer uses the same facts (size, layout, fitted machine) as the call.
+    Asks the selection, from the call's arguments read as the dispatcher reads them, so
+    the answer uses the same facts (size, layout, measured rules) as the call.
     """
-    from mpicomm.front import dispatch, readers
+    from mpicomm.front import readers
     from mpicomm.plan.args import Args
+    from mpicomm.selection import choose_for
 
     if spec.name == "barrier":
         args = Args("barrier")
     else:
         args = readers.read(spec.registry, comm, *positional, **_keywords(spec, op))
-    algorithm, source = dispatch.choose(comm._state, args, "auto")
+    algorithm, source = choose_for(comm._state, args, "auto")
     return algorithm.name, str(source)
 
 
-def _predict(spec: Collective, algorithm: str, nbytes: int, p: int, machine: Any) -> float | None:
+def _predict(spec: MeasuredCollective, algorithm: str, nbytes: int, p: int, machine: Any) -> float | None:
     """The model's time for one call in µs, or None where it has no prediction."""
     from .. import registry
 
@@ -405,7 +406,7 @@ def _measure(variants: list[_Variant], iters: int, repeats: int, barrier: Callab
     return {key: statistics.median(values) for key, values in means.items()}
 
 
-def _validate(spec: Collective, variants: list[_Variant], rank: int, p: int, salt: int,
+def _validate(spec: MeasuredCollective, variants: list[_Variant], rank: int, p: int, salt: int,
               wrong: dict[str, int] | None = None, op: str = "sum", reference: np.ndarray | None = None,
               results: dict[str, np.ndarray] | None = None) -> dict[str, str | None]:
     """Run every variant once on fresh data; each one's mismatch with the first's (native) result on this rank.
@@ -453,7 +454,7 @@ class CollectiveRun:
     in_place: bool = False
 
 
-def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
+def collective_run(spec: MeasuredCollective, args: argparse.Namespace) -> CollectiveRun:
     """Measure *spec* at every size (see :mod:`mpicomm.bench`): every variant interleaved, rows on rank 0."""
     from mpi4py import MPI
 
@@ -593,13 +594,13 @@ def collective_run(spec: Collective, args: argparse.Namespace) -> CollectiveRun:
     return CollectiveRun(rows, notes, overhead, p, nodes, machine, failed, in_place)
 
 
-def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], list[str]]:
+def _resolve(spec: MeasuredCollective, requested: str, comm: Any) -> tuple[list[str], list[str]]:
     """The algorithm names to measure, without those whose restrictions exclude this run, and notes on those."""
     from mpicomm import registry
+    from mpicomm.facts import Facts
 
     p = comm.Get_size()
-    facts = {"p": p, "nodes": comm.nodes, "ppn": comm.ppn, "device": False, "commutative": True,
-             "op": "sum" if spec.op else None}
+    facts = Facts(p=p, nodes=comm.nodes, ppn=comm.ppn, op="sum" if spec.op else None)
     keep, notes = [], []
     for name in _requested(spec, requested):
         if name != "auto":
@@ -611,7 +612,7 @@ def _resolve(spec: Collective, requested: str, comm: Any) -> tuple[list[str], li
     return keep, notes
 
 
-def _requested(spec: Collective, requested: str) -> list[str]:
+def _requested(spec: MeasuredCollective, requested: str) -> list[str]:
     """``all`` → every registered algorithm and ``auto``; else the names given (ValueError for unknown ones)."""
     from mpicomm import registry
 
@@ -630,7 +631,7 @@ def _requested(spec: Collective, requested: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
+def _size_rows(spec: MeasuredCollective, every: list[dict], variants: list[_Variant], unit: int, nbytes: int, p: int,
                iters: int, chosen: tuple[str, str] | None, verdicts: dict, machine: Any,
                item: int = 8) -> list[dict]:
     """The rows of one size on rank 0, from every rank's µs per call per variant (out of place)."""
@@ -657,8 +658,8 @@ def _size_rows(spec: Collective, every: list[dict], variants: list[_Variant], un
     return out
 
 
-def _in_place_rows(spec: Collective, rows: list[dict], every: list[dict], inner: list[_Variant], unit: int, p: int,
-                   item: int, chosen: tuple[str, str] | None, verdicts: dict, wrongs: dict | None) -> None:
+def _in_place_rows(spec: MeasuredCollective, rows: list[dict], every: list[dict], inner: list[_Variant], unit: int,
+                   p: int, item: int, chosen: tuple[str, str] | None, verdicts: dict, wrongs: dict | None) -> None:
     """Give each row of *rows* whose variant ran in place its ``in_place`` numbers (vs_native: against native
     in place)."""
     native = sum(r["native" + IN_PLACE] for r in every) / len(every)
@@ -696,7 +697,7 @@ def _progress_text(rows: list[dict]) -> str:
     return line
 
 
-def _overhead(spec: Collective, rows: list[dict], world: Any, comm: Any, p: int) -> dict | None:
+def _overhead(spec: MeasuredCollective, rows: list[dict], world: Any, comm: Any, p: int) -> dict | None:
     """mpicomm ``auto`` minus native for one element (8 B; barrier: no data), in µs, on rank 0.
 
     Taken from the rows when they have that size and ``auto``; otherwise
@@ -726,20 +727,20 @@ def _overhead(spec: Collective, rows: list[dict], world: Any, comm: Any, p: int)
 # ---------------------------------------------------------------- every algorithm, for a decision
 
 
-def requested_algorithms(spec: Collective, requested: str) -> list[str]:
+def requested_algorithms(spec: MeasuredCollective, requested: str) -> list[str]:
     """``all`` → every registered algorithm of *spec* and ``auto``; else the names given (ValueError naming
     unknown ones and the valid names)."""
     return _requested(spec, requested)
 
 
-def usable_algorithms(spec: Collective, comm: Any) -> tuple[list[str], list[str]]:
+def usable_algorithms(spec: MeasuredCollective, comm: Any) -> tuple[list[str], list[str]]:
     """The registered algorithms of *spec* that can run on *comm* (float64 SUM on host arrays, blocking calls),
     and a note for each one left out (a power-of-two algorithm at p = 3, a one-node one across nodes...)."""
     names, notes = _resolve(spec, "all", comm)
     return [n for n in names if n != "auto"], notes
 
 
-def time_algorithms(comm: Any, spec: Collective, names: Sequence[str], sizes: Sequence[int],
+def time_algorithms(comm: Any, spec: MeasuredCollective, names: Sequence[str], sizes: Sequence[int],
                     iters: Callable[[int], int] | None = None, rounds: int = 5,
                     progress: Callable[[str], None] | None = None) -> list[dict]:
     """Time each algorithm of *names* (``auto`` allowed) at each size; COLLECTIVE over *comm* (an ``mpicomm.Comm``).
@@ -754,7 +755,7 @@ def time_algorithms(comm: Any, spec: Collective, names: Sequence[str], sizes: Se
 
     Returns, on every rank, one dict per size: ``size`` (the Size column),
     ``bytes`` (the selection size the dispatcher compares, see
-    ``mpicomm.coll.dispatch.selection_bytes``), ``count`` and ``us``
+    :meth:`mpicomm.plan.args.Args.message_bytes`), ``count`` and ``us``
     (algorithm → µs per call); with ``auto``, also ``auto`` (its algorithm
     and where that choice came from).
     """

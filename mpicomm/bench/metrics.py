@@ -18,8 +18,8 @@ from ..cli import sizes_arg
 __all__ = [
     "parse_sizes", "iterations", "latency_iterations", "warmup_iterations", "bandwidth_iterations",
     "bandwidth_warmup", "OSU_COLLECTIVE", "OSU_LATENCY", "OSU_SKIP", "OSU_BANDWIDTH", "OSU_BANDWIDTH_SKIP", "WINDOW",
-    "Collective", "COLLECTIVES", "WORLD", "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout", "rank_values", "mismatch", "DTYPES", "OPS",
-    "type_name", "redop_name", "root_of", "mpi_type_name",
+    "MeasuredCollective", "COLLECTIVES", "WORLD", "nccl_bytes", "bus_factor", "bandwidths", "model_bytes", "layout",
+    "rank_values", "mismatch", "DTYPES", "OPS", "type_name", "redop_name", "root_of", "mpi_type_name",
 ]
 
 # ---------------------------------------------------------------- sizes and iterations
@@ -101,7 +101,7 @@ WINDOW = 64
 
 
 @dataclass(frozen=True)
-class Collective:
+class MeasuredCollective:
     """How one collective is called and measured.
 
     ``unit`` is the count the sizes are made of: the whole vector (allreduce,
@@ -142,22 +142,22 @@ class Collective:
         return "one rank's block, in bytes"
 
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("allreduce", "Allreduce", "allreduce", True, False, False, op=True),
-    Collective("bcast", "Bcast", "bcast", True, False, False, root=True, in_place=False),
-    Collective("reduce", "Reduce", "reduce", True, False, False, op=True, root=True, root_only=True),
-    Collective("allgather", "Allgather", "allgather", False, False, True),
-    Collective("alltoall", "Alltoall", "alltoall", False, True, True),
-    Collective("reduce_scatter", "Reduce_scatter_block", "reduce_scatter_block", False, True, False, op=True,
-               size_is_all=True),
-    Collective("gather", "Gather", "gather", False, False, True, root=True, root_only=True),
-    Collective("scatter", "Scatter", "scatter", False, True, False, root=True),
-    Collective("scan", "Scan", "scan", True, False, False, op=True),
-    Collective("barrier", "Barrier", "barrier", True, False, False, in_place=False),
-    Collective("neighbor_allgather", "Neighbor_allgather", "neighbor_allgather", False, False, True, in_place=False,
-               neighbors=2),
-    Collective("neighbor_alltoall", "Neighbor_alltoall", "neighbor_alltoall", False, True, True, in_place=False,
-               neighbors=2),
+COLLECTIVES: dict[str, MeasuredCollective] = {c.name: c for c in (
+    MeasuredCollective("allreduce", "Allreduce", "allreduce", True, False, False, op=True),
+    MeasuredCollective("bcast", "Bcast", "bcast", True, False, False, root=True, in_place=False),
+    MeasuredCollective("reduce", "Reduce", "reduce", True, False, False, op=True, root=True, root_only=True),
+    MeasuredCollective("allgather", "Allgather", "allgather", False, False, True),
+    MeasuredCollective("alltoall", "Alltoall", "alltoall", False, True, True),
+    MeasuredCollective("reduce_scatter", "Reduce_scatter_block", "reduce_scatter_block", False, True, False, op=True,
+                       size_is_all=True),
+    MeasuredCollective("gather", "Gather", "gather", False, False, True, root=True, root_only=True),
+    MeasuredCollective("scatter", "Scatter", "scatter", False, True, False, root=True),
+    MeasuredCollective("scan", "Scan", "scan", True, False, False, op=True),
+    MeasuredCollective("barrier", "Barrier", "barrier", True, False, False, in_place=False),
+    MeasuredCollective("neighbor_allgather", "Neighbor_allgather", "neighbor_allgather", False, False, True,
+                       in_place=False, neighbors=2),
+    MeasuredCollective("neighbor_alltoall", "Neighbor_alltoall", "neighbor_alltoall", False, True, True,
+                       in_place=False, neighbors=2),
 )}
 
 #: The collectives the world communicator runs (``python -m mpicomm.tune`` decides rules for these): all but the
@@ -205,7 +205,7 @@ def bandwidths(collective: str, count: int, itemsize: int, p: int, seconds: floa
 
 
 def model_bytes(collective: str, count: int, itemsize: int, p: int) -> int:
-    """The message size the selection table and the model use (``mpicomm.coll.dispatch.selection_bytes``).
+    """The message size the selection table and the model use (:meth:`mpicomm.plan.args.Args.message_bytes`).
 
     Whole vector for allreduce, bcast, reduce, scan; the block for gather and
     scatter; everything gathered for allgather; each rank's whole send for

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .metrics import Collective
+from .metrics import MeasuredCollective
 
 __all__ = ["TITLES", "title", "collective_tables", "pingpong_tables"]
 
@@ -72,8 +72,8 @@ def _label(name: str, numbers: list[dict]) -> str:
     return f"mpicomm {name.replace(' (mpicomm)', '')}" + (f" (chose {', '.join(chose)})" if chose else "")
 
 
-def collective_tables(spec: Collective, rows: list[dict], datatype: str, validated: bool, backend: str = "numpy",
-                      notes: Iterable[str] = ()) -> list[str]:
+def collective_tables(spec: MeasuredCollective, rows: list[dict], datatype: str, validated: bool,
+                      backend: str = "numpy", notes: Iterable[str] = ()) -> list[str]:
     """The lines of every variant's OSU table (out of place, then in place), then *notes* as ``#`` lines."""
     variants: dict[str, list[dict]] = {}
     for row in rows:

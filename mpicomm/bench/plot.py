@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..cli import US
-from .metrics import Collective
+from .metrics import MeasuredCollective
 
 __all__ = ["plot_collective"]
 
@@ -41,7 +41,7 @@ def _series(rows: list[dict]) -> dict[tuple[str, bool], list[tuple[int, float, f
     return lines
 
 
-def _lines(ax: Any, spec: Collective, rows: list[dict]) -> None:
+def _lines(ax: Any, spec: MeasuredCollective, rows: list[dict]) -> None:
     order: dict[str, int] = {}  # a variant's colour and marker, the same out of place and in place
     for (name, in_place), points in _series(rows).items():
         xs, avg, low, high = zip(*points)
@@ -78,7 +78,7 @@ def _bars(ax: Any, rows: list[dict]) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
-def plot_collective(path: str, spec: Collective, rows: list[dict], p: int, machine: str) -> None:
+def plot_collective(path: str, spec: MeasuredCollective, rows: list[dict], p: int, machine: str) -> None:
     """Draw *rows* (one collective's, from :func:`mpicomm.bench.measure.collective_run`) into the PNG *path*."""
     import matplotlib
 

@@ -34,7 +34,7 @@ from .metrics import (
     OSU_COLLECTIVE,
     OSU_LATENCY,
     OSU_SKIP,
-    Collective,
+    MeasuredCollective,
     mpi_type_name,
 )
 from .osu import collective_tables, pingpong_tables
@@ -186,7 +186,7 @@ def _verdict(row: dict) -> str:
     return row["validation"] or ""
 
 
-def _collective_report(spec: Collective, args: argparse.Namespace, p: int, nodes: int, rows: list[dict],
+def _collective_report(spec: MeasuredCollective, args: argparse.Namespace, p: int, nodes: int, rows: list[dict],
                        notes: list[str], overhead: dict | None, model_label: str, machine: Any,
                        failed: bool, in_place: bool = False) -> Report:
     header = ["Size", "count", "type", "redop", "root", "Algorithm", f"Avg Latency({US})", f"Min Latency({US})",
@@ -257,14 +257,14 @@ def _count(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-def collective_report(spec: Collective, args: argparse.Namespace, run: CollectiveRun) -> Report:
+def collective_report(spec: MeasuredCollective, args: argparse.Namespace, run: CollectiveRun) -> Report:
     """The report of one collective's run (from :func:`mpicomm.bench.measure.collective_run`)."""
     model_label = f"model ({US})" if run.machine is not None else f"model (nominal, {US})"
     return _collective_report(spec, args, run.p, run.nodes, run.rows, run.notes, run.overhead, model_label,
                               run.machine, run.failed, run.in_place)
 
 
-def _bandwidth_text(spec: Collective) -> str:
+def _bandwidth_text(spec: MeasuredCollective) -> str:
     """How algbw and busbw are computed for *spec*, in words (count: float64 elements, see nccl_bytes)."""
     factor = {"allreduce": "2(p-1)/p"}.get(spec.name, "(p-1)/p" if spec.name in _ALL_FACTOR else "1")
     return (f"algbw = S/t with S = {'count*8*p' if spec.name in _ALL_FACTOR else 'count*8'} bytes, "

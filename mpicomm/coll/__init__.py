@@ -10,7 +10,7 @@ beside it registered with :func:`mpicomm.registry.cost`: the body computes
 it, the docstring states the formula - the one place it is written in words
 (``python -m mpicomm algorithms`` shows it). :mod:`.patterns` holds the pure
 communication patterns (rings, binomial trees, the fold onto a power of two)
-the algorithms share, tested against literal tables; :mod:`.shm` the
+the algorithms share, tested against literal tables; :mod:`.node_memory` the
 shared-memory algorithms' schedules; :mod:`.hierarchy` the levels
 hierarchical algorithms nest their calls on.
 

@@ -187,16 +187,16 @@ def bruck(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Seq
 def shm(s: Builder, send: View, recv: View, counts: Sequence[int], displs: Sequence[int]) -> None:
     """Shared memory: every rank publishes its block, then copies every block straight from the peers' memory.
 
-    Steps: (see :func:`mpicomm.coll.shm.allgather`) publish the block (a
-    :class:`mpicomm.shm.Pool` array where it is, another copied once into
-    scratch) and raise this rank's counter; copy the own block into place,
-    then each peer's block (from rank r − 1 down, so the ranks do not all read
-    one peer at once) as soon as that peer's counter is up - no barrier. No
-    barrier at the end either: the next shared-memory call waits until every
-    rank has read this one's blocks (a pool block waits at the end).
+    Steps: (see :func:`mpicomm.coll.node_memory.allgather`) publish the block
+    (a :class:`mpicomm.shm.Pool` array where it is, another copied once into
+    scratch) and raise this rank's counter; copy the own block into place, then
+    each peer's block (from rank r − 1 down, so the ranks do not all read one
+    peer at once) as soon as that peer's counter is up - no barrier. No barrier
+    at the end either: the next shared-memory call waits until every rank has
+    read this one's blocks (a pool block waits at the end).
     Restrictions: every rank on one node; host buffers.
     """
-    from .shm import allgather as shm_allgather
+    from .node_memory import allgather as shm_allgather
 
     shm_allgather(s, send, recv, counts, displs)
 

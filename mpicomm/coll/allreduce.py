@@ -268,17 +268,18 @@ def rabenseifner(s: Builder, send: View, recv: View) -> None:
 def shm(s: Builder, send: View, recv: View) -> None:
     """Shared memory: each rank reduces its slice straight from the peers' memory, then all copy the reduced slices.
 
-    Steps: (see :func:`mpicomm.coll.shm.reduce`) publish where the input and the
-    output live (arrays from a :class:`mpicomm.shm.Pool` where they are, others
-    copied into the rank's scratch but for its own slice); rank r reduces
-    slice r of all p inputs in rank order and writes it into its scratch or
-    every pool output; ranks whose output is not in a pool copy the p reduced
-    slices. The vector is pipelined in chunks of :data:`mpicomm.coll.shm.CHUNK_BYTES`,
-    the ranks synchronised by counters in shared memory (no MPI barrier; no
-    barrier at the end: the next call waits for the peers to be done).
+    Steps: (see :func:`mpicomm.coll.node_memory.reduce`) publish where the
+    input and the output live (arrays from a :class:`mpicomm.shm.Pool` where
+    they are, others copied into the rank's scratch but for its own slice);
+    rank r reduces slice r of all p inputs in rank order and writes it into its
+    scratch or every pool output; ranks whose output is not in a pool copy the
+    p reduced slices. The vector is pipelined in chunks of
+    :data:`mpicomm.coll.node_memory.CHUNK_BYTES`, the ranks synchronised by
+    counters in shared memory (no MPI barrier; no barrier at the end: the next
+    call waits for the peers to be done).
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
     """
-    from .shm import reduce
+    from .node_memory import reduce
 
     reduce(s, send, recv, None)
 

@@ -278,20 +278,20 @@ def shm(s: Builder, send: View, sendcounts: Sequence[int], senddispls: Sequence[
         recv: View, recvcounts: Sequence[int], recvdispls: Sequence[int]) -> None:
     """Shared memory: every rank publishes its blocks, then copies its own block out of every peer's memory.
 
-    Steps: (see :func:`mpicomm.coll.shm.alltoall`) copy the own block locally;
-    publish a header in the scratch (each destination's block offset and
-    count) and the blocks - a :class:`mpicomm.shm.Pool` send array where it
+    Steps: (see :func:`mpicomm.coll.node_memory.alltoall`) copy the own block
+    locally; publish a header in the scratch (each destination's block offset
+    and count) and the blocks - a :class:`mpicomm.shm.Pool` send array where it
     is, another packed into scratch in destination order (one copy per run of
     adjacent blocks, the own block left out) - and raise this rank's counter;
     then, from rank r − 1 down, copy the block for r out of each peer's memory
     as soon as that peer's counter is up (no barrier). No barrier at the end:
     the next shared-memory call waits until every rank has read this one's
-    blocks (a pool send array waits at the end). alltoallv first agrees on
-    the largest scratch any rank needs (+ α). A sender's count that differs
-    from *recvcounts* raises ValueError on the receiver once the call is over.
+    blocks (a pool send array waits at the end). alltoallv first agrees on the
+    largest scratch any rank needs (+ α). A sender's count that differs from
+    *recvcounts* raises ValueError on the receiver once the call is over.
     Restrictions: every rank on one node; host buffers; not in place (the plan copies).
     """
-    from .shm import alltoall as shm_alltoall
+    from .node_memory import alltoall as shm_alltoall
 
     shm_alltoall(s, send, sendcounts, senddispls, recv, recvcounts, recvdispls)
 

@@ -114,17 +114,18 @@ def pipeline(s: Builder, buf: View) -> None:
 def shm(s: Builder, buf: View) -> None:
     """Shared memory: the root publishes its vector chunk by chunk, every other rank copies each chunk from there.
 
-    Steps: (see :func:`mpicomm.coll.shm.bcast`) the root publishes where its
-    buffer lives (a :class:`mpicomm.shm.Pool` array where it is) and copies a
-    plain one into its scratch in chunks of about
-    :data:`mpicomm.coll.shm.CHUNK_BYTES`, raising its counter after each; every
-    other rank waits for that counter (the root's only: no barrier) and copies
-    each chunk as soon as it is there, while the root copies the next. No
-    barrier at the end either: the root's next shared-memory call waits until
-    every rank has read this one (a pool buffer at the root waits at the end).
+    Steps: (see :func:`mpicomm.coll.node_memory.bcast`) the root publishes
+    where its buffer lives (a :class:`mpicomm.shm.Pool` array where it is) and
+    copies a plain one into its scratch in chunks of about
+    :data:`mpicomm.coll.node_memory.CHUNK_BYTES`, raising its counter after
+    each; every other rank waits for that counter (the root's only: no barrier)
+    and copies each chunk as soon as it is there, while the root copies the
+    next. No barrier at the end either: the root's next shared-memory call
+    waits until every rank has read this one (a pool buffer at the root waits
+    at the end).
     Restrictions: every rank on one node; host buffers.
     """
-    from .shm import bcast as shm_bcast
+    from .node_memory import bcast as shm_bcast
 
     shm_bcast(s, buf)
 
@@ -192,7 +193,7 @@ def _bcast_pipeline(m: Machine, n: float, p: int) -> float:
 def _bcast_shm(m: Machine, n: float, p: int) -> float:
     """α + n·δ + c·δ  (c = min(n, CHUNK_BYTES): the copy out trails the copy in by one chunk; a pool buffer at the
     root: α + n·δ; α of the intra-node link)"""
-    from .shm import CHUNK_BYTES
+    from .node_memory import CHUNK_BYTES
 
     return m.intra.alpha + (n + min(n, CHUNK_BYTES)) * m.copy
 

@@ -181,15 +181,16 @@ def rabenseifner(s: Builder, send: View, recv: View | None) -> None:
 def shm(s: Builder, send: View, recv: View | None) -> None:
     """Shared memory: each rank reduces its slice straight from the peers' memory into the root's result.
 
-    Steps: (see :func:`mpicomm.coll.shm.reduce`) publish inputs (pool arrays in
-    place, others copied into scratch but for the own slice) and the root's
-    output; rank r reduces slice r of all p inputs in rank order, into the
-    root's output when it is a pool array, else into its scratch, which the
-    root copies out. Pipelined in chunks of :data:`mpicomm.coll.shm.CHUNK_BYTES`;
-    counters in shared memory, no MPI barrier.
+    Steps: (see :func:`mpicomm.coll.node_memory.reduce`) publish inputs (pool
+    arrays in place, others copied into scratch but for the own slice) and the
+    root's output; rank r reduces slice r of all p inputs in rank order, into
+    the root's output when it is a pool array, else into its scratch, which the
+    root copies out. Pipelined in chunks of
+    :data:`mpicomm.coll.node_memory.CHUNK_BYTES`; counters in shared memory, no
+    MPI barrier.
     Restrictions: every rank on one node; host buffers; any op (rank order kept).
     """
-    from .shm import reduce as shm_reduce
+    from .node_memory import reduce as shm_reduce
 
     shm_reduce(s, send, recv, s.root)
 

@@ -175,17 +175,17 @@ def pairwise(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
 def shm(s: Builder, send: View, recv: View, counts: Sequence[int]) -> None:
     """Shared memory: each rank reduces its own block straight from the peers' inputs.
 
-    Steps: (see :func:`mpicomm.coll.shm.reduce_scatter`) publish the input (a
-    :class:`mpicomm.shm.Pool` array where it is, another copied into scratch -
-    all but the own block, which only this rank reads) and raise this rank's
-    counter; once every peer's counter is up, rank r reduces block r of all p
-    inputs in rank order into *recv*. No barrier at the end: the next
+    Steps: (see :func:`mpicomm.coll.node_memory.reduce_scatter`) publish the
+    input (a :class:`mpicomm.shm.Pool` array where it is, another copied into
+    scratch - all but the own block, which only this rank reads) and raise this
+    rank's counter; once every peer's counter is up, rank r reduces block r of
+    all p inputs in rank order into *recv*. No barrier at the end: the next
     shared-memory call waits until every rank has read this one's inputs (a
     pool input waits at the end).
     Restrictions: every rank on one node; host buffers; any op (rank order
     kept); not in place (the plan copies).
     """
-    from .shm import reduce_scatter as shm_reduce_scatter
+    from .node_memory import reduce_scatter as shm_reduce_scatter
 
     shm_reduce_scatter(s, send, recv, counts)
 

@@ -14,9 +14,9 @@ value is the operation's result::
 :class:`Request` drives one such generator. Blocking operations are the same
 generators driven to completion, so blocking and nonblocking share one code path.
 
-A step may be a :class:`Step` (a list of requests that also carries what to
-run once they have all completed - copying a staged receive back to the GPU -
-and which peer each request talks to, for the watchdog).
+A step may be a :class:`RequestStep` (a list of requests that also carries
+what to run once they have all completed - copying a staged receive back to
+the GPU - and which peer each request talks to, for the watchdog).
 
 Progress semantics: there is no progress thread. Any ``Wait``/``Test`` on any
 mpicomm request advances *every* outstanding mpicomm request of the process
@@ -42,16 +42,15 @@ from mpi4py import MPI
 from ..runtime import handle_interrupts
 from . import executor as _executor
 from . import progress as _progress
-from .executor import Program, Run
-from .executor import Step as ProgramStep
+from .executor import Program, Run, Step
 from .watchdog import Watchdog, recorder
 
 # Ctrl-C on any rank ends the whole job, also while this process sleeps in an MPI wait below (where
 # Python's own handler would not run until the wait returned: never, if the peer is gone).
 handle_interrupts()
 
-__all__ = ["Request", "CollectiveRequest", "watched", "Step", "Envelope", "Steps", "run", "progress", "outstanding", "barrier",
-           "Watchdog", "recorder"]
+__all__ = ["Request", "CollectiveRequest", "watched", "RequestStep", "Envelope", "Steps", "run", "progress", "outstanding",
+           "barrier", "Watchdog", "recorder"]
 
 #: A step generator: yields lists of MPI requests, receives their statuses.
 Steps = Generator[Sequence[MPI.Request], list[MPI.Status], Any]
@@ -72,7 +71,7 @@ _list_init = list.__init__
 _Waitall = MPI.Request.Waitall
 
 
-class Step(list):
+class RequestStep(list):
     """One step's MPI requests, with ``after`` (callables run once all have
     completed, before the generator resumes) and ``peers`` (``("recv"|"send",
     rank)`` per request, ``("all", -1)`` for the argument agreement over every
@@ -94,7 +93,7 @@ class Step(list):
 
 
 def _after(step: Sequence[MPI.Request]) -> None:
-    if type(step) is Step and step.after:
+    if type(step) is RequestStep and step.after:
         step.finish()
 
 
@@ -158,7 +157,7 @@ class Request:
         finally:
             self._busy = False
         self._step += 0 if first else 1
-        self._reqs = step if type(step) is Step else list(step)
+        self._reqs = step if type(step) is RequestStep else list(step)
         self._statuses = [MPI.Status() for _ in self._reqs]
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
@@ -813,7 +812,7 @@ def run(steps: Steps, status: MPI.Status | None = None, label: Any = "operation"
                 _Waitall(step, statuses)
             else:
                 _waitall(step, statuses, label, index, watchdog)
-            if type(step) is Step and step.after:
+            if type(step) is RequestStep and step.after:
                 step.finish()
             step = steps.send(statuses)
             index += 1
@@ -940,7 +939,7 @@ def watched(requests: Sequence[MPI.Request], status: MPI.Status | None = None,
     def ready(run: Run) -> bool:
         return bool(MPI.Request.Testall(reqs, statuses))
 
-    step = ProgramStep(label)
+    step = Step(label)
     step.syncs = (ready,)
     program = Program([step.finish()], label)
     queue = _progress.Queue()

@@ -5,9 +5,9 @@ Every entry point - ``Comm.Allreduce``, ``Comm.Iallreduce``, ``Comm.Allreduce_in
 :class:`~mpicomm.plan.args.Args` (:mod:`.readers`) and calls :func:`start`
 (or :func:`persistent`), which walks down once:
 
-1. **selection** - the algorithm (:func:`choose`: the call, the communicator,
-   ``MPICOMM_<COLLECTIVE>_ALGORITHM``, the measured rules, the default rules), kept per
-   communicator for facts seen before;
+1. **selection** - the algorithm (:func:`mpicomm.selection.choose_for`: the call, the
+   communicator, ``MPICOMM_<COLLECTIVE>_ALGORITHM``, the measured rules, the default rules),
+   kept per communicator for facts seen before;
 2. **plan** - the compiled plan of this signature (:mod:`mpicomm.plan.compile`),
    kept per communicator (at most :data:`PLANS_KEPT` holding :data:`KEPT_BYTES`,
    by collective, algorithm, counts, element type, op, root and the buffers'
@@ -48,12 +48,13 @@ from ..engine.executor import Run, complete, in_callback
 from ..engine.requests import CollectiveRequest, pending_elsewhere
 from ..engine.watchdog import Watchdog
 from ..ops import Op, resolve
-from ..plan.args import Args, ArgumentError, selection_bytes
+from ..plan.args import Args, ArgumentError
 from ..plan.compile import Plan, agreement_only, build, library_plan, traced
+from ..selection import choose_for
 from ..state import State, as_state
 from ..transport.buffers import array_module
 
-__all__ = ["start", "persistent_plan", "choose", "planner", "execute", "ArgumentError", "Args", "PLANS_KEPT"]
+__all__ = ["start", "persistent_plan", "planner", "execute", "ArgumentError", "Args", "PLANS_KEPT"]
 
 log = logging.getLogger("mpicomm")
 
@@ -68,60 +69,7 @@ KEPT_BYTES = 256 << 20
 #: then runs with no copies. So a loop that makes new arrays every call pays neither.
 STAGE_MOST = 64 * 1024
 SEEN_KEPT = 256  #: signatures of staged calls remembered (the oldest is forgotten first)
-_CHOICES_KEPT = 512
 _UINT8 = np.dtype(np.uint8)
-
-
-# ---------------------------------------------------------------- selection
-
-
-def _facts(state: Any, args: Args, nbytes: int | None, blocking: bool = True, nested: bool = False) -> dict:
-    """What the selection may look at: facts every rank of the communicator knows alike."""
-    return {
-        "p": state.size,
-        "bytes": nbytes,
-        "count": args.count if args.count >= 0 else None,
-        "commutative": args.op is None or args.op.commutative,
-        "op": args.op.name if args.op is not None else None,
-        "nodes": state.nodes,
-        "ppn": state.ppn,
-        "device": args.xp is not None and args.xp is not np,
-        "rules": state.rules,
-        "blocking": blocking,
-        "nested": nested,
-    }
-
-
-def choose(state: Any, args: Args, algorithm: str | None, blocking: bool = True,
-           nested: bool = False) -> tuple[registry.Algorithm, str]:
-    """The algorithm for this call and where the choice came from (call, communicator, environment, rules,
-    table); kept per communicator for the facts seen before and the rule lists they were chosen by (a new list,
-    ``registry.SELECTION[c] = [...]`` or in the measured rules, makes new choices). *state*: a communicator's
-    state (or a ``Comm``, or an mpi4py communicator)."""
-    if type(state) is not State:
-        state = as_state(state)
-    collective = args.collective
-    default = state.defaults.get(collective)
-    setting = config.algorithm_setting(collective)
-    nbytes = selection_bytes(args, state.size)
-    op = args.op
-    cacheable = algorithm is None or type(algorithm) is str
-    if cacheable:
-        key = (collective, algorithm, default, setting, nbytes, args.count, op is None or op.commutative,
-               None if op is None else op.name, args.xp is not None and args.xp is not np, blocking, nested,
-               id(registry.SELECTION.get(collective)),
-               None if state.rules is None else id(state.rules.collectives.get(collective)))
-        known = state.choices.get(key)
-        if known is not None:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s: algorithm %s (from the %s)", collective, known[0].name, known[1])
-            return known
-    chosen = registry.choose(collective, algorithm, default, _facts(state, args, nbytes, blocking, nested))
-    if cacheable:
-        if len(state.choices) >= _CHOICES_KEPT:
-            state.choices.clear()
-        state.choices[key] = chosen
-    return chosen
 
 
 # ---------------------------------------------------------------- plans
@@ -148,7 +96,7 @@ def _signature(args: Args, chosen: registry.Algorithm, validate: bool, blocking:
             a, 0 if send is None else send.nbytes, b, 0 if recv is None else recv.nbytes)
 
 
-def _keep(state: Any, key: tuple, plan: Plan) -> None:
+def _keep(state: State, key: tuple, plan: Plan) -> None:
     """Keep *plan* under *key*: the oldest kept plans are dropped while there are more than :data:`PLANS_KEPT`
     or their own arrays (scratch, staging) take more than :data:`KEPT_BYTES` (the newest plan is always kept),
     with the fast path's entries that run them."""
@@ -169,7 +117,7 @@ def _keep(state: Any, key: tuple, plan: Plan) -> None:
             del fast[k]
 
 
-def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, validate: bool | None = None,
+def plan_for(state: State, args: Args, algorithm: str | None, blocking: bool, *, validate: bool | None = None,
              persistent: int | None = None, again: bool | None = None) -> Plan:
     """The plan of this rank's call (kept for later calls with the same signature, where it can be).
 
@@ -187,7 +135,7 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
     chosen: registry.Algorithm | None = None
     source = "?"
     try:
-        chosen, source = choose(state, args, algorithm, blocking)
+        chosen, source = choose_for(state, args, algorithm, blocking)
     except ValueError as exc:
         args.fail(exc)
     if args.problem is not None or chosen is None or (args.unsupported is not None and args.native is None):
@@ -220,13 +168,13 @@ def plan_for(state: Any, args: Args, algorithm: str | None, blocking: bool, *, v
     return plan
 
 
-def _seen_again(state: Any, key: tuple, objects: tuple) -> bool:
+def _seen_again(state: State, key: tuple, objects: tuple) -> bool:
     """Whether a call on these very objects (*key*: the fast path's) ran staged before."""
     checks = state.seen.get(key)
     return checks is not None and _same(checks, objects)
 
 
-def _saw(state: Any, key: tuple, checks: tuple) -> None:
+def _saw(state: State, key: tuple, checks: tuple) -> None:
     """Remember that a call ran staged: by its arrays' identities (*checks*: :func:`_identities`), or by their
     addresses (*key*: the plan's signature, *checks* empty)."""
     seen = state.seen
@@ -235,7 +183,7 @@ def _saw(state: Any, key: tuple, checks: tuple) -> None:
     seen[key] = checks
 
 
-def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
+def _staged(state: State, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
             validate: bool, by_address: bool) -> Plan | None:
     """The kept plan of this call's shape on its own arrays (see :data:`STAGE_MOST`), or None: the call's arrays
     are larger, overlap in part, the algorithm uses node-shared memory, or their shape's plan does not run in the
@@ -263,13 +211,13 @@ def _staged(state: Any, args: Args, chosen: registry.Algorithm, source: str, key
     return plan if plan.program.lane is not None else None
 
 
-def planner(state: Any, collective: str, *, send: Any = None, recv: Any = None, op: Any = None, root: int = 0,
+def planner(state: State, collective: str, *, send: Any = None, recv: Any = None, op: Any = None, root: int = 0,
             count: int = -1, algorithm: str | None = None, blocking: bool = True, recvcounts: Any = None,
             recvdispls: Any = None, sendcounts: Any = None, senddispls: Any = None) -> Plan:
     """The plan of a nested call: *collective* on *state*'s communicator with arrays *send*/*recv* (views of the
     outer call's buffers), chosen as any call there but never validated (the outer call was)."""
     args = nested_args(state, collective, send, recv, op, root, sendcounts, senddispls, recvcounts, recvdispls, count)
-    chosen, source = choose(state, args, algorithm, blocking, nested=True)
+    chosen, source = choose_for(state, args, algorithm, blocking, nested=True)
     return build(state, args, chosen, source, blocking=blocking, validate=False, planner=planner)
 
 
@@ -295,7 +243,7 @@ def _overlap(a: Any, b: Any) -> bool:
     return overlap(a, b) is not None
 
 
-def nested_args(state: Any, collective: str, send: Any, recv: Any, op: Any, root: int, sendcounts: Any,
+def nested_args(state: State, collective: str, send: Any, recv: Any, op: Any, root: int, sendcounts: Any,
                 senddispls: Any, recvcounts: Any, recvdispls: Any, count: int) -> Args:
     """The :class:`Args` of a nested call (flat arrays already checked; counts in elements)."""
     if collective not in COLLECTIVES:
@@ -343,7 +291,7 @@ def nested_args(state: Any, collective: str, send: Any, recv: Any, op: Any, root
 # ---------------------------------------------------------------- running
 
 
-def _concurrent(state: Any) -> RuntimeError:
+def _concurrent(state: State) -> RuntimeError:
     """The error for a second thread entering a collective on *state*; poisons the communicator.
 
     Two threads calling collectives on one communicator pair up their calls
@@ -365,7 +313,7 @@ def _concurrent(state: Any) -> RuntimeError:
     return RuntimeError(message)
 
 
-def enter(state: Any) -> bool:
+def enter(state: State) -> bool:
     """Take *state*'s call lock for this thread (RuntimeError, poisoning it, when another thread holds it or has
     collectives queued on it); True when taken (release it with ``state.lock.release()``).
 
@@ -385,15 +333,15 @@ def enter(state: Any) -> bool:
 
 
 @overload
-def start(state: Any, args: Args, algorithm: str | None, blocking: Literal[False],
+def start(state: State | Any, args: Args, algorithm: str | None, blocking: Literal[False],
           fast: None = None) -> CollectiveRequest: ...
 
 
 @overload
-def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any: ...
+def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any: ...
 
 
-def start(state: Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any:
+def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool, fast: tuple | None = None) -> Any:
     """Run the collective *args* describes on *state*'s communicator: blocking, return its result; else return
     a request (see the module docstring).
 
@@ -457,7 +405,7 @@ class Fast:
 
     __slots__ = ("state", "plan", "program", "checks", "env", "watch", "epoch")
 
-    def __init__(self, state: Any, plan: Plan, objects: tuple, env: tuple):
+    def __init__(self, state: State, plan: Plan, objects: tuple, env: tuple):
         self.state = state
         self.plan = plan
         self.program = plan.program
@@ -529,7 +477,7 @@ def _environment(collective: str = "") -> tuple:
     return tuple(map(get, keys))
 
 
-def _remember(state: Any, plan: Plan, key: tuple, objects: tuple) -> None:
+def _remember(state: State, plan: Plan, key: tuple, objects: tuple) -> None:
     """Keep a :class:`Fast` entry for a call whose arguments are all plain arrays, ``MPI.IN_PLACE`` or ops."""
     for x in objects:
         if type(x) is not np.ndarray and x is not MPI.IN_PLACE and not isinstance(x, (MPI.Op, str, Op)):
@@ -540,7 +488,7 @@ def _remember(state: Any, plan: Plan, key: tuple, objects: tuple) -> None:
     fast[key] = Fast(state, plan, objects, _environment(plan.collective))
 
 
-def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, began: float = 0.0,
+def execute(state: State, plan: Plan, result: Callable[[], Any], blocking: bool, began: float = 0.0,
             keep: Any = None) -> Any:
     """Run *plan* once (the call lock held): to its end for a blocking call, else queued (returns a request);
     *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none)."""
@@ -576,7 +524,7 @@ def execute(state: Any, plan: Plan, result: Callable[[], Any], blocking: bool, b
     return CollectiveRequest(run, q, result)
 
 
-def persistent_plan(state: Any, args: Args, algorithm: str | None) -> Plan:
+def persistent_plan(state: State, args: Args, algorithm: str | None) -> Plan:
     """The plan of a persistent request (collective over the communicator: the ranks agree on it now, and it
     takes the communicator's next persistent number, part of every start's agreement)."""
     state.check_live()
@@ -594,7 +542,7 @@ def persistent_plan(state: Any, args: Args, algorithm: str | None) -> Plan:
             state.lock.release()
 
 
-def _creation_agreement(state: Any, args: Args, plan: Plan) -> None:
+def _creation_agreement(state: State, args: Args, plan: Plan) -> None:
     """One agreement on the persistent request's words before any start, no data: a bad argument or a
     mismatch raises the same error on every rank at creation."""
     probe = agreement_only(state, args, plan.name_, plan.persistent, suspect=args.problem is not None)
@@ -609,9 +557,9 @@ def _creation_agreement(state: Any, args: Args, plan: Plan) -> None:
 # ---------------------------------------------------------------- the trace event of a failed call
 
 
-def _event(state: Any, args: Args, began: float, seq: int, **extra: Any) -> None:
+def _event(state: State, args: Args, began: float, seq: int, **extra: Any) -> None:
     """The trace event of a call that failed before it ran (its plan could not be made)."""
     _trace.record(args.collective, "collective", began, _trace.now(), algorithm="?", source="?",
-                  bytes=selection_bytes(args, state.size), count=args.count if args.count >= 0 else None,
+                  bytes=args.message_bytes(state.size), count=args.count if args.count >= 0 else None,
                   dtype=str(args.dtype) if args.dtype is not None else None, seq=seq, root=args.root, p=state.size,
                   peers=[], **extra)

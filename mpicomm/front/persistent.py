@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
@@ -39,6 +39,9 @@ from ..plan.args import Args
 from ..plan.compile import Plan
 from ..transport.buffers import ready
 from . import dispatch
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["Prequest", "create"]
 
@@ -138,7 +141,7 @@ class Prequest(CollectiveRequest):
             if locked:
                 state.lock.release()
 
-    def _next_run(self, program: Program, state: Any) -> Run:
+    def _next_run(self, program: Program, state: State) -> Run:
         """This request's next run (numbered, in the flight recorder); the request becomes active."""
         self.starts += 1
         seq = state.collectives
@@ -230,6 +233,7 @@ class Prequest(CollectiveRequest):
         return f"<mpicomm.Prequest {self.label}: {state}>"
 
 
-def create(state: Any, args: Args, algorithm: str | None) -> Prequest:
-    """A :class:`Prequest` for the collective *args* describes on *state*'s communicator (collective)."""
+def create(state: State | Any, args: Args, algorithm: str | None) -> Prequest:
+    """A :class:`Prequest` for the collective *args* describes on *state*'s communicator (collective; *state*: its
+    :class:`~mpicomm.state.State`, or what a freed or unready ``Comm`` holds instead, which raises when read)."""
     return Prequest(dispatch.persistent_plan(state, args, algorithm), args, algorithm)

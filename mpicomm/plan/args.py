@@ -3,8 +3,7 @@
 Every entry point (``Comm.Allreduce``, ``mpicomm.allreduce``...) reads its
 arguments into an :class:`Args` (:mod:`.arguments` for mpi4py's buffer
 specs), which the agreement (:mod:`.agreement`) compares across ranks and the
-dispatcher (:mod:`.dispatch`) binds to an algorithm. :func:`selection_bytes`
-is the message size n of the catalogue's size rule for one call.
+dispatcher (:mod:`.dispatch`) binds to an algorithm.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from ..catalogue import CATALOGUE
 from ..ops import Op
 from ..transport.buffers import overlap
 
-__all__ = ["ArgumentError", "Args", "selection_bytes", "sending_order"]
+__all__ = ["ArgumentError", "Args", "sending_order"]
 
 
 class ArgumentError(ValueError, TypeError):
@@ -149,6 +148,13 @@ class Args:
         other.result = _nothing
         return other
 
+    def message_bytes(self, p: int) -> int | None:
+        """n for this call on *p* ranks, by the catalogue's size rule (:meth:`mpicomm.catalogue.Collective.nbytes`;
+        None where the ranks cannot know it alike, or without an element type)."""
+        if self.dtype is None:
+            return None
+        return CATALOGUE[self.collective].nbytes(self.count, self.dtype.itemsize, p, self.recvcounts)
+
     def fail(self, problem: BaseException) -> Args:
         """Record *problem* (the first one wins); returns self."""
         if self.problem is None:
@@ -213,31 +219,3 @@ def sending_order(args: Args) -> tuple[tuple[int, ...], tuple[int, ...] | None, 
         return None if values is None or len(values) != len(order) else tuple(values[i] for i in order)
 
     return tuple(args.destinations[i] for i in order), taken(args.sendcounts), taken(args.senddispls)
-
-
-def selection_bytes(args: Args, p: int) -> int | None:
-    """n for this call, by the catalogue's size rule (None where ranks cannot know it alike).
-
-    ``vector``: the whole vector (bcast, reduce, allreduce, scan, exscan);
-    ``block``: one rank's block (gather, scatter; None for the v-forms);
-    ``gathered``: all p blocks (allgather, allgatherv); ``send``: each
-    rank's whole send (alltoall; None for alltoallv); ``input``: the whole
-    input (reduce_scatter, reduce_scatter_block).
-    """
-    if args.dtype is None:
-        return None
-    item = args.dtype.itemsize
-    c = args.collective
-    if c in _PER_CALL:
-        return args.count * item if args.count >= 0 else None  # (no count: a spec the library runs)
-    if c in _PER_RANK:
-        return args.count * item * p if args.count >= 0 else None
-    if c in ("allgatherv", "reduce_scatter") and args.recvcounts is not None:
-        return sum(args.recvcounts) * item
-    return None
-
-
-#: Equal-count collectives whose n is the count itself (vector, block) or p counts (gathered, send, input).
-_PER_CALL = frozenset(c.name for c in CATALOGUE.values() if c.equal_blocks and c.size in ("vector", "block")
-                      and c.name != "barrier")
-_PER_RANK = frozenset(c.name for c in CATALOGUE.values() if c.equal_blocks and c.size in ("gathered", "send", "input"))

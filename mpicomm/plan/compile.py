@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -45,7 +45,10 @@ from ..ops import BUILTIN
 from ..schedule import RECV, SEND, Builder, Combine, Copy, Local, Round, Schedule, View, early
 from ..transport import buffers
 from . import agreement
-from .args import Args, library_request, selection_bytes, sending_order
+from .args import Args, library_request, sending_order
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["Plan", "build", "agreement_only", "library_plan", "library_program", "traced", "schedule_of",
            "call_algorithm", "FUSE_BYTES", "describe_call"]
@@ -85,7 +88,7 @@ class Plan:
                  "nbytes", "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
                  "stage", "__weakref__")
 
-    def __init__(self, state: Any, args: Args, algorithm: Any, source: str):
+    def __init__(self, state: State, args: Args, algorithm: Any, source: str):
         self.state = state
         self.collective = args.collective
         self.algorithm = algorithm if not isinstance(algorithm, str) else Named(algorithm)  #: what runs (``.name``)
@@ -186,7 +189,7 @@ def describe_call(name: str, collective: str, count: int, dtype: Any, op: Any, r
 # ---------------------------------------------------------------- the schedule
 
 
-def schedule_of(state: Any, args: Args, algorithm: Any, blocking: bool, rank: int | None = None,
+def schedule_of(state: State, args: Args, algorithm: Any, blocking: bool, rank: int | None = None,
                 p: int | None = None) -> Schedule:
     """The schedule *algorithm* (a registry entry) describes for this rank's call *args*."""
     send, recv = args.send, args.recv
@@ -226,7 +229,7 @@ def call_algorithm(b: Builder, fn: Callable, args: Args) -> None:
 # ---------------------------------------------------------------- building
 
 
-def build(state: Any, args: Args, algorithm: Any, source: str, *, blocking: bool, validate: bool,
+def build(state: State, args: Args, algorithm: Any, source: str, *, blocking: bool, validate: bool,
           persistent: int | None = None, planner: Callable[..., Plan] | None = None, cached: bool = False) -> Plan:
     """Compile the plan of this rank's call *args* with *algorithm* (a registry entry) on *state*.
 
@@ -395,7 +398,7 @@ def traced(run: Run, plan: Plan, began: float) -> None:
         extra = {} if r.error is None else {"error": f"{type(r.error).__name__}: {r.error}"}
         peers = sorted({rank for step in r.program.steps for _, rank in step.peers if rank >= 0})
         _trace.record(plan.collective, "collective", began, _trace.now(), algorithm=plan.name_, source=plan.source,
-                      bytes=selection_bytes(Args(plan.collective, count=plan.count, dtype=plan.dtype), plan.p),
+                      bytes=Args(plan.collective, count=plan.count, dtype=plan.dtype).message_bytes(plan.p),
                       count=plan.count if plan.count >= 0 else None,
                       dtype=str(plan.dtype) if plan.dtype is not None else None, seq=r.seq, root=plan.root,
                       p=plan.p, peers=peers, **extra)
@@ -555,7 +558,7 @@ _SYMMETRIC = frozenset({"allreduce", "allgather", "alltoall", "reduce_scatter_bl
 _CHECK_UP_TO = 8  # ranks for which every rank's schedule is built to decide whether the words can be fused
 
 
-def _fusable(state: Any, args: Args, algorithm: Any, sched: Schedule, blocking: bool) -> bool:
+def _fusable(state: State, args: Args, algorithm: Any, sched: Schedule, blocking: bool) -> bool:
     """Whether every rank's first rounds are the agreement's butterfly with small messages - a decision every
     rank must make alike: from the algorithm's declaration, or (small p, equal counts) from every rank's
     schedule, which each rank builds."""
@@ -584,7 +587,7 @@ def _misdeclared(algorithm: Any) -> None:
                        f"its first rounds are not the agreement's butterfly; fix the registration")
 
 
-def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: MPI.Intracomm, state: Any,
+def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: MPI.Intracomm, state: State,
                suspect: bool = False, fusable: bool = False) -> None:
     """Give the program its agreement: fused into its first rounds where they are the butterfly, else beside.
     *suspect*: this rank only takes part (its arguments have a problem, or it runs no algorithm)."""
@@ -681,7 +684,7 @@ def _buffers_of(ops: Sequence[Any]) -> set[int]:
     return out
 
 
-def agreement_only(state: Any, args: Args, name: str, persistent: int | None, suspect: bool = True) -> Plan:
+def agreement_only(state: State, args: Args, name: str, persistent: int | None, suspect: bool = True) -> Plan:
     """A plan that runs no algorithm, only the agreement (this rank's words marked suspect, unless not): a rank
     whose arguments have a problem still takes part, so every rank raises the same error."""
     plan = Plan(state, args, name, "?")
@@ -695,7 +698,7 @@ def agreement_only(state: Any, args: Args, name: str, persistent: int | None, su
     return plan
 
 
-def library_plan(state: Any, args: Args, validate: bool, persistent: int | None) -> Plan:
+def library_plan(state: State, args: Args, validate: bool, persistent: int | None) -> Plan:
     """A plan that hands the call to the MPI library's own nonblocking collective once the ranks agreed (a
     buffer spec only the library takes: a derived datatype, ``MPI.BOTTOM``)."""
     plan = Plan(state, args, "library", "library")
@@ -709,7 +712,7 @@ def library_plan(state: Any, args: Args, validate: bool, persistent: int | None)
     return plan
 
 
-def library_program(state: Any, args: Args, label: Any) -> Program:
+def library_program(state: State, args: Args, label: Any) -> Program:
     """A program whose one step is the MPI library's own nonblocking collective (``args.native``)."""
     step = Step("the MPI library's own collective")
     native = args.native

@@ -8,20 +8,20 @@ per call, where its input and output live (its own scratch, or an array of a
 :class:`mpicomm.shm.Pool`), and a scratch window that other arrays are copied
 into once.
 
-A shared-memory collective (its schedule: :mod:`mpicomm.coll.shm`) is
+A shared-memory collective (its schedule: :mod:`mpicomm.coll.node_memory`) is
 therefore: publish (copy in if needed), tell the peers, work straight on the
 peers' memory, copy out if needed. The ranks synchronise on counters in the
 control window, not on MPI barriers: each rank raises its own counter word
-(``IN`` once its data is published, ``RED`` once its slice is reduced,
-``DONE`` at the end of the call) and waits until the words of the peers it
-reads from have reached the value of the step at hand. Counters only grow
-(every call reserves its range of values alike on every rank), so nothing is
-ever reset. ``Win_sync`` before raising a counter and after seeing the peers'
-orders the loads and stores (MPI's unified memory model). A call does not
-wait for the others at its end: the next call waits until every peer has
-finished the previous one before it overwrites anything a peer may still read
-(calls on pool arrays, which the caller owns, do wait). Waiting for a counter
-is a round of the collective's schedule (a :class:`~mpicomm.schedule.Sync`):
+(``IN`` once its data is published, ``RED`` once its slice is reduced, ``DONE``
+at the end of the call) and waits until the words of the peers it reads from
+have reached the value of the step at hand. Counters only grow (every call
+reserves its range of values alike on every rank), so nothing is ever reset.
+``Win_sync`` before raising a counter and after seeing the peers' orders the
+loads and stores (MPI's unified memory model). A call does not wait for the
+others at its end: the next call waits until every peer has finished the
+previous one before it overwrites anything a peer may still read (calls on pool
+arrays, which the caller owns, do wait). Waiting for a counter is a round of
+the collective's schedule (a :class:`~mpicomm.schedule.Sync`):
 :func:`sync_condition` makes the test the executor polls - it raises when a
 peer failed inside the call (each rank marks the arena failed when a call
 raises on it).
@@ -48,8 +48,8 @@ from mpi4py import MPI
 
 from . import cma
 
-__all__ = ["Window", "Arena", "arena", "check_single_node", "place", "target", "address", "sync_condition", "SCRATCH",
-           "POOL", "PRIVATE", "ALIGN", "IN", "RED", "DONE", "FAILED", "round_up"]
+__all__ = ["SharedWindow", "Arena", "arena", "check_single_node", "place", "target", "address", "sync_condition",
+           "SCRATCH", "POOL", "PRIVATE", "ALIGN", "IN", "RED", "DONE", "FAILED", "round_up"]
 
 ALIGN = 64  #: bytes: pool arrays and scratch regions start on cache-line boundaries
 SCRATCH, POOL, PRIVATE = 0, 1, 2  #: where a published array lives: scratch, a pool, or its owner's memory (CMA)
@@ -64,7 +64,7 @@ def round_up(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
 
 
-class Window:
+class SharedWindow:
     """One ``Win.Allocate_shared`` window; ``segments[r]`` is rank r's piece as a uint8 array."""
 
     def __init__(self, comm: MPI.Intracomm, nbytes: int):
@@ -104,11 +104,11 @@ def check_single_node(state: Any, what: str) -> None:
 class Arena:
     """Per communicator: the control window, the scratch window (grown on demand) and the pools.
 
-    Used by the ``"shm"`` algorithms (:mod:`mpicomm.coll.shm`): a call
+    Used by the ``"shm"`` algorithms (:mod:`mpicomm.coll.node_memory`): a call
     reserves its counter values (:meth:`reserve`), publishes where its arrays
-    live (:meth:`publish`, :func:`place`), and synchronises with
-    :meth:`signal` and the schedule's counter waits (:func:`sync_condition`);
-    see the module docstring.
+    live (:meth:`publish`, :func:`place`), and synchronises with :meth:`signal`
+    and the schedule's counter waits (:func:`sync_condition`); see the module
+    docstring.
 
     ``cma``: every rank of the node can read every other's ordinary memory
     with one copy (:mod:`.cma`; found out here, collectively, once): a call
@@ -121,7 +121,7 @@ class Arena:
         self.lib = state.library_comm
         self.rank = self.lib.Get_rank()
         self.p = self.lib.Get_size()
-        self.control = Window(self.lib, _SLOT * 8)
+        self.control = SharedWindow(self.lib, _SLOT * 8)
         self.slots = [s.view(np.int64) for s in self.control.segments]
         self.words = [memoryview(s).cast("q") for s in self.control.segments]  # type: ignore[arg-type]  # int loads/stores; ndarray is a buffer (stub: 3.12+)
         self.slots[self.rank][:] = 0  # Allocate_shared does not zero the memory
@@ -138,11 +138,11 @@ class Arena:
         self.clock = 0  #: the DONE value of the last call: the same on every rank (every call reserves alike)
         self.broken: int | None = None  #: the rank whose failure made this arena unusable
         self.what: Any = "shared-memory collective"  #: the call running now (its label names it in errors)
-        self._scratch: Window | None = None
+        self._scratch: SharedWindow | None = None
         self.pools: dict[int, Any] = {}  # id → mpicomm.shm.Pool
         self._next_pool = 0
         #: freed pools' windows with their export arrays, in free order (the same on every rank)
-        self.retired: list[tuple[Window, np.ndarray]] = []
+        self.retired: list[tuple[SharedWindow, np.ndarray]] = []
 
     def _cross_memory_attach(self) -> bool:
         """Whether every rank can read its peers' memory (collective: the answer is the same everywhere)."""
@@ -170,7 +170,7 @@ class Arena:
     def remove_pool(self, pool_id: int) -> None:
         self.pools.pop(pool_id, None)
 
-    def retire(self, window: Window, root: np.ndarray | None) -> None:
+    def retire(self, window: SharedWindow, root: np.ndarray | None) -> None:
         """Keep a freed pool's *window* until no view of *root* is left on any rank (:meth:`release`)."""
         self.retired.append((window, np.empty(0, np.uint8) if root is None else root))
 
@@ -210,7 +210,7 @@ class Arena:
             if self._scratch is not None:
                 self._scratch.free()
                 self._scratch = None
-            self._scratch = Window(self.lib, size)
+            self._scratch = SharedWindow(self.lib, size)
         return self._scratch.segments[self.rank]
 
     def segment(self, kind: int, ident: int, rank: int) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from mpicomm import registry
+from mpicomm.facts import Facts
 
 #: Test module → the collectives its ``algorithm`` parameter names (the v-forms share the algorithms).
 _COLLECTIVE = {
@@ -35,8 +36,8 @@ def _skip_what_cannot_run(request: pytest.FixtureRequest) -> None:
     if not isinstance(name, str) or collective is None or name not in registry.algorithms(collective):
         return
     comm = request.getfixturevalue("comm")
-    facts = {"p": comm.Get_size(), "nodes": comm.nodes, "device": callspec.params.get("xp") == "cupy",
-             "blocking": not request.node.originalname.endswith("in_flight")}
+    facts = Facts(p=comm.Get_size(), nodes=comm.nodes, device=callspec.params.get("xp") == "cupy",
+                  blocking=not request.node.originalname.endswith("in_flight"))
     why = registry.allowed(registry.lookup(collective, name), facts)
     if why is not None:
         pytest.skip(f"{collective} algorithm {name!r} {why}")

@@ -10,9 +10,10 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm import registry
+from mpicomm import registry, selection
 from mpicomm.coll import allreduce
 from mpicomm.coll.patterns import block_partition
+from mpicomm.facts import Facts
 
 from ..conftest import host
 from . import reference as R
@@ -131,8 +132,8 @@ def test_commutative_only_refuses_non_commutative_op(comm, algorithm):
 @pytest.mark.parametrize("nmat", [1, 3000, 70_000])  # 32 B, 96 KB, 2.2 MB: each size rule of the table
 def test_auto_picks_an_order_keeping_algorithm_for_a_non_commutative_op(comm, nmat):
     x = R.matrices(comm.rank, nmat)
-    facts = {"p": comm.size, "bytes": x.nbytes, "count": x.size, "commutative": False}
-    assert registry.select("allreduce", None, facts=facts).name in ORDERED
+    facts = Facts(p=comm.size, bytes=x.nbytes, count=x.size, commutative=False)
+    assert selection.select("allreduce", None, facts=facts).name in ORDERED
     got = allreduce_(comm, x, R.MATMUL, None, in_place=False)
     R.assert_matches(got, expected(x, R.native_matmul()), f"auto matrices={nmat}")
 

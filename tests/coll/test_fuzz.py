@@ -39,6 +39,7 @@ from mpi4py import MPI
 
 import mpicomm
 from mpicomm import registry
+from mpicomm.facts import Facts
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -72,7 +73,7 @@ def values(rank: int, n: int, dtype: Any) -> np.ndarray:
 
 def algorithms(collective: str, p: int, nodes: int) -> list[str]:
     """The algorithms that may run here (the registry's own rule)."""
-    facts = {"p": p, "nodes": nodes, "device": False, "blocking": True}
+    facts = Facts(p=p, nodes=nodes, device=False, blocking=True)
     return [name for name in registry.algorithms(collective)
             if registry.allowed(registry.lookup(collective, name), facts) is None]
 

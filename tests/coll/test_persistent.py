@@ -21,6 +21,7 @@ from mpi4py import MPI
 import mpicomm
 from mpicomm import registry
 from mpicomm.engine import lane, progress
+from mpicomm.facts import Facts
 
 from . import reference
 from .reference import assert_matches, counts, data
@@ -133,8 +134,7 @@ def test_the_v_forms_with_uneven_counts(comm, collective):
 @pytest.mark.parametrize("algorithm", registry.algorithms("allreduce"))
 def test_every_allreduce_algorithm_a_persistent_request_may_use(comm, algorithm):
     rank, p = _ranks(comm)
-    why = registry.allowed(registry.lookup("allreduce", algorithm),
-                           {"p": p, "nodes": comm.nodes, "blocking": False})
+    why = registry.allowed(registry.lookup("allreduce", algorithm), Facts(p=p, nodes=comm.nodes, blocking=False))
     if why is not None:  # the same on every rank: the facts are
         with pytest.raises(mpicomm.ArgumentError, match=algorithm):
             comm.Allreduce_init(np.zeros(3), np.zeros(3), algorithm=algorithm)

@@ -7,7 +7,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm import registry
+from mpicomm import registry, selection
+from mpicomm.facts import Facts
 
 from ..conftest import host
 from . import reference as R
@@ -94,8 +95,8 @@ def test_commutative_only_refuses_non_commutative_op(comm, algorithm):
 def test_auto_keeps_rank_order_for_non_commutative_op(comm):
     # 128 KiB, where the table may choose an algorithm that reorders operands for a commutative op
     x = R.matrices(comm.rank, 4096)
-    facts = {"p": comm.size, "bytes": x.nbytes, "count": x.size, "commutative": False}
-    assert registry.auto("reduce", facts).name in ORDERED
+    facts = Facts(p=comm.size, bytes=x.nbytes, count=x.size, commutative=False)
+    assert selection.auto("reduce", facts).name in ORDERED
     root = comm.size - 1
     got = reduce(comm, x, R.MATMUL, root, "auto", in_place=False)
     want = expected(x, R.native_matmul(), root)

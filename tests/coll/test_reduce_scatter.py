@@ -7,7 +7,8 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm import registry
+from mpicomm import registry, selection
+from mpicomm.facts import Facts
 
 from ..conftest import host
 from . import reference as R
@@ -126,8 +127,8 @@ def test_commutative_only_refuses_non_commutative_op(comm, case):
 def test_auto_picks_an_order_keeping_algorithm_for_a_non_commutative_op(comm, collective, nmat):
     counts = tuple(4 * (nmat + r % 2) for r in range(comm.size)) if collective == "reduce_scatter" else (4 * nmat,) * comm.size
     x = R.matrices(comm.rank, sum(counts) // 4)
-    facts = {"p": comm.size, "bytes": x.nbytes, "count": counts[0], "commutative": False}
-    assert (collective, registry.select(collective, None, facts=facts).name) in ORDERED
+    facts = Facts(p=comm.size, bytes=x.nbytes, count=counts[0], commutative=False)
+    assert (collective, selection.select(collective, None, facts=facts).name) in ORDERED
     got = reduce_scatter(comm, collective, x, counts, R.MATMUL, None, in_place=False)
     R.assert_matches(got, expected(collective, x, counts, R.native_matmul()), f"{collective} auto matrices={nmat}")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpicomm.engine.requests import Step
+from mpicomm.engine.requests import RequestStep
 from mpicomm.engine.watchdog import describe, recorder
 
 
@@ -24,8 +24,8 @@ def private():
 def test_watchdog_describes_agreement_and_library_steps(private):
     pending = private.Irecv(np.empty(1), source=private.Get_rank(), tag=77)  # nobody sends: it stays pending
     try:
-        agreement = describe(("allgather #4 (ring)", 0, Step([pending], peers=[("all", -1)])))
-        library = describe(("allgather #4 (ring)", 1, Step([pending], peers=[("library", -1)])))
+        agreement = describe(("allgather #4 (ring)", 0, RequestStep([pending], peers=[("all", -1)])))
+        library = describe(("allgather #4 (ring)", 1, RequestStep([pending], peers=[("library", -1)])))
     finally:
         pending.Cancel()
         pending.Wait()
@@ -83,7 +83,7 @@ def test_watchdog_names_a_collectives_count_and_type_and_prints_the_flight_recor
     class State:
         recent = [Call()]
 
-    line = describe((Call(), 2, Step([], peers=[])))
+    line = describe((Call(), 2, RequestStep([], peers=[])))
     assert line.startswith("stuck in allreduce #7 (ring): 1000 × float64, op sum, step 3"), line
     assert recorder(State()) == ["allreduce #7 (ring): 1000 × float64, op sum [entered]"]
-    assert describe(("irecv_array", 0, Step([], peers=[]))).startswith("stuck in irecv_array, step 1")
+    assert describe(("irecv_array", 0, RequestStep([], peers=[]))).startswith("stuck in irecv_array, step 1")

@@ -9,8 +9,9 @@ import pytest
 from mpi4py import MPI
 
 import mpicomm
-from mpicomm import registry
+from mpicomm import registry, selection
 from mpicomm.engine.executor import complete
+from mpicomm.facts import Facts
 from mpicomm.front import dispatch
 
 from ..coll import reference as R
@@ -116,7 +117,7 @@ def test_nested_named_algorithm_and_source(halves):
     sub, plain = halves
     x = R.data(plain.Get_rank(), 4, np.int64)
     runnable = [a for a in mpicomm.algorithms("allreduce")  # shared memory needs one node (not so under --ranks 2x2)
-                if registry.allowed(registry.lookup("allreduce", a), {"nodes": sub.nodes, "nested": True}) is None]
+                if registry.allowed(registry.lookup("allreduce", a), Facts(nodes=sub.nodes, nested=True)) is None]
     for algorithm in runnable:
         out = np.zeros_like(x)
         plan = _nested(sub, "allreduce", send=x, recv=out, algorithm=algorithm)
@@ -233,9 +234,9 @@ def test_a_composition_never_chooses_itself_for_its_inner_calls(comm, monkeypatc
     buf = R.data(comm.rank, 5, np.int64)
     comm.Bcast(buf, root=0)
     R.assert_matches(buf, R.data(0, 5, np.int64), "hierarchical bcast named by the environment")
-    facts = {"p": comm.size, "nodes": 1, "nested": True, "bytes": 8}
+    facts = Facts(p=comm.size, nodes=1, nested=True, bytes=8)
     assert registry.allowed(registry.lookup("bcast", "hierarchical"), facts) is not None
-    assert registry.choose("bcast", None, None, facts)[0].name != "hierarchical"
+    assert selection.choose("bcast", None, None, facts)[0].name != "hierarchical"
 
 
 # ---------------------------------------------------------------- the trace event

@@ -69,11 +69,12 @@ def test_tune_collectives_writes_rules_that_a_communicator_uses(tmp_path):
     assert set(doc["results"]["rules"]["collectives"]) == {"allreduce", "barrier"}
     assert [pt["bytes"] for pt in doc["results"]["rules"]["measurements"]["allreduce"]] == [8, 4096]
 
-    program = ("import numpy as np, mpicomm; from mpicomm.front import dispatch; c = mpicomm.Comm(); "
-               "a = dispatch.Args('allreduce', dtype=np.dtype(np.float64), count=1); "
-               "b = dispatch.Args('allreduce', dtype=np.dtype(np.float64), count=1 << 20); "
+    program = ("import numpy as np, mpicomm; from mpicomm.plan.args import Args; "
+               "from mpicomm.selection import choose_for; c = mpicomm.Comm(); "
+               "a = Args('allreduce', dtype=np.dtype(np.float64), count=1); "
+               "b = Args('allreduce', dtype=np.dtype(np.float64), count=1 << 20); "
                "x = np.ones(1); y = np.empty(1); c.Allreduce(x, y); assert y[0] == 2; "
-               "(small, source), big = dispatch.choose(c, a, None), dispatch.choose(c, b, None)[1]; "
+               "(small, source), big = choose_for(c._state, a, None), choose_for(c._state, b, None)[1]; "
                "every = c.gather((c.rank, small.name, source, big), root=0); "
                "c.rank == 0 and print(*('CHOICE %d %s %s %s' % row for row in every), sep='\\n')")
     used = mpirun.run(2, [sys.executable, "-c", program], timeout=120, env=env)
