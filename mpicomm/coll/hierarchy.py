@@ -14,9 +14,12 @@ the run reaches them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..schedule import Builder
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["Level", "Levels", "levels"]
 
@@ -55,7 +58,7 @@ class Levels:
         return max(self.node_of) + 1 if self.node_of else 1
 
 
-def _set_up(state: Any) -> None:
+def _set_up(state: State) -> None:
     """Make the levels' communicators and states (collective over the communicator, once)."""
     if state.levels is None:
         node = state.sub_state(state.node_comm.Dup())

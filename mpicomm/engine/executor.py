@@ -44,11 +44,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
 from . import lane as _lane
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "nap", "graveyard", "SPINS", "in_callback"]
 
@@ -143,7 +146,7 @@ class Program:
     __slots__ = ("steps", "agree", "verdict_at", "gated", "check", "on_start", "label", "state", "base", "buffers",
                  "epoch", "renew", "runs", "lane")
 
-    def __init__(self, steps: list[Step], label: Any = "collective", state: Any = None):
+    def __init__(self, steps: list[Step], label: Any = "collective", state: State | None = None):
         self.steps = steps
         self.agree: list[AgreeStep] | None = None  # the independent agreement's rounds
         self.verdict_at = -1  # fused: the step after whose words the verdict is known (-1: not fused)

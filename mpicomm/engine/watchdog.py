@@ -25,11 +25,14 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
 from .. import config
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["Watchdog", "recorder", "describe"]
 
@@ -134,7 +137,7 @@ class Watchdog:
         return lines
 
 
-def recorder(state: Any) -> list[str]:
+def recorder(state: State) -> list[str]:
     """The flight recorder of a communicator's state: one line per recent collective call, oldest first."""
     return [f"{_details(c)} [{getattr(c, 'status', '?')}]" for c in list(getattr(state, "recent", ()))]
 

@@ -41,12 +41,15 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import cma
+
+if TYPE_CHECKING:
+    from ..state import State
 
 __all__ = ["SharedWindow", "Arena", "arena", "check_single_node", "place", "target", "address", "sync_condition",
            "SCRATCH", "POOL", "PRIVATE", "ALIGN", "IN", "RED", "DONE", "FAILED", "round_up"]
@@ -93,7 +96,7 @@ class SharedWindow:
         self.win.Free()
 
 
-def check_single_node(state: Any, what: str) -> None:
+def check_single_node(state: State, what: str) -> None:
     if state.nodes != 1:
         raise ValueError(
             f"{what} needs every rank of the communicator on one node, but it spans {state.nodes} nodes; "
@@ -117,7 +120,7 @@ class Arena:
     until every peer has read them. ``pid``: each rank's process id.
     """
 
-    def __init__(self, state: Any):
+    def __init__(self, state: State):
         self.lib = state.library_comm
         self.rank = self.lib.Get_rank()
         self.p = self.lib.Get_size()
@@ -363,7 +366,7 @@ def target(a: Arena, x: Any) -> list[int]:
     return [POOL, found[0], found[1]] if found is not None else [SCRATCH, 0, 0]
 
 
-def sync_condition(state: Any, sync: Any) -> Callable[[Any], bool]:
+def sync_condition(state: State, sync: Any) -> Callable[[Any], bool]:
     """The test the executor polls for a :class:`~mpicomm.schedule.Sync` round of a shared-memory schedule:
     counter ``sync.word`` of ``sync.ranks`` at the run's base + ``sync.delta`` (true at once when
     ``sync.when(run)`` is false)."""
