@@ -85,7 +85,7 @@ class Plan:
     """One signature's compiled program, and what the callers need to know of it (see the module docstring)."""
 
     __slots__ = ("program", "state", "collective", "algorithm", "name_", "source", "count", "dtype", "op", "root", "p",
-                 "nbytes", "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
+                 "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
                  "stage", "__weakref__")
 
     def __init__(self, state: State, args: Args, algorithm: Any, source: str):
@@ -99,7 +99,6 @@ class Plan:
         self.op = args.op
         self.root = args.root
         self.p = state.size
-        self.nbytes: int | None = None
         self.epoch = state.epoch
         self.persistent: int | None = None
         self.words: np.ndarray | None = None
