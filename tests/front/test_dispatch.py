@@ -341,6 +341,37 @@ def test_new_arrays_on_every_call_run_one_staged_plan_of_their_shape(comm, colle
     assert len(builds) == 2, "the second call on the same arrays compiles their plan, the third reuses it"
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "allreduce in place", "allgather", "alltoall"])
+def test_ranks_on_staged_and_on_own_plans_agree_across_failed_calls(comm, collective):
+    """The same small call runs the staged plan of its shape on the even ranks (new arrays every call) and the
+    arrays' own plan on the odd ones (the same arrays, then the fast path), with a call that fails on a
+    disagreement every third time (the communicator moves to fresh tags): every result matches the library on
+    rank-, index- and call-dependent data, so the two kinds of plan send the same messages in every epoch."""
+    count = 3
+    send_count = count * P if collective == "alltoall" else count
+    recv_count = count * P if collective in ("allgather", "alltoall") else count
+    mine: dict[str, np.ndarray] = {}
+
+    def array(name: str, n: int) -> np.ndarray:
+        if RANK % 2 == 0:
+            return np.empty(n, np.int64)
+        return mine.setdefault(name, np.empty(n, np.int64))
+
+    for call in range(12):
+        x, y = array("x", send_count), array("y", recv_count)
+        x[:] = R.data(RANK, send_count, np.int64) * (call + 2)
+        y[:] = R.data(RANK, recv_count, np.int64) - call
+        expected = y.copy()
+        _call(WORLD, collective, x.copy(), expected)
+        _call(comm, collective, x, y)
+        R.assert_matches(y, expected, f"{collective}, call {call}")
+        if call % 3 == 0 and P > 1:
+            bad = array("bad", 4 if RANK == P - 1 else 3)
+            bad[:] = 1
+            with pytest.raises(mpicomm.ArgumentError, match="count"):
+                comm.Allreduce(MPI.IN_PLACE, bad)
+
+
 def test_kept_plans_hold_at_most_kept_bytes_of_their_own_arrays(comm, monkeypatch):
     """Plans of large calls are dropped, oldest first, once the kept plans' scratch passes KEPT_BYTES (the newest
     stays, so a repeated large call keeps its plan), with the fast path's entries that ran them."""
