@@ -102,14 +102,13 @@ def _keep(state: State, key: tuple, plan: Plan) -> None:
     with the fast path's entries that run them."""
     plans = state.plans
     plans[key] = plan
-    held = {k: sum(getattr(a, "nbytes", 0) for a in kept.keep) + sum(getattr(a, "nbytes", 0) for a in kept.stage or ())
-            for k, kept in plans.items()}
-    total = sum(held.values())
+    plan.held = sum(getattr(a, "nbytes", 0) for a in plan.keep) + sum(getattr(a, "nbytes", 0) for a in plan.stage or ())
+    total = sum(kept.held for kept in plans.values())
     dropped = []
     for k in list(plans):
         if len(plans) <= PLANS_KEPT and total <= KEPT_BYTES or k == key:
             break
-        total -= held[k]
+        total -= plans[k].held
         dropped.append(plans.pop(k))
     if dropped:
         fast = state.fast
