@@ -172,7 +172,7 @@ class Run:
     """One execution of a :class:`Program` (see the module docstring)."""
 
     __slots__ = ("program", "k", "reqs", "afters", "children", "a", "agreed", "broken", "done", "error", "started",
-                 "base", "seq", "callbacks", "status", "result", "keep", "lane", "__weakref__")
+                 "base", "seq", "callbacks", "status", "result", "keep", "lane", "on_end", "__weakref__")
 
     def __init__(self, program: Program, seq: int = -1):
         self.program = program
@@ -195,6 +195,9 @@ class Run:
         self.result: Any = None
         self.keep: Any = None  # what must stay alive until the run ends (a nonblocking call's arrays)
         self.lane = program.lane  # the compiled lane runs its data steps (None: this loop does, from here on)
+        #: called as ``on_end(run, ok)`` by the thread that ends the run, before anyone can see it done (a staged
+        #: nonblocking call copies its result out and frees its plan: see mpicomm.front.dispatch)
+        self.on_end: Callable[[Run, bool], None] | None = None
 
     def __str__(self) -> str:
         label = self.program.label
@@ -510,6 +513,9 @@ class Run:
     # ------------------------------------------------------------ ends
 
     def _finish(self) -> None:
+        end, self.on_end = self.on_end, None
+        if end is not None:
+            end(self, True)
         self.keep = None
         self.done = True
         self.status = "done"
@@ -518,6 +524,9 @@ class Run:
 
     def _fail(self, exc: BaseException) -> None:
         self.abandon()
+        end, self.on_end = self.on_end, None
+        if end is not None:
+            end(self, False)
         self.keep = None
         self.error = exc
         self.done = True

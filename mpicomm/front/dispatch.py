@@ -68,6 +68,9 @@ KEPT_BYTES = 256 << 20
 #: requests, scratch, the agreement). The second call on the same arrays compiles theirs, which the fast path
 #: then runs with no copies. So a loop that makes new arrays every call pays neither.
 STAGE_MOST = 64 * 1024
+#: Staged plans of one shape for nonblocking calls in flight at once (each call holds its plan's own arrays until
+#: it completes, when its result is copied out); a call beyond them compiles a plan for its arrays.
+STAGED_IN_FLIGHT = 4
 SEEN_KEPT = 256  #: signatures of staged calls remembered (the oldest is forgotten first)
 _UINT8 = np.dtype(np.uint8)
 
@@ -151,8 +154,8 @@ def plan_for(state: State, args: Args, algorithm: str | None, blocking: bool, *,
         if plan is not None and plan.epoch == state.epoch:  # (kept by a thread that raced a failure: rebuilt)
             return plan
     try:
-        if key is not None and blocking and not (key in state.seen if again is None else again):
-            staged = _staged(state, args, chosen, source, key, validate, again is None)
+        if key is not None and not (key in state.seen if again is None else again):
+            staged = _staged(state, args, chosen, source, key, validate, again is None, blocking)
             if staged is not None:
                 return staged
         plan = build(state, args, chosen, source, blocking=blocking, validate=validate, persistent=persistent,
@@ -183,10 +186,11 @@ def _saw(state: State, key: tuple, checks: tuple) -> None:
 
 
 def _staged(state: State, args: Args, chosen: registry.Algorithm, source: str, key: tuple,
-            validate: bool, by_address: bool) -> Plan | None:
+            validate: bool, by_address: bool, blocking: bool = True) -> Plan | None:
     """The kept plan of this call's shape on its own arrays (see :data:`STAGE_MOST`), or None: the call's arrays
-    are larger, overlap in part, the algorithm uses node-shared memory, or their shape's plan does not run in the
-    compiled lane (then, or once they are seen again, a plan is compiled for them)."""
+    are larger, overlap in part, the algorithm uses node-shared memory, their shape's plan does not run in the
+    compiled lane, or (nonblocking) :data:`STAGED_IN_FLIGHT` calls of the shape are in flight (then, or once they
+    are seen again, a plan is compiled for them)."""
     if chosen.single_node or chosen.composite or chosen.blocking_only:
         return None  # (shared memory and levels: building a plan reserves node-shared state)
     send, recv = args.send, args.recv
@@ -199,14 +203,22 @@ def _staged(state: State, args: Args, chosen: registry.Algorithm, source: str, k
     if by_address:  # (a call on plain arrays is remembered by its arrays' identities once it ran)
         _saw(state, key, ())
     shape = key[:-4] + ("staged", key[-3], key[-1], alias)  # (the signature without the arrays' addresses)
-    plan = state.plans.get(shape)
-    if plan is None or plan.epoch != state.epoch:
+    for slot in range(1 if blocking else STAGED_IN_FLIGHT):
+        name = shape + (slot,)
+        plan = state.plans.get(name)
+        if plan is not None and plan.epoch == state.epoch:
+            if plan.busy:
+                continue  # (a nonblocking call of this shape in flight holds it)
+            break
         own_send = None if send is None else np.empty_like(send)
         own_recv = own_send if alias else None if recv is None else np.empty_like(recv)
-        plan = build(state, args.detached(own_send, own_recv), chosen, source, blocking=True, validate=validate,
-                     planner=planner, cached=True)
+        plan = build(state, args.detached(own_send, own_recv), chosen, source, blocking=blocking,
+                     validate=validate, planner=planner, cached=True)
         plan.stage = (own_send, own_recv)
-        _keep(state, shape, plan)
+        _keep(state, name, plan)
+        break
+    else:
+        return None
     return plan if plan.program.lane is not None else None
 
 
@@ -360,6 +372,8 @@ def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool,
         # a call on plain arrays: compile a plan for them when these very arrays were seen before (a repeat), else
         # the staged plan of their shape may run (see STAGE_MOST)
         again = _seen_again(state, *fast) if fast is not None else None
+        if not locked:
+            again = True  # (a completion callback's call: never staged, its copies would need the call lock)
         try:
             plan = plan_for(state, args, algorithm, blocking, again=again)
         except BaseException as exc:
@@ -372,11 +386,18 @@ def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool,
             if fast is not None and plan.cached and args.problem is None and stage is None:
                 _remember(state, plan, *fast)
             return result
-        own_send, own_recv = stage  # a staged plan (blocking): the call's arrays copied in, the result out
+        own_send, own_recv = stage  # a staged plan: the call's arrays copied in, the result out
         if own_send is not None:
             np.copyto(own_send, args.send)
         if own_recv is not None and own_recv is not own_send:
             np.copyto(own_recv, args.recv)
+        if not blocking:  # (its result is copied out by whichever thread ends the run, before it is seen done)
+            plan.busy = True
+            try:
+                return execute(state, plan, args.result, False, began, args, _copied_out(plan, own_recv, args.recv))
+            except BaseException:
+                plan.busy = False  # (no run was queued)
+                raise
         result = execute(state, plan, args.result, blocking, began)
         if own_recv is not None:
             np.copyto(args.recv, own_recv)
@@ -386,6 +407,20 @@ def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool,
     finally:
         if locked:
             state.lock.release()
+
+
+def _copied_out(plan: Plan, own: Any, recv: Any) -> Callable[[Run, bool], None]:
+    """The end of a staged nonblocking call's run: the result copied from the plan's array *own* into the call's
+    *recv* (when the run succeeded), and the plan free for the next call of its shape."""
+
+    def end(run: Run, ok: bool) -> None:
+        try:
+            if ok and own is not None:
+                np.copyto(recv, own)
+        finally:
+            plan.busy = False
+
+    return end
 
 
 # ---------------------------------------------------------------- the fast path: a repeated call on the same arrays
@@ -488,12 +523,14 @@ def _remember(state: State, plan: Plan, key: tuple, objects: tuple) -> None:
 
 
 def execute(state: State, plan: Plan, result: Callable[[], Any], blocking: bool, began: float = 0.0,
-            keep: Any = None) -> Any:
+            keep: Any = None, on_end: Callable[[Run, bool], None] | None = None) -> Any:
     """Run *plan* once (the call lock held): to its end for a blocking call, else queued (returns a request);
-    *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none)."""
+    *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none);
+    *on_end*: the run's :attr:`~mpicomm.engine.executor.Run.on_end`."""
     seq = state.collectives
     state.collectives = seq + 1
     run = Run(plan.program, seq)
+    run.on_end = on_end
     state.recent.append(run)
     q = state.queue
     if _trace.ON:

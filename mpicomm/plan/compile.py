@@ -86,7 +86,7 @@ class Plan:
 
     __slots__ = ("program", "state", "collective", "algorithm", "name_", "source", "count", "dtype", "op", "root", "p",
                  "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
-                 "stage", "held", "__weakref__")
+                 "stage", "held", "busy", "__weakref__")
 
     def __init__(self, state: State, args: Args, algorithm: Any, source: str):
         self.state = state
@@ -107,6 +107,7 @@ class Plan:
         self.arrays: list[Any] = []
         self.cached = False  # bound by address and kept for later calls
         self.held = 0  # bytes of its own arrays (scratch, staging), once kept
+        self.busy = False  # a staged plan of a nonblocking call in flight (its own arrays are in use)
         self.keep: list[Any] = []  # what the prepared requests point into (scratch, staging)
         self.stage: tuple[Any, Any] | None = None  # a staged plan's own send and receive arrays (the front copies)
         self.program: Program = Program([], self, state)

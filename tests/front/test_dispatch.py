@@ -341,6 +341,58 @@ def test_new_arrays_on_every_call_run_one_staged_plan_of_their_shape(comm, colle
     assert len(builds) == 2, "the second call on the same arrays compiles their plan, the third reuses it"
 
 
+def _icall(comm: Any, collective: str, x: np.ndarray, y: np.ndarray) -> Any:
+    """The nonblocking *collective* on *comm* (mpicomm's or the library's): its request."""
+    root = 1 % P
+    if collective == "allreduce":
+        return comm.Iallreduce(x, y)
+    if collective == "allreduce in place":
+        return comm.Iallreduce(MPI.IN_PLACE, y)
+    if collective == "bcast":
+        return comm.Ibcast(y, root=root)
+    if collective == "gather":
+        return comm.Igather(x, y if root == RANK else None, root=root)
+    if collective == "allgather":
+        return comm.Iallgather(x, y)
+    if collective == "alltoall":
+        return comm.Ialltoall(x, y)
+    raise AssertionError(collective)
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allreduce in place", "bcast", "gather", "allgather",
+                                        "alltoall"])
+def test_nonblocking_calls_on_new_arrays_run_staged_plans_of_their_shape(comm, collective, monkeypatch):
+    """Nonblocking calls on new (small) arrays: up to STAGED_IN_FLIGHT in flight at once run the staged plans of
+    their shape, each result copied out when its run ends (before the request says done), and match the library
+    on rank-, index- and call-dependent data; one more in flight compiles a plan for its arrays (the arrays kept
+    alive, so no two calls share an address)."""
+    builds = []
+    monkeypatch.setattr(dispatch, "build", lambda *a, _f=dispatch.build, **k: builds.append(1) or _f(*a, **k))
+    comm._state.plans.clear()
+    comm._state.fast.clear()
+    comm._state.seen.clear()
+    most = dispatch.STAGED_IN_FLIGHT
+    count = 3
+    send_count = count * P if collective == "alltoall" else count
+    recv_count = count * P if collective in ("gather", "allgather", "alltoall") else count
+    kept = []  # (alive: every call's arrays at new addresses)
+    for round_ in range(3):
+        calls = []
+        for k in range(most + (round_ == 2)):  # (the last round: one more than there are staged plans)
+            tag = 10 * round_ + k
+            x = R.data(RANK, send_count, np.int64) * (tag + 2)
+            y = R.data(RANK, recv_count, np.int64) - 100 * tag
+            expected = y.copy()
+            _call(WORLD, collective, x.copy(), expected)
+            calls.append((_icall(comm, collective, x, y), x, y, expected, tag))
+        for request, _x, y, expected, tag in reversed(calls):  # (waited for in the other order)
+            request.Wait()
+            R.assert_matches(y, expected, f"nonblocking {collective}, call {tag} on new arrays")
+        kept.append(calls)
+    # (a run may end inside its call, which frees its staged plan at once: so at most, not exactly)
+    assert 1 <= len(builds) <= most + 1, f"{len(builds)} plans compiled for {3 * most + 1} calls of one shape"
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "allreduce in place", "allgather", "alltoall"])
 def test_ranks_on_staged_and_on_own_plans_agree_across_failed_calls(comm, collective):
     """The same small call runs the staged plan of its shape on the even ranks (new arrays every call) and the
