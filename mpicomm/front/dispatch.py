@@ -48,8 +48,9 @@ from ..engine.executor import Run, complete, in_callback
 from ..engine.requests import CollectiveRequest, pending_elsewhere
 from ..engine.watchdog import Watchdog
 from ..ops import Op, resolve
+from ..plan import agreement
 from ..plan.args import Args, ArgumentError
-from ..plan.compile import Plan, agreement_only, build, library_plan, traced
+from ..plan.compile import Plan, agreement_only, build, creation_probe, library_plan, traced
 from ..selection import choose_for
 from ..state import State, as_state
 from ..transport.buffers import array_module
@@ -148,13 +149,13 @@ def plan_for(state: State, args: Args, algorithm: str | None, blocking: bool, *,
         return agreement_only(state, args, chosen.name if chosen is not None else str(algorithm), persistent)
     if args.unsupported is not None:
         return library_plan(state, args, validate, persistent)
-    key = _signature(args, chosen, validate, blocking) if persistent is None else None
-    if key is not None:
+    key = _signature(args, chosen, validate, blocking)
+    if key is not None and persistent is None:
         plan = state.plans.get(key)
         if plan is not None and plan.epoch == state.epoch:  # (kept by a thread that raced a failure: rebuilt)
             return plan
     try:
-        if key is not None and not (key in state.seen if again is None else again):
+        if key is not None and persistent is None and not (key in state.seen if again is None else again):
             staged = _staged(state, args, chosen, source, key, validate, again is None, blocking)
             if staged is not None:
                 return staged
@@ -165,8 +166,10 @@ def plan_for(state: State, args: Args, algorithm: str | None, blocking: bool, *,
             raise
         args.fail(exc)
         return agreement_only(state, args, chosen.name, persistent)
-    if key is not None:
+    if key is not None and persistent is None:
         _keep(state, key, plan)
+    elif key is not None:
+        plan.key = key  # (a persistent request's: kept under it once freed, see retire)
     return plan
 
 
@@ -569,7 +572,9 @@ def persistent_plan(state: State, args: Args, algorithm: str | None) -> Plan:
         number = state.persistent
         state.persistent += 1
         validate = config.validate() and args.collective != "barrier"
-        plan = plan_for(state, args, algorithm, False, validate=validate, persistent=number)
+        plan = _freed_plan(state, args, algorithm, validate, number)
+        if plan is None:
+            plan = plan_for(state, args, algorithm, False, validate=validate, persistent=number)
         if validate:
             _creation_agreement(state, args, plan)
         return plan
@@ -578,14 +583,60 @@ def persistent_plan(state: State, args: Args, algorithm: str | None) -> Plan:
             state.lock.release()
 
 
+def _freed_plan(state: State, args: Args, algorithm: str | None, validate: bool, number: int) -> Plan | None:
+    """The plan a freed persistent request of this call's signature left (:func:`retire`), renumbered as
+    request *number*; None where there is none (a compile makes one)."""
+    if state.poisoned is not None or args.problem is not None or args.unsupported is not None:
+        return None
+    try:
+        chosen, _ = choose_for(state, args, algorithm, False)
+    except ValueError:
+        return None
+    key = _signature(args, chosen, validate, False)
+    plan = None if key is None else state.plans.pop(("freed",) + key, None)
+    if plan is None or plan.epoch != state.epoch:
+        return None
+    plan.renumber(args, number)
+    return plan
+
+
+def retire(plan: Plan) -> None:
+    """A freed persistent request's *plan*: kept for the next request of its signature on the same memory (its
+    arrays are bound by address), or released where it cannot be (device arrays, an older epoch, a
+    communicator in use by another thread)."""
+    state = plan.state
+    if plan.key is None or plan.epoch != state.epoch or state.freed or not state.lock.acquire(False):
+        plan.release()
+        return
+    try:
+        old = state.plans.get(("freed",) + plan.key)
+        if old is not None:
+            old.release()
+        _keep(state, ("freed",) + plan.key, plan)
+    finally:
+        state.lock.release()
+
+
 def _creation_agreement(state: State, args: Args, plan: Plan) -> None:
     """One agreement on the persistent request's words before any start, no data: a bad argument or a
-    mismatch raises the same error on every rank at creation."""
-    probe = agreement_only(state, args, plan.name_, plan.persistent, suspect=args.problem is not None)
+    mismatch raises the same error on every rank at creation. Its plan is kept, and recast for the next
+    creation on the communicator."""
+    if args.problem is not None or plan.words is None:
+        probe = agreement_only(state, args, plan.name_, plan.persistent, suspect=args.problem is not None)
+        key = None
+    else:
+        key = ("creation agreement", agreement.agrees(plan.words))
+        probe = creation_probe(state, args, plan, state.plans.get(key))
     run = Run(probe.program, state.collectives)
-    run.start()
-    if not run.poll():
-        complete(run, Watchdog.start())
+    probe.busy = True  # (a creation from a callback while this one runs makes its own)
+    try:
+        run.start()
+        if not run.poll():
+            complete(run, Watchdog.start())
+    finally:
+        probe.busy = False
+    if key is not None and probe.epoch == state.epoch:
+        _keep(state, key, probe)
     if run.error is not None:
         raise run.error
 

@@ -215,7 +215,9 @@ class Prequest(CollectiveRequest):
             raise ValueError(f"{self.label}: freed while active (started, and no Wait or Test has reported its "
                              f"completion yet); Wait for it first, then Free")
         plan, self._plan = self._plan, None
-        plan.release()
+        self._args = Args(plan.collective)  # (the caller's buffers are theirs again now, not when this is collected)
+        self.run.keep = None
+        dispatch.retire(plan)
 
     @property
     def plan(self) -> Plan:

@@ -50,7 +50,7 @@ from .args import Args, library_request, sending_order
 if TYPE_CHECKING:
     from ..state import State
 
-__all__ = ["Plan", "build", "agreement_only", "library_plan", "library_program", "traced", "schedule_of",
+__all__ = ["Plan", "build", "agreement_only", "creation_probe", "library_plan", "library_program", "traced", "schedule_of",
            "call_algorithm", "FUSE_BYTES", "describe_call"]
 
 #: Largest data message that carries the agreement's words in front of it (copied into a small buffer);
@@ -86,7 +86,7 @@ class Plan:
 
     __slots__ = ("program", "state", "collective", "algorithm", "name_", "source", "count", "dtype", "op", "root", "p",
                  "epoch", "persistent", "words", "schedule", "direct", "arrays", "cached", "keep",
-                 "stage", "held", "busy", "__weakref__")
+                 "stage", "held", "busy", "key", "retell", "__weakref__")
 
     def __init__(self, state: State, args: Args, algorithm: Any, source: str):
         self.state = state
@@ -110,6 +110,9 @@ class Plan:
         self.busy = False  # a staged plan of a nonblocking call in flight (its own arrays are in use)
         self.keep: list[Any] = []  # what the prepared requests point into (scratch, staging)
         self.stage: tuple[Any, Any] | None = None  # a staged plan's own send and receive arrays (the front copies)
+        self.key: tuple | None = None  # a persistent request's plan: its signature, under which it is reused once freed
+        #: rewrites the agreement's words for another call of the same shape (see :meth:`renumber`)
+        self.retell: Callable[[Args, np.ndarray | None], bool] | None = None
         self.program: Program = Program([], self, state)
 
     # ------------------------------------------------------------ labels (built only when shown)
@@ -143,6 +146,29 @@ class Plan:
     def run(self, seq: int) -> Run:
         """A new run of this plan (call :meth:`~mpicomm.engine.executor.Run.start`, or queue it)."""
         return Run(self.program, seq)
+
+    def renumber(self, args: Args, persistent: int) -> None:
+        """Make a freed persistent request's plan that of a new one (*args*: the same signature on the same
+        memory): its words carry the new creation number, and it counts its runs afresh."""
+        self.persistent = persistent
+        self.program.runs = 0
+        if self.retell is not None:
+            self.retell(args.detached(_raw(args.send), _raw(args.recv)), None)  # (kept again once freed: no reference)
+
+    def recast(self, args: Args, name: str, persistent: int | None, words: np.ndarray | None = None) -> bool:
+        """Make an agreement-only plan check another call's words (*args*, algorithm *name*, *persistent*
+        number; *words*, where another plan made them); False, changing nothing, where the new words would need
+        other compiled checks (see :func:`creation_probe`)."""
+        before = (self.collective, self.algorithm, self.name_, self.count, self.dtype, self.op, self.root,
+                  self.persistent)
+        self.collective, self.algorithm, self.name_ = args.collective, Named(name), name
+        self.count, self.dtype, self.op, self.root, self.persistent = \
+            args.count, args.dtype, args.op, args.root, persistent
+        if self.retell is not None and self.retell(args, words):
+            return True
+        (self.collective, self.algorithm, self.name_, self.count, self.dtype, self.op, self.root,
+         self.persistent) = before
+        return False
 
     def release(self) -> None:
         """Free the prepared requests (the plan is not run again)."""
@@ -589,9 +615,10 @@ def _misdeclared(algorithm: Any) -> None:
 
 
 def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: MPI.Intracomm, state: State,
-               suspect: bool = False, fusable: bool = False) -> None:
+               suspect: bool = False, fusable: bool = False) -> list[Args]:
     """Give the program its agreement: fused into its first rounds where they are the butterfly, else beside.
-    *suspect*: this rank only takes part (its arguments have a problem, or it runs no algorithm)."""
+    *suspect*: this rank only takes part (its arguments have a problem, or it runs no algorithm). Returns the
+    one-item list of the call the words describe (``plan.retell`` replaces it)."""
     program = plan.program
     rank, p = state.rank, state.size
     words = agreement.digest(args, plan.name_, p, rank, plan.persistent, suspect=suspect)
@@ -609,23 +636,38 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
             flag[0] = False
 
     quiet = agreement.agrees(pristine)  # this rank's own words already say "agreed": unchanged, they still do
+    said = [args]  # the call the words describe (another one after a retell)
+
+    def retell(new: Args, made: np.ndarray | None = None) -> bool:
+        # The words of another call of the plan's shape (the plan's fields already say it; *made*: those words,
+        # where another plan made them already): written in place, so the compiled records that point at them
+        # stay; refused where the words' own verdict would change
+        fresh = agreement.digest(new, plan.name_, p, rank, plan.persistent, suspect=suspect) if made is None else made
+        if agreement.agrees(fresh) != quiet:
+            return False
+        said[0] = new
+        for target in (pristine, words, *stagings):
+            np.copyto(target, fresh)
+        flag[0] = False
+        return True
 
     def check(run: Run) -> Program | None:
         if (quiet and not flag[0]) or agreement.agrees(words):
             return None
         run.abandon()
         state.new_epoch()  # what was in flight can never match a later call
-        row = agreement.describe(args, plan.name_, p, rank, plan.persistent)
+        row = agreement.describe(said[0], plan.name_, p, rank, plan.persistent)
         if agreement.settle(lib, f"{plan.collective} #{run.seq}", row) == "library":
-            return library_program(state, args, plan)  # some rank's spec only the library takes: all hand it over
+            return library_program(state, said[0], plan)  # some rank's spec only the library takes: all hand it over
         return None
 
     program.on_start = on_start
     program.check = check
+    plan.retell = retell
     if not kinds:  # one rank: the executor judges at the start
         program.agree = None
         program.verdict_at = -1
-        return
+        return said
     aligned = _aligned(sched, kinds) if fusable and plan.direct and not suspect else None
     agree_tag = state.tags(plan.epoch)[1]
     if aligned is not None:
@@ -637,7 +679,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
             if i > 0:
                 plan.program.steps[i - 1].early = False
         program.verdict_at = aligned[-1]
-        return
+        return said
     rounds = []
     for kind, peer in kinds:
         got = np.zeros(agreement.WORDS, np.int64)
@@ -651,6 +693,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
         rounds.append(AgreeStep(reqs, lane.with_record(agreement.combiner(words, got, kind, flag), verify), peer,
                                 receives=kind in ("recv", "fold", "both")))
     program.agree = rounds
+    return said
 
 
 def _aliasable(sched: Schedule, fused: list[int]) -> set[int]:
@@ -693,10 +736,24 @@ def agreement_only(state: State, args: Args, name: str, persistent: int | None, 
     sched = Builder(args.collective, name, state.rank, state.size, args.dtype or _UINT8).schedule()
     plan.program.steps = [Step("nothing: this rank's arguments have a problem" if suspect else "the agreement")]
     plan.program.epoch = plan.epoch
-    _agreement(plan, args, sched, [None, None], state.library_comm, state, suspect=suspect)
+    said = _agreement(plan, args, sched, [None, None], state.library_comm, state, suspect=suspect)
+    plan.program.steps[0].finish()
+    plan.program.lane = lane.of(plan.program)  # (where the words' checks are records: not for a suspect rank)
     # queued behind a call that fails (a nonblocking one): the communicator's tags change before it starts
-    plan.program.renew = lambda: agreement_only(state, args, name, persistent, suspect).program
+    # (with the call it checks then: a kept probe is recast for each creation)
+    plan.program.renew = lambda: agreement_only(state, said[0], plan.name_, plan.persistent, suspect).program
     return plan
+
+
+def creation_probe(state: State, args: Args, plan: Plan, kept: Plan | None) -> Plan:
+    """The agreement-only plan that checks a new persistent request's words (*plan*'s) at its creation: *kept*,
+    an earlier one of this communicator and epoch, recast for this call where its compiled checks fit, or a
+    new one. It keeps no reference to the caller's host arrays."""
+    own = args.detached(_raw(args.send), _raw(args.recv))
+    if kept is not None and not kept.busy and kept.epoch == state.epoch \
+            and kept.recast(own, plan.name_, plan.persistent, plan.words):
+        return kept
+    return agreement_only(state, own, plan.name_, plan.persistent, suspect=False)
 
 
 def library_plan(state: State, args: Args, validate: bool, persistent: int | None) -> Plan:

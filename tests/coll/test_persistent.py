@@ -286,6 +286,70 @@ def test_the_persistent_plan_reuses_its_scratch(comm):
     request.Free()
 
 
+def test_a_freed_requests_plan_serves_the_next_request_on_the_same_arrays(comm, monkeypatch):
+    """A request made again on the same arrays after Free (a solver's setup in a loop, mpi4py's test modules)
+    takes the freed request's plan, renumbered: no compile, the results still the library's, and a creation
+    whose arguments differ on one rank (another op there: a plan of another signature) still raises the same
+    error on every rank."""
+    from mpicomm.front import dispatch
+
+    rank, p = _ranks(comm)
+    dup = comm.Dup()
+    send, recv = np.zeros(7, np.int64), np.zeros(7, np.int64)
+    builds = []
+    monkeypatch.setattr(dispatch, "build", lambda *a, _f=dispatch.build, **k: builds.append(a[1].collective) or _f(*a, **k))
+    plans, labels = [], []
+    for made in range(4):
+        request = dup.Allreduce_init(send, recv)
+        plans.append(request.plan)
+        labels.append(request.label)
+        for start in range(2):
+            _fill(send, rank, 10 * made + start)
+            request.Start()
+            request.Wait()
+            expected = np.empty_like(recv)
+            reference.native().Allreduce(send, expected)
+            assert_matches(recv, expected, f"request {made}, start {start}")
+        request.Free()
+    assert builds == ["allreduce"], builds
+    assert all(plan is plans[0] for plan in plans)
+    assert len(set(labels)) == 4 and all(", 0 starts)" in label for label in labels), labels
+    if p > 1:
+        op = MPI.MAX if rank == p - 1 else MPI.SUM
+        try:
+            dup.Allreduce_init(send, recv, op)
+        except mpicomm.ArgumentError as exc:
+            message = str(exc).partition(": ")[2]
+        else:
+            message = ""
+        everyone = MPI.COMM_WORLD.allgather(message)
+        assert all("ranks disagree on the op" in m for m in everyone) and len(set(everyone)) == 1, everyone
+    dup.Free()
+
+
+def test_the_creation_agreement_names_the_call_it_checks(comm):
+    """The creation agreement's plan is kept and recast for each creation: after good creations of other
+    collectives, a mismatched one is named with its own collective and counts."""
+    rank, p = _ranks(comm)
+    if p < 2:
+        pytest.skip("needs two ranks to disagree")
+    dup = comm.Dup()
+    for request in (dup.Allgather_init(np.zeros(2), np.zeros(2 * p)), dup.Bcast_init(np.zeros(3), root=0),
+                    dup.Alltoall_init(np.zeros(p), np.zeros(p))):
+        request.Free()
+    n = 5 if rank == 1 else 4
+    try:
+        dup.Reduce_init(np.zeros(n), np.zeros(n), MPI.SUM, 0)
+    except mpicomm.ArgumentError as exc:
+        message = str(exc)
+    else:
+        message = ""
+    everyone = MPI.COMM_WORLD.allgather(message)
+    assert all("reduce" in m and "ranks disagree on the count" in m and "5" in m and "4" in m
+               for m in everyone), everyone
+    dup.Free()
+
+
 # ---------------------------------------------------------------- the same answer on every rank, 20 runs each
 #
 # A reliability probe (the same program on every rank) found answers that depended on timing: whether the
