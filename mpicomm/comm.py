@@ -60,7 +60,7 @@ from mpi4py import MPI
 from . import device as _device
 from . import p2p, registry
 from .engine.requests import Request, run
-from .front import dispatch, persistent, readers
+from .front import dispatch, persistent, readers, reproducing
 from .plan.args import Args
 from .state import Freed, State, job_local_rank, state_of
 from .transport import specs
@@ -185,6 +185,21 @@ class Comm(MPI.Intracomm):
     def ppn(self) -> int:
         """The most ranks of this communicator on any one node (the same on every rank; selection uses it)."""
         return self._state.ppn
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether the blocking reducing collectives (Allreduce, Reduce, Reduce_scatter(_block)) with ``SUM`` on
+        float32/64 and complex64/128 give a reproducible sum when the call does not say (``reproducible=``): the
+        same bits for every algorithm, order and rank count (:mod:`mpicomm.reproducible`). Starts as
+        ``MPICOMM_REPRODUCIBLE`` says (default off); set it alike on every rank."""
+        return self._state.reproducible
+
+    @reproducible.setter
+    def reproducible(self, on: bool) -> None:
+        if not isinstance(on, (bool, np.bool_)):
+            raise TypeError(f"Comm.reproducible takes True or False, got {on!r}")
+        self._state.check_live()  # (a freed communicator raises; one from Idup is built first)
+        cast(State, self._state).reproducible = bool(on)
 
     @property
     def machine(self) -> Any:
@@ -392,6 +407,10 @@ class Comm(MPI.Intracomm):
         """A blocking call by the full path, remembered under *key* for :meth:`_repeat`."""
         _start(self._state, _read(key[0], self, *args, **kwargs), algorithm, True, (key, objects))
 
+    def _reproducible(self, collective: str, algorithm: str | None, *args: Any, **kwargs: Any) -> None:
+        """A blocking reducing call as a reproducible sum (:mod:`mpicomm.front.reproducing`)."""
+        reproducing.run(self._state, _read(collective, self, *args, **kwargs), algorithm)
+
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
         _start(self._state, Args("barrier"), algorithm, True)
@@ -411,8 +430,11 @@ class Comm(MPI.Intracomm):
         return self._collective("bcast", False, algorithm, buf, root)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-               algorithm: str | None = None) -> None:
-        """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root)."""
+               algorithm: str | None = None, reproducible: bool | None = None) -> None:
+        """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root);
+        *reproducible*: see :attr:`reproducible` (None: the communicator's setting)."""
+        if reproducible or (reproducible is None and self._state.reproducible):
+            return self._reproducible("reduce", algorithm, sendbuf, recvbuf, op=op, root=root)
         key = ("reduce", id(sendbuf), id(recvbuf), id(op), root, algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op, root=root)
@@ -422,8 +444,12 @@ class Comm(MPI.Intracomm):
         """Nonblocking :meth:`Reduce`."""
         return self._collective("reduce", False, algorithm, sendbuf, recvbuf, op=op, root=root)
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
-        """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the input)."""
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+                  reproducible: bool | None = None) -> None:
+        """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the
+        input); *reproducible*: see :attr:`reproducible` (None: the communicator's setting)."""
+        if reproducible or (reproducible is None and self._state.reproducible):
+            return self._reproducible("allreduce", algorithm, sendbuf, recvbuf, op=op)
         key = ("allreduce", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
@@ -515,8 +541,11 @@ class Comm(MPI.Intracomm):
         return self._collective("alltoallw", False, algorithm, sendbuf, recvbuf)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                             algorithm: str | None = None) -> None:
-        """Reduce p equal blocks with *op*; rank r receives reduced block r."""
+                             algorithm: str | None = None, reproducible: bool | None = None) -> None:
+        """Reduce p equal blocks with *op*; rank r receives reduced block r. *reproducible*: see
+        :attr:`reproducible`."""
+        if reproducible or (reproducible is None and self._state.reproducible):
+            return self._reproducible("reduce_scatter_block", algorithm, sendbuf, recvbuf, op=op)
         key = ("reduce_scatter_block", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
@@ -527,9 +556,12 @@ class Comm(MPI.Intracomm):
         return self._collective("reduce_scatter_block", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
-                       algorithm: str | None = None) -> None:
-        """Reduce with *op*; rank r receives the recvcounts[r] elements of block r (None: gathered from recvbuf sizes)."""
+                       algorithm: str | None = None, reproducible: bool | None = None) -> None:
+        """Reduce with *op*; rank r receives the recvcounts[r] elements of block r (None: gathered from recvbuf
+        sizes). *reproducible*: see :attr:`reproducible`."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        if reproducible or (reproducible is None and self._state.reproducible):
+            return self._reproducible("reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op=op)
         self._collective("reduce_scatter", True, algorithm, sendbuf, recvbuf, recvcounts, op=op)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,

@@ -8,6 +8,7 @@
 | ``MPICOMM_DEVICE`` | GPU ordinal | unset | the GPU every rank of this node uses, instead of ``local_rank % visible GPUs`` |
 | ``MPICOMM_<COLLECTIVE>_ALGORITHM`` | an algorithm name | ``auto`` | the algorithm a collective uses when the call names none |
 | ``MPICOMM_VALIDATE`` | ``1``, ``0`` | ``1`` | before each collective, ranks agree on counts, dtype, op, root and algorithm (four 64-bit words - a digest of the call, a problem flag, a cross-check of v-counts - combined by a butterfly that rides in the algorithm's own messages where its first rounds are one, else runs beside them as 32-byte messages; full descriptions are exchanged only when something differs: :mod:`mpicomm.plan.agreement`); a mismatch, or a bad argument on any rank, raises the same error on every rank. ``0`` skips it: faster, but a mismatch may then hang or corrupt (what is checked either way: :mod:`mpicomm.validate`) |
+| ``MPICOMM_REPRODUCIBLE`` | ``0``, ``1`` | ``0`` | blocking reducing collectives (allreduce, reduce, reduce_scatter(_block)) with ``SUM`` on float32/64 and complex64/128 give a reproducible sum: the same bits for every algorithm, order and rank count (:mod:`mpicomm.reproducible`); the default of each communicator's ``reproducible`` |
 | ``MPICOMM_CMA`` | ``auto``, ``0`` | ``auto`` | shared-memory collectives read the peers' ordinary arrays with one copy (``process_vm_readv``) where every rank of the node can; ``0`` copies them through the node's shared scratch instead |
 | ``MPICOMM_LANE`` | ``1``, ``0`` | ``1`` | run compiled plans' data steps in the compiled lane (C, without the GIL: :mod:`mpicomm.engine.lane`); ``0`` runs them in the executor's Python loop, for comparison |
 | ``MPICOMM_TIMEOUT`` | seconds | unset (off) | hang watchdog: a blocking wait that lasts longer reports the operation (for a collective: count, element type, op, root), the peers it waits for, which ranks never arrived and each rank's last calls, then aborts the job |
@@ -27,7 +28,7 @@ file that cannot be written raise a ValueError there, on every rank (the
 ranks exchange what each found, so a setting wrong on one rank only is
 refused everywhere), naming the variable, the rank and the valid values.
 
-``MPICOMM_VALIDATE`` and ``MPICOMM_<COLLECTIVE>_ALGORITHM`` change the
+``MPICOMM_VALIDATE``, ``MPICOMM_REPRODUCIBLE`` and ``MPICOMM_<COLLECTIVE>_ALGORITHM`` change the
 protocol: ranks that differ on them run different message sequences (one
 validates, another does not; one runs ring, another recursive doubling) and
 would hang. Creating a ``Comm`` compares them across its ranks (one small
@@ -49,7 +50,7 @@ from collections.abc import Callable
 
 __all__ = [
     "raw", "choice", "optional_int", "cuda_aware_setting", "cuda_aware_rma", "transfer_mode", "device_override",
-    "algorithm_setting", "validate", "cma", "timeout", "torch_progress", "problems", "refusal", "KNOWN",
+    "algorithm_setting", "validate", "reproducible", "cma", "timeout", "torch_progress", "problems", "refusal", "KNOWN",
     "protocol", "protocol_mismatch",
 ]
 
@@ -168,6 +169,11 @@ def validate() -> bool:
     return known  # type: ignore[return-value]
 
 
+def reproducible() -> bool:
+    """``MPICOMM_REPRODUCIBLE``: whether a communicator's reducing collectives sum reproducibly by default."""
+    return choice("MPICOMM_REPRODUCIBLE", ("0", "1", "no", "yes", "false", "true", "off", "on"), "0") in _YES
+
+
 def cma() -> bool:
     """``MPICOMM_CMA``: whether shared-memory collectives may read peers' memory directly (default ``auto``)."""
     return choice("MPICOMM_CMA", ("auto", "0", "1", "off", "on"), "auto") not in ("0", "off")
@@ -203,11 +209,11 @@ def torch_progress() -> str:
 def protocol() -> tuple[tuple[str, str], ...]:
     """The settings every rank must share (they change which messages a collective sends), as (variable, value).
 
-    ``MPICOMM_VALIDATE`` as parsed (``1``/``0``, so ``on`` and ``1`` agree)
+    ``MPICOMM_VALIDATE`` and ``MPICOMM_REPRODUCIBLE`` as parsed (``1``/``0``, so ``on`` and ``1`` agree)
     and every ``MPICOMM_<COLLECTIVE>_ALGORITHM`` that is set; read from the
     environment as it is now.
     """
-    found = [("MPICOMM_VALIDATE", "1" if validate() else "0")]
+    found = [("MPICOMM_VALIDATE", "1" if validate() else "0"), ("MPICOMM_REPRODUCIBLE", "1" if reproducible() else "0")]
     for name in sorted(os.environ):
         if name.startswith("MPICOMM_") and name.endswith("_ALGORITHM") and len(name) > len("MPICOMM__ALGORITHM"):
             value = os.environ[name].strip()
@@ -242,6 +248,7 @@ def protocol_mismatch(every: list) -> str | None:
 #: table), besides ``MPICOMM_<COLLECTIVE>_ALGORITHM`` and the test suite's ``MPICOMM_TEST_*``.
 KNOWN = frozenset({
     "MPICOMM_CUDA_AWARE", "MPICOMM_TRANSFER", "MPICOMM_CUDA_AWARE_RMA", "MPICOMM_DEVICE", "MPICOMM_VALIDATE",
+    "MPICOMM_REPRODUCIBLE",
     "MPICOMM_CMA", "MPICOMM_LANE", "MPICOMM_TIMEOUT", "MPICOMM_TRACE", "MPICOMM_ALGORITHM_MODULES", "MPICOMM_CACHE_DIR",
     "MPICOMM_TORCH_PROGRESS", "MPICOMM_TORCH_SET", "MPICOMM_LAUNCH", "MPICOMM_NTASKS", "MPICOMM_RUN_DIR",
     "MPICOMM_SLURM_DIR", "MPICOMM_SLOW_TESTS",
@@ -287,8 +294,8 @@ def problems(collectives: tuple[str, ...] = (), algorithms: Callable[[str], list
     must take a file when *writes_trace* (this rank writes the trace).
     """
     found: list[str] = []
-    for reader in (cuda_aware_setting, cuda_aware_rma, transfer_mode, device_override, validate, cma, lane, timeout,
-                   torch_progress):  # every setting with a fixed set of values
+    for reader in (cuda_aware_setting, cuda_aware_rma, transfer_mode, device_override, validate, reproducible, cma,
+                   lane, timeout, torch_progress):  # every setting with a fixed set of values
         try:
             reader()
         except ValueError as exc:

@@ -154,6 +154,8 @@ class State:
         self.epoch = 0
         self.queue = Queue()
         self.persistent = 0
+        self.reproducible = config.reproducible()  # (Comm.reproducible: sum reproducibly by default)
+        self.sums: dict[tuple, tuple] = {}  # a reproducible sum's exponents and digits, by shape (reused: their plans are kept)
         self.user_tags = 0
         self.defaults = {}
         self.choices = {}

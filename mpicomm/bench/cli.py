@@ -192,7 +192,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         p.add_argument("--persistent", action="store_true",
                        help="also measure a persistent request (comm.<Method>_init once, then Start and Wait "
                             "per call; row persistent)")
+        if name in _REPRODUCIBLE:
+            p.add_argument("--reproducible", action="store_true",
+                           help="also measure the reproducible sum (auto, reproducible=True; row reproducible: the "
+                                "same bits for every algorithm, order and rank count; --op sum on float32/64)")
+        else:
+            p.add_argument("--reproducible", action=_Refused, why=f"{name} has no reproducible sum (allreduce, reduce, "
+                           f"reduce_scatter and reduce_scatter_block have)")
     return parser, subs
+
+
+_REPRODUCIBLE = ("allreduce", "reduce", "reduce_scatter", "reduce_scatter_block")  #: what --reproducible measures
 
 
 class _Refused(argparse.Action):

@@ -308,12 +308,16 @@ def _bound(spec: MeasuredCollective, target: Any, send: Any, recv: Any, algorith
     return _bind(spec, target, _arguments(spec, send, recv, op)[0], algorithm, op)
 
 
-def _bind(spec: MeasuredCollective, target: Any, positional: tuple, algorithm: str | None, op: str = "sum") -> Callable:
-    """``target.<Method>(*positional, op=..., root=...)`` as a call of no arguments (``algorithm=`` for mpicomm)."""
+def _bind(spec: MeasuredCollective, target: Any, positional: tuple, algorithm: str | None, op: str = "sum",
+          reproducible: bool = False) -> Callable:
+    """``target.<Method>(*positional, op=..., root=...)`` as a call of no arguments (``algorithm=`` for mpicomm;
+    ``reproducible=True`` where asked)."""
     method = getattr(target, spec.method)
     keywords = _keywords(spec, op)
     if algorithm is not None:
         keywords["algorithm"] = algorithm
+    if reproducible:
+        keywords["reproducible"] = True
     return lambda: method(*positional, **keywords)
 
 
@@ -517,6 +521,9 @@ def collective_run(spec: MeasuredCollective, args: argparse.Namespace) -> Collec
             psend, precv = pool.empty(nsend, dtype), pool.empty(nrecv, dtype)
             psend[...], precv[...] = send, recv
             variants.append(_Variant("shm+pool", "shm", psend, precv, _bound(spec, comm, psend, precv, "shm", op)))
+        if getattr(args, "reproducible", False):
+            variants.append(_Variant("reproducible", "auto", send, recv,
+                                     _bind(spec, comm, out.args, "auto", op, reproducible=True)))
         persistent = None
         if getattr(args, "persistent", False):
             run, persistent = _persistent(spec, comm, send, recv, op)

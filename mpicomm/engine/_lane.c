@@ -26,6 +26,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -597,10 +598,126 @@ static PyObject *py_combine(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- reproducible sums (mpicomm.reproducible)
+ *
+ * The host kernels of mpicomm/reproducible.py: the same operations in the same order as its array-module code
+ * (which device arrays run), so every rank gives the same bits whichever runs. Exponents as int16 (-32768: 0,
+ * 32767: inf or NaN), B = 40-bit digits, specials counted in the first digit (+inf 1, -inf 2^21, NaN 2^42). */
+
+#define R_BITS 40
+#define R_ZERO (-32768)
+#define R_SPECIAL 32767
+#define R_RADIX 1099511627776.0 /* 2^40 */
+
+static inline double r_pow2(int k) { /* 2^k, -1022 <= k <= 1023 */
+    union { uint64_t u; double d; } v;
+    v.u = (uint64_t)(k + 1023) << 52;
+    return v.d;
+}
+
+static inline double r_scale(double x, int k) { /* x 2^k by two exact factors, as reproducible._scale */
+    int h = k >> 1;
+    return x * r_pow2(h) * r_pow2(k - h);
+}
+
+static inline double r_load(const char *x, int f32, Py_ssize_t i) {
+    return f32 ? (double)((const float *)x)[i] : ((const double *)x)[i];
+}
+
+static void r_exponents(const char *x, int f32, int16_t *e, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = r_load(x, f32, i);
+        union { double d; uint64_t u; } bits = {v};
+        int biased = (int)((bits.u >> 52) & 0x7ff);
+        int ex = 0;
+        if (biased == 0x7ff) e[i] = R_SPECIAL;
+        else if (biased != 0) e[i] = (int16_t)(biased - 1022); /* (frexp's exponent of a normal number) */
+        else if (v == 0) e[i] = R_ZERO;
+        else {
+            frexp(v, &ex); /* (a subnormal float64) */
+            e[i] = (int16_t)ex;
+        }
+    }
+}
+
+static void r_digits(const char *x, int f32, const int16_t *e, int64_t *out, Py_ssize_t n, int k) {
+    int specials = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* (branch-free: the specials are a second pass) */
+        int E = e[i];
+        int ordinary = (E != R_ZERO) & (E != R_SPECIAL);
+        specials |= E == R_SPECIAL;
+        double t = r_scale(ordinary ? r_load(x, f32, i) : 0.0, ordinary ? R_BITS - E : 0);
+        int64_t *o = out + i * k;
+        int64_t d = (int64_t)t; /* (truncates, as trunc: |t| < 2^40) */
+        o[0] = d;
+        if (k == 2) o[1] = (int64_t)((t - (double)d) * R_RADIX);
+    }
+    if (!specials) return;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (e[i] != R_SPECIAL) continue;
+        double v = r_load(x, f32, i);
+        out[i * k] = isnan(v) ? (int64_t)1 << 42 : v == INFINITY ? 1 : v == -INFINITY ? (int64_t)1 << 21 : 0;
+    }
+}
+
+static void r_finish(const int64_t *s, const int16_t *e, char *out, int f32, Py_ssize_t n, int k) {
+    int odd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* (branch-free: zeros and specials are a second pass) */
+        int E = e[i];
+        odd |= (E == R_ZERO) | (E == R_SPECIAL);
+        if (k == 1) {
+            int sc = E - R_BITS, h = sc >> 1;
+            ((float *)out)[i] = (float)s[i] * (float)r_pow2(h) * (float)r_pow2(sc - h);
+        } else {
+            int64_t hi = s[i * 2], lo = s[i * 2 + 1];
+            int64_t carry = lo >> R_BITS; /* (arithmetic: floor) */
+            lo -= carry * ((int64_t)1 << R_BITS);
+            hi += carry;
+            double a = (double)hi;
+            int64_t b = (hi - (int64_t)a) * ((int64_t)1 << R_BITS) + lo;
+            int sc = E - 2 * R_BITS;
+            if (sc < -2200) sc = 0; /* (a zero or special element: set below) */
+            ((double *)out)[i] = r_scale(a * R_RADIX + (double)b, sc);
+        }
+    }
+    if (!odd) return;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int E = e[i];
+        double v;
+        if (E == R_ZERO) v = 0;
+        else if (E == R_SPECIAL) {
+            int64_t first = s[i * k], mask = ((int64_t)1 << 21) - 1;
+            int64_t pos = first & mask, neg = (first >> 21) & mask, nan = first >> 42;
+            v = (nan > 0 || (pos > 0 && neg > 0)) ? NAN : pos > 0 ? INFINITY : -INFINITY;
+        } else continue;
+        if (f32) ((float *)out)[i] = (float)v;
+        else ((double *)out)[i] = v;
+    }
+}
+
+/* repro(what, f32, k, n, a, b, c): what 0: exponents of x=a into e=b; 1: digits of x=a on e=b into c;
+ * 2: the rounded sums a on e=b into c. By address; the GIL released. */
+static PyObject *py_repro(PyObject *module, PyObject *args) {
+    int what, f32, k;
+    Py_ssize_t n;
+    unsigned long long a, b, c;
+    if (!PyArg_ParseTuple(args, "iiinKKK", &what, &f32, &k, &n, &a, &b, &c)) return NULL;
+    if (k < 1 || k > 2 || what < 0 || what > 2) return PyErr_Format(PyExc_ValueError, "repro: what %d, k %d", what, k);
+    Py_BEGIN_ALLOW_THREADS
+    if (what == 0) r_exponents((const char *)(uintptr_t)a, f32, (int16_t *)(uintptr_t)b, n);
+    else if (what == 1)
+        r_digits((const char *)(uintptr_t)a, f32, (const int16_t *)(uintptr_t)b, (int64_t *)(uintptr_t)c, n, k);
+    else r_finish((const int64_t *)(uintptr_t)a, (const int16_t *)(uintptr_t)b, (char *)(uintptr_t)c, f32, n, k);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS, "Bind the MPI library's functions (see mpicomm.engine.lane)."},
     {"supported", py_supported, METH_VARARGS, "supported(op, dtype): whether the lane computes that reduction."},
     {"combine", py_combine, METH_VARARGS, "combine(op, dtype, a, b, out, count): one reduction, by address."},
+    {"repro", py_repro, METH_VARARGS,
+     "repro(what, f32, k, n, a, b, c): a reproducible sum's exponents, digits or rounding (mpicomm.reproducible)."},
     {"nap", (PyCFunction)(void (*)(void))py_nap, METH_FASTCALL,
      "nap(runs, seconds, gap): poll several runs' lanes without the GIL until one moves, time is up or a thread "
      "waits for one of their queues; (i, r) (see the source)."},
