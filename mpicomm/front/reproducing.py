@@ -58,19 +58,19 @@ def _two_rounds(state: State, args: Args, algorithm: str | None) -> None:
     per = 2 if x.dtype != args.send.dtype else 1  # real elements per element (complex: two)
     e, d = _work(state, x, xp)
     xp.copyto(e, reproducible.exponents(x, xp))
-    _call(state, Args("allreduce", xp=xp, dtype=_E, send=e, recv=e, in_place=True, op=_MAX, count=int(e.size),
-                      device=args.device), None)
+    dispatch.start(state, Args("allreduce", xp=xp, dtype=_E, send=e, recv=e, in_place=True, op=_MAX, count=int(e.size),
+                      device=args.device), None, True)
     reproducible.digits(x, e, xp, out=d)
     k = d.shape[1]
     flat = d.reshape(-1)
     if c == "allreduce":
-        _call(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat, in_place=True, op=_SUM, count=int(flat.size),
-                          device=args.device), algorithm)
+        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat, in_place=True, op=_SUM, count=int(flat.size),
+                          device=args.device), algorithm, True)
         _write(args.recv, reproducible.finish(d, e, x.dtype, xp))
     elif c == "reduce":
         root = rank == args.root
-        _call(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat if root else None, in_place=root, op=_SUM,
-                          root=args.root, count=int(flat.size), device=args.device), algorithm)
+        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat if root else None, in_place=root, op=_SUM,
+                          root=args.root, count=int(flat.size), device=args.device), algorithm, True)
         if root:
             _write(args.recv, reproducible.finish(d, e, x.dtype, xp))
     else:  # reduce_scatter_block, reduce_scatter: this rank's block of the elements
@@ -78,9 +78,9 @@ def _two_rounds(state: State, args: Args, algorithm: str | None) -> None:
         start = sum(counts[:rank]) * per
         mine = counts[rank] * per
         out = xp.empty(mine * k, _D)
-        _call(state, Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
+        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
                           count=int(mine * k) if c == "reduce_scatter_block" else -1,
-                          recvcounts=tuple(n * per * k for n in counts), device=args.device), algorithm)
+                          recvcounts=tuple(n * per * k for n in counts), device=args.device), algorithm, True)
         _write(args.recv, reproducible.finish(out.reshape(mine, k), e[start:start + mine], x.dtype, xp))
 
 
@@ -98,10 +98,6 @@ def _work(state: State, x: Any, xp: Any) -> tuple[Any, Any]:
             del state.sums[next(iter(state.sums))]
         kept = state.sums[key] = (xp.empty(x.size, _E), xp.empty((x.size, reproducible.DIGITS[x.dtype]), _D))
     return kept
-
-
-def _call(state: State, args: Args, algorithm: str | None) -> None:
-    dispatch.start(state, args, algorithm, True)
 
 
 def _write(recv: Any, values: Any) -> None:
