@@ -407,9 +407,18 @@ class Comm(MPI.Intracomm):
         """A blocking call by the full path, remembered under *key* for :meth:`_repeat`."""
         _start(self._state, _read(key[0], self, *args, **kwargs), algorithm, True, (key, objects))
 
+    def _summing(self, reproducible: bool | None) -> bool:
+        """Whether a reducing call asking *reproducible* (None: the communicator's setting) sums reproducibly."""
+        return bool(reproducible) or (reproducible is None and self._state.reproducible)
+
     def _reproducible(self, collective: str, algorithm: str | None, *args: Any, **kwargs: Any) -> None:
         """A blocking reducing call as a reproducible sum (:mod:`mpicomm.front.reproducing`)."""
-        reproducing.run(self._state, _read(collective, self, *args, **kwargs), algorithm)
+        reproducing.start(self._state, _read(collective, self, *args, **kwargs), algorithm, True)
+
+    def _ireproducible(self, collective: str, algorithm: str | None, *args: Any, **kwargs: Any) -> Request:
+        """A nonblocking reducing call as a reproducible sum: its request."""
+        request: Request = reproducing.start(self._state, _read(collective, self, *args, **kwargs), algorithm, False)
+        return request
 
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank has called it. ``algorithm``: ``"native"``, ``"dissemination"`` or ``"auto"``."""
@@ -433,29 +442,34 @@ class Comm(MPI.Intracomm):
                algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into *recvbuf* on *root* (``MPI.IN_PLACE`` on the root);
         *reproducible*: see :attr:`reproducible` (None: the communicator's setting)."""
-        if reproducible or (reproducible is None and self._state.reproducible):
+        if self._summing(reproducible):
             return self._reproducible("reduce", algorithm, sendbuf, recvbuf, op=op, root=root)
         key = ("reduce", id(sendbuf), id(recvbuf), id(op), root, algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op, root=root)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                algorithm: str | None = None) -> Request:
+                algorithm: str | None = None, reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Reduce`."""
+        if self._summing(reproducible):
+            return self._ireproducible("reduce", algorithm, sendbuf, recvbuf, op=op, root=root)
         return self._collective("reduce", False, algorithm, sendbuf, recvbuf, op=op, root=root)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
                   reproducible: bool | None = None) -> None:
         """Reduce every rank's *sendbuf* with *op* into every rank's *recvbuf* (``MPI.IN_PLACE``: recvbuf holds the
         input); *reproducible*: see :attr:`reproducible` (None: the communicator's setting)."""
-        if reproducible or (reproducible is None and self._state.reproducible):
+        if self._summing(reproducible):
             return self._reproducible("allreduce", algorithm, sendbuf, recvbuf, op=op)
         key = ("allreduce", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+                   reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Allreduce`."""
+        if self._summing(reproducible):
+            return self._ireproducible("allreduce", algorithm, sendbuf, recvbuf, op=op)
         return self._collective("allreduce", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
@@ -544,15 +558,17 @@ class Comm(MPI.Intracomm):
                              algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce p equal blocks with *op*; rank r receives reduced block r. *reproducible*: see
         :attr:`reproducible`."""
-        if reproducible or (reproducible is None and self._state.reproducible):
+        if self._summing(reproducible):
             return self._reproducible("reduce_scatter_block", algorithm, sendbuf, recvbuf, op=op)
         key = ("reduce_scatter_block", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                              algorithm: str | None = None) -> Request:
+                              algorithm: str | None = None, reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Reduce_scatter_block`."""
+        if self._summing(reproducible):
+            return self._ireproducible("reduce_scatter_block", algorithm, sendbuf, recvbuf, op=op)
         return self._collective("reduce_scatter_block", False, algorithm, sendbuf, recvbuf, op=op)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
@@ -560,14 +576,16 @@ class Comm(MPI.Intracomm):
         """Reduce with *op*; rank r receives the recvcounts[r] elements of block r (None: gathered from recvbuf
         sizes). *reproducible*: see :attr:`reproducible`."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        if reproducible or (reproducible is None and self._state.reproducible):
+        if self._summing(reproducible):
             return self._reproducible("reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op=op)
         self._collective("reduce_scatter", True, algorithm, sendbuf, recvbuf, recvcounts, op=op)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
-                        algorithm: str | None = None) -> Request:
+                        algorithm: str | None = None, reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Reduce_scatter`."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        if self._summing(reproducible):
+            return self._ireproducible("reduce_scatter", algorithm, sendbuf, recvbuf, recvcounts, op=op)
         return self._collective("reduce_scatter", False, algorithm, sendbuf, recvbuf, recvcounts, op=op)
 
     def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
@@ -580,24 +598,38 @@ class Comm(MPI.Intracomm):
             mine = 0
         return self.library_comm.allgather(mine)
 
-    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
-        """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r."""
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+             reproducible: bool | None = None) -> None:
+        """Inclusive prefix reduction: rank r receives x_0 ⊕ … ⊕ x_r.
+        *reproducible*: see :attr:`reproducible` (every contribution cut on the grid of all ranks' exponents)."""
+        if self._summing(reproducible):
+            return self._reproducible("scan", algorithm, sendbuf, recvbuf, op=op)
         key = ("scan", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
-    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+              reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Scan`."""
+        if self._summing(reproducible):
+            return self._ireproducible("scan", algorithm, sendbuf, recvbuf, op=op)
         return self._collective("scan", False, algorithm, sendbuf, recvbuf, op=op)
 
-    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
-        """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it was."""
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+               reproducible: bool | None = None) -> None:
+        """Exclusive prefix reduction: rank r > 0 receives x_0 ⊕ … ⊕ x_{r−1}; rank 0's recvbuf is left as it
+        was. *reproducible*: see :attr:`reproducible` (every contribution cut on the grid of all ranks' exponents)."""
+        if self._summing(reproducible):
+            return self._reproducible("exscan", algorithm, sendbuf, recvbuf, op=op)
         key = ("exscan", id(sendbuf), id(recvbuf), id(op), algorithm)
         if not self._repeat(key, sendbuf, recvbuf, op):
             self._first(key, (sendbuf, recvbuf, op), algorithm, sendbuf, recvbuf, op=op)
 
-    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, algorithm: str | None = None,
+              reproducible: bool | None = None) -> Request:
         """Nonblocking :meth:`Exscan`."""
+        if self._summing(reproducible):
+            return self._ireproducible("exscan", algorithm, sendbuf, recvbuf, op=op)
         return self._collective("exscan", False, algorithm, sendbuf, recvbuf, op=op)
 
     # ------------------------------------------------------------ persistent collectives (MPI-4, mpi4py's signatures)
@@ -606,8 +638,10 @@ class Comm(MPI.Intracomm):
     # arguments are read and agreed and the algorithm chosen now (collective); Start() runs it.
 
     def _persistent(self, collective: str, algorithm: str | None, info: Any, *args: Any,
-                    **kwargs: Any) -> persistent.Prequest:
+                    reproducible: bool | None = False, **kwargs: Any) -> persistent.Prequest:
         read = Args("barrier") if collective == "barrier" else _read(collective, self, *args, **kwargs)
+        if self._summing(reproducible):  # (a reducing collective's; the others pass False)
+            return reproducing.create(self._state, read, algorithm)
         return persistent.create(self._state, read, algorithm)  # (info: no hint is used)
 
     def Barrier_init(self, info: MPI.Info | None = None, *, algorithm: str | None = None) -> persistent.Prequest:
@@ -620,14 +654,19 @@ class Comm(MPI.Intracomm):
         return self._persistent("bcast", algorithm, info, buf, root)
 
     def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,
-                    info: MPI.Info | None = None, *, algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Reduce`."""
-        return self._persistent("reduce", algorithm, info, sendbuf, recvbuf, op=op, root=root)
+                    info: MPI.Info | None = None, *, algorithm: str | None = None,
+                    reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce`; *reproducible*: see :attr:`reproducible`."""
+        return self._persistent("reduce", algorithm, info, sendbuf, recvbuf, op=op, root=root,
+                                reproducible=reproducible)
 
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
-                       algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Allreduce`: plan once, ``Start()``/``Wait()`` many times."""
-        return self._persistent("allreduce", algorithm, info, sendbuf, recvbuf, op=op)
+                       algorithm: str | None = None,
+                 reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Allreduce`: plan once, ``Start()``/``Wait()`` many times; *reproducible*: see
+        :attr:`reproducible`."""
+        return self._persistent("allreduce", algorithm, info, sendbuf, recvbuf, op=op,
+                                reproducible=reproducible)
 
     def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: MPI.Info | None = None, *,
                     algorithm: str | None = None) -> persistent.Prequest:
@@ -676,26 +715,34 @@ class Comm(MPI.Intracomm):
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                   info: MPI.Info | None = None, *,
-                                  algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Reduce_scatter_block`."""
-        return self._persistent("reduce_scatter_block", algorithm, info, sendbuf, recvbuf, op=op)
+                                  algorithm: str | None = None,
+                 reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce_scatter_block`; *reproducible*: see :attr:`reproducible`."""
+        return self._persistent("reduce_scatter_block", algorithm, info, sendbuf, recvbuf, op=op,
+                                reproducible=reproducible)
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
                             info: MPI.Info | None = None, *,
-                            algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Reduce_scatter`."""
+                            algorithm: str | None = None,
+                 reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Reduce_scatter`; *reproducible*: see :attr:`reproducible`."""
         recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self._persistent("reduce_scatter", algorithm, info, sendbuf, recvbuf, recvcounts, op=op)
+        return self._persistent("reduce_scatter", algorithm, info, sendbuf, recvbuf, recvcounts, op=op,
+                                reproducible=reproducible)
 
     def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
-                  algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Scan`."""
-        return self._persistent("scan", algorithm, info, sendbuf, recvbuf, op=op)
+                  algorithm: str | None = None,
+                 reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Scan`; *reproducible*: see :attr:`reproducible`."""
+        return self._persistent("scan", algorithm, info, sendbuf, recvbuf, op=op,
+                                reproducible=reproducible)
 
     def Exscan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: MPI.Info | None = None, *,
-                    algorithm: str | None = None) -> persistent.Prequest:
-        """Persistent :meth:`Exscan`."""
-        return self._persistent("exscan", algorithm, info, sendbuf, recvbuf, op=op)
+                    algorithm: str | None = None,
+                 reproducible: bool | None = None) -> persistent.Prequest:
+        """Persistent :meth:`Exscan`; *reproducible*: see :attr:`reproducible`."""
+        return self._persistent("exscan", algorithm, info, sendbuf, recvbuf, op=op,
+                                reproducible=reproducible)
 
     # ------------------------------------------------------------ communicator constructors
     #

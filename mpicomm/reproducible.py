@@ -52,7 +52,7 @@ try:  # the host kernels (mpicomm/engine/_lane.c): the same operations as the ar
 except ImportError:  # (not built: the array-module code runs host arrays too)
     _kernels = None
 
-__all__ = ["BITS", "MOST", "DIGITS", "supported", "exponents", "digits", "finish", "sum_of", "bound"]
+__all__ = ["BITS", "MOST", "DIGITS", "supported", "real_view", "exponents", "digits", "finish", "sum_of", "bound"]
 
 BITS = 40  #: bits per digit (B)
 MOST = 1 << 21  #: fewer contributions than this meet in one sum (the digits' sums stay exact, specials countable)
@@ -180,22 +180,25 @@ def finish(sums: Any, e: Any, dtype: Any, xp: Any = np) -> Any:
     return out
 
 
-def sum_of(contributions: Iterable[Any]) -> np.ndarray:
+def sum_of(contributions: Iterable[Any], grid: Iterable[Any] | None = None) -> np.ndarray:
     """The reproducible sum of NumPy arrays of one shape and element type (float32/64, complex64/128), in one
-    process: the bits a reproducible collective gives for the same contributions, in any order."""
+    process: the bits a reproducible collective gives for the same contributions, in any order. *grid*: the
+    contributions whose exponents set the grid (default: these; a scan's rank r sums its prefix on the grid of
+    every rank's contribution)."""
     xs = [np.ascontiguousarray(x) for x in contributions]
     if not xs:
         raise ValueError("sum_of needs at least one contribution")
     shape, dt = xs[0].shape, xs[0].dtype
-    if any(x.shape != shape or x.dtype != dt for x in xs):
+    on = xs if grid is None else [np.ascontiguousarray(x) for x in grid]
+    if any(x.shape != shape or x.dtype != dt for x in xs + on):
         raise ValueError("sum_of: every contribution must have the same shape and element type")
     if len(xs) >= MOST:
         raise ValueError(f"sum_of: at most {MOST - 1} contributions meet in one reproducible sum, got {len(xs)}")
     supported(dt, "sum")
     flats = [real_view(x.reshape(-1)) for x in xs]
-    e = exponents(flats[0])
-    for f in flats[1:]:
-        np.maximum(e, exponents(f), out=e)
+    e = exponents(real_view(on[0].reshape(-1)))
+    for f in on[1:]:
+        np.maximum(e, exponents(real_view(f.reshape(-1))), out=e)
     total = digits(flats[0], e)
     for f in flats[1:]:
         total += digits(f, e)

@@ -155,7 +155,7 @@ class State:
         self.queue = Queue()
         self.persistent = 0
         self.reproducible = config.reproducible()  # (Comm.reproducible: sum reproducibly by default)
-        self.sums: dict[tuple, tuple] = {}  # a reproducible sum's exponents and digits, by shape (reused: their plans are kept)
+        self.sums: dict[tuple, Any] = {}  # reproducible sums' plans, by shape (mpicomm.front.reproducing)
         self.user_tags = 0
         self.defaults = {}
         self.choices = {}

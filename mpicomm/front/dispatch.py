@@ -528,12 +528,14 @@ def _remember(state: State, plan: Plan, key: tuple, objects: tuple) -> None:
 def execute(state: State, plan: Plan, result: Callable[[], Any], blocking: bool, began: float = 0.0,
             keep: Any = None, on_end: Callable[[Run, bool], None] | None = None) -> Any:
     """Run *plan* once (the call lock held): to its end for a blocking call, else queued (returns a request);
-    *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none);
+    *keep*: what the run must keep alive until it ends (a nonblocking call's arrays: a kept plan holds none), and
+    its steps may read (:attr:`Run.keep <mpicomm.engine.executor.Run.keep>`);
     *on_end*: the run's :attr:`~mpicomm.engine.executor.Run.on_end`."""
     seq = state.collectives
     state.collectives = seq + 1
     run = Run(plan.program, seq)
     run.on_end = on_end
+    run.keep = keep
     state.recent.append(run)
     q = state.queue
     if _trace.ON:
@@ -558,21 +560,22 @@ def execute(state: State, plan: Plan, result: Callable[[], Any], blocking: bool,
         return result()
     if not in_callback():
         q.owner = threading.get_ident()
-    run.keep = keep
     progress.submit(q, run)
     return CollectiveRequest(run, q, result)
 
 
-def persistent_plan(state: State, args: Args, algorithm: str | None) -> Plan:
+def persistent_plan(state: State, args: Args, algorithm: str | None,
+                    make: Callable[[int], Plan] | None = None) -> Plan:
     """The plan of a persistent request (collective over the communicator: the ranks agree on it now, and it
-    takes the communicator's next persistent number, part of every start's agreement)."""
+    takes the communicator's next persistent number, part of every start's agreement); *make*: builds it from
+    that number instead of the ordinary compile (a reproducible sum's)."""
     state.check_live()
     locked = enter(state)
     try:
         number = state.persistent
         state.persistent += 1
         validate = config.validate() and args.collective != "barrier"
-        plan = _freed_plan(state, args, algorithm, validate, number)
+        plan = make(number) if make is not None else _freed_plan(state, args, algorithm, validate, number)
         if plan is None:
             plan = plan_for(state, args, algorithm, False, validate=validate, persistent=number)
         if validate:

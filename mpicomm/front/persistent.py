@@ -23,7 +23,7 @@ data.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
@@ -61,12 +61,13 @@ class Prequest(CollectiveRequest):
     the same program gets the same answer on every rank.
     """
 
-    __slots__ = ("_plan", "_args", "_algorithm", "starts", "_host")
+    __slots__ = ("_plan", "_args", "_algorithm", "starts", "_host", "_make")
 
-    def __init__(self, plan: Plan, args: Args, algorithm: str | None):
+    def __init__(self, plan: Plan, args: Args, algorithm: str | None, make: Callable[[int], Plan] | None = None):
         self._plan: Plan | None = plan
         self._args = args
         self._algorithm = algorithm
+        self._make = make  # builds the plan from the request's number, where the ordinary compile does not
         self.starts = 0
         self._host = args.device is None  # host arrays: Start and Wait may take the compiled lane's short path
         run = Run(_INACTIVE, -1)
@@ -128,8 +129,13 @@ class Prequest(CollectiveRequest):
         locked = dispatch.enter(state)
         try:
             if plan.epoch != state.epoch:  # a call failed on a disagreement since: fresh tags, so a fresh plan
-                plan = self._plan = dispatch.plan_for(state, self._args, self._algorithm, False,
-                                                      persistent=plan.persistent)
+                number = plan.persistent
+                if self._make is not None:
+                    plan.release()
+                    plan = self._plan = self._make(number)  # type: ignore[arg-type]  # (a persistent plan's)
+                else:
+                    plan = self._plan = dispatch.plan_for(state, self._args, self._algorithm, False,
+                                                          persistent=number)
             run = self._next_run(plan.program, state)
             if locked:
                 state.queue.owner = threading.get_ident()
@@ -235,7 +241,9 @@ class Prequest(CollectiveRequest):
         return f"<mpicomm.Prequest {self.label}: {state}>"
 
 
-def create(state: State | Any, args: Args, algorithm: str | None) -> Prequest:
+def create(state: State | Any, args: Args, algorithm: str | None,
+           make: Callable[[int], Plan] | None = None) -> Prequest:
     """A :class:`Prequest` for the collective *args* describes on *state*'s communicator (collective; *state*: its
-    :class:`~mpicomm.state.State`, or what a freed or unready ``Comm`` holds instead, which raises when read)."""
-    return Prequest(dispatch.persistent_plan(state, args, algorithm), args, algorithm)
+    :class:`~mpicomm.state.State`, or what a freed or unready ``Comm`` holds instead, which raises when read);
+    *make*: builds its plan from the request's number (see :func:`~.dispatch.persistent_plan`)."""
+    return Prequest(dispatch.persistent_plan(state, args, algorithm, make), args, algorithm, make)

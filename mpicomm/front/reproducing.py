@@ -1,106 +1,223 @@
-"""Running a blocking reducing collective as a reproducible sum (:mod:`mpicomm.reproducible`).
+"""Running a reducing collective as a reproducible sum (:mod:`mpicomm.reproducible`): blocking, nonblocking or
+persistent.
 
-Two rounds on the communicator, each an ordinary mpicomm collective (chosen,
-compiled, validated and run as any): an allreduce (MAX) of the contributions'
-exponents, as int16, then the call itself (SUM) on their digits, as int64,
-with the algorithm the caller chose. Then each rank that holds a result
-rounds its digit sums into its receive buffer.
+The call runs as one plan (:class:`Sum`) of two steps on the communicator,
+each a whole mpicomm collective run as a nested run (chosen, compiled and
+validated as any, kept with the plan):
+
+1. the contributions' exponents (int16, cut when the step is posted) under an
+   allreduce (MAX); the digits of the contributions on that grid are cut once
+   it has completed;
+2. the call itself (SUM) on the digits (int64), with the algorithm the caller
+   chose; then each rank that holds a result rounds its digit sums into its
+   receive buffer.
+
+So a nonblocking or persistent call runs in the communicator's queue as any
+other (in call order, completed by the progress thread), and the three local
+steps run when the run reaches them, on whichever thread drives it, on the
+arrays of the call the run is for (:attr:`~mpicomm.engine.executor.Run.keep`):
+a plan serves every call of its shape. The exponents and digits arrays are
+the plan's own, which its runs share (runs on one communicator never overlap).
 
 The call's own arguments are read and checked first; one that has a problem,
 or that asks a reproducible sum of what has none (another op on floats), runs
 the ordinary call with that problem, so every rank raises the same
 :class:`~mpicomm.plan.args.ArgumentError`. Ops and element types whose
 reduction is exact already (integers, MAX, MIN...) run the ordinary call.
+
+Scan and exscan cut every contribution on the grid of all ranks'
+exponents (the same first step): rank r's result is then the rounded exact
+sum of the contributions of ranks 0..r (0..r−1) on that grid, the same bits
+for every algorithm and order, but not for another set of ranks (the grid
+depends on every contribution).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import reproducible
+from .. import config, reproducible
+from ..engine.executor import Program, Run, Step
 from ..ops import resolve
 from ..plan.args import Args
-from . import dispatch
+from ..plan.compile import Plan, child_run
+from ..state import State, as_state
+from . import dispatch, persistent
 
 if TYPE_CHECKING:
-    from ..state import State
+    from .persistent import Prequest
 
-__all__ = ["COLLECTIVES", "run"]
+__all__ = ["COLLECTIVES", "start", "create", "Sum"]
 
-#: The collectives a reproducible sum runs for (blocking).
-COLLECTIVES = ("allreduce", "reduce", "reduce_scatter_block", "reduce_scatter")
+#: The collectives a reproducible sum runs for.
+COLLECTIVES = ("allreduce", "reduce", "reduce_scatter_block", "reduce_scatter", "scan", "exscan")
 
 _MAX, _SUM = resolve("max"), resolve("sum")
 _E, _D = np.dtype(np.int16), np.dtype(np.int64)
 
+#: plans of reproducible sums a communicator keeps, by shape (the oldest are dropped)
+KEPT = 16
 
-def run(state: State | Any, args: Args, algorithm: str | None) -> None:
-    """Run the blocking call *args* (one of :data:`COLLECTIVES`) as a reproducible sum, where it has one (*state*:
-    the communicator's :class:`~mpicomm.state.State`, or what a freed ``Comm`` holds instead, which raises)."""
-    if args.problem is None and args.unsupported is None:
-        try:
-            exact = reproducible.supported(args.dtype, args.op.name if args.op is not None else "")
-        except ValueError as exc:
-            args.fail(exc)  # (every rank raises it: the ordinary call's agreement carries it)
+
+def _applies(args: Args) -> bool:
+    """Whether *args* (read, checked) gets a reproducible sum; records a refusal (another op on floats) as the
+    call's problem, which the ordinary call then raises on every rank."""
+    if args.problem is not None or args.unsupported is not None or args.collective not in COLLECTIVES:
+        return False
+    op = args.op
+    try:  # (a sum under another name - the torch backend's AVG and PREMUL_SUM - is a sum)
+        exact = reproducible.supported(args.dtype, "" if op is None else "sum" if op.ufunc == "add" else op.name)
+    except ValueError as exc:
+        args.fail(exc)  # (every rank raises it: the ordinary call's agreement carries it)
+        return False
+    return exact is None
+
+
+def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
+    """Run the call *args* as a reproducible sum where it has one, else as the ordinary call: blocking, return
+    its result; else return its request (*state*: the communicator's :class:`~mpicomm.state.State`, or what a
+    freed ``Comm`` holds instead, which raises)."""
+    if not _applies(args):
+        return dispatch.start(state, args, algorithm, blocking)
+    if type(state) is not State:
+        state = as_state(state)
+    state.check_live()
+    locked = dispatch.enter(state)
+    try:
+        plan = _plan(state, args, algorithm, blocking)
+        return dispatch.execute(state, plan, args.result, blocking, keep=args)
+    finally:
+        if locked:
+            state.lock.release()
+
+
+def create(state: State | Any, args: Args, algorithm: str | None) -> Prequest:
+    """A persistent request for the call *args* (collective), as a reproducible sum where it has one: each
+    start runs both steps; the nested collectives are persistent plans of the request's number, so starts in
+    different orders on different ranks raise the same error on every rank."""
+    if not _applies(args):
+        return persistent.create(state, args, algorithm)
+    if type(state) is not State:
+        state = as_state(state)
+
+    def make(number: int) -> Plan:
+        return Sum(state, args, algorithm, False, number)
+
+    return persistent.create(state, args, algorithm, make)
+
+
+def _plan(state: State, args: Args, algorithm: str | None, blocking: bool) -> Sum:
+    """The kept plan of this call's shape (its nested plans of the communicator's current tags), or a new one."""
+    x = args.send
+    key = (args.collective, algorithm, blocking, x.size, x.dtype, args.root, args.in_place, args.recvcounts,
+           (args.xp or np).__name__, id(args.device) if args.device is not None else None, config.validate())
+    sums = state.sums
+    plan = sums.get(key)
+    if plan is None or plan.epoch != state.epoch:
+        if len(sums) >= KEPT:
+            del sums[next(iter(sums))]  # (a queued run may still hold it: dropped, not released)
+        plan = sums[key] = Sum(state, args, algorithm, blocking)
+    return plan
+
+
+class Sum(Plan):
+    """The plan of a reproducible sum of one shape: two steps, each a nested mpicomm collective (see the module
+    docstring), and the local steps around them, which read the call's arrays from the run."""
+
+    __slots__ = ("rounds",)
+
+    def __init__(self, state: State, args: Args, algorithm: str | None, blocking: bool,
+                 number: int | None = None):
+        xp = args.xp or np
+        c, rank, device = args.collective, state.rank, args.device
+        x = reproducible.real_view(args.send)
+        per = 2 if x.dtype != args.send.dtype else 1  # real elements per element (complex: two)
+        k = reproducible.DIGITS[x.dtype]
+        e, d = xp.empty(x.size, _E), xp.empty((x.size, k), _D)
+        flat = d.reshape(-1)
+        n = int(flat.size)
+        own = Args("allreduce", xp=xp, dtype=_E, send=e, recv=e, in_place=True, op=_MAX, count=int(e.size),
+                   device=device)
+        result: Any = d  # the digit sums this rank rounds (None: it holds no result)
+        start, width = 0, x.size  # which of the exponents they are on
+        if c == "allreduce":
+            call = Args(c, xp=xp, dtype=_D, send=flat, recv=flat, in_place=True, op=_SUM, count=n, device=device)
+        elif c == "reduce":
+            root = rank == args.root
+            call = Args(c, xp=xp, dtype=_D, send=flat, recv=flat if root else None, in_place=root, op=_SUM,
+                        root=args.root, count=n, device=device)
+            result = d if root else None
+        elif c in ("scan", "exscan"):
+            out = xp.empty(n, _D)
+            call = Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM, count=n, device=device)
+            result = out.reshape(x.size, k) if c == "scan" or rank > 0 else None
+        else:  # reduce_scatter_block, reduce_scatter: this rank's block of the elements
+            counts = tuple(args.recvcounts or ())
+            start, width = sum(counts[:rank]) * per, counts[rank] * per
+            out = xp.empty(width * k, _D)
+            call = Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
+                        count=width * k if c == "reduce_scatter_block" else -1,
+                        recvcounts=tuple(m * per * k for m in counts), device=device)
+            result = out.reshape(width, k)
+        if number is None:
+            rounds = (dispatch.plan_for(state, own, None, blocking, again=True),
+                      dispatch.plan_for(state, call, algorithm, blocking, again=True))
         else:
-            if exact is None:
-                _two_rounds(state, args, algorithm)
-                return
-    dispatch.start(state, args, algorithm, True)
+            rounds = (dispatch.plan_for(state, own, None, False, persistent=number),
+                      dispatch.plan_for(state, call, algorithm, False, persistent=number))
+        super().__init__(state, args, f"reproducible {rounds[1].name_}", "reproducible")
+        self.persistent = number
+        self.rounds = rounds
+        self.keep = [e, d, call.recv]
+        grid = e[start:start + width]
+        dtype = x.dtype
+
+        def cut_exponents(run: Run) -> None:
+            xp.copyto(e, reproducible.exponents(reproducible.real_view(run.keep.send), xp))
+
+        def cut_digits(run: Run) -> None:
+            reproducible.digits(reproducible.real_view(run.keep.send), e, xp, out=d)
+
+        def round_into(run: Run) -> None:
+            if result is not None:
+                target = reproducible.real_view(run.keep.recv)
+                target[...] = reproducible.finish(result, grid, dtype, xp)
+
+        first = Step("reproducible sum: exponents (allreduce, max)")
+        first.pre = (_on(device, cut_exponents),)
+        first.nested = (self._nested(0),)
+        first.ops = (_on(device, cut_digits),)
+        second = Step(f"reproducible sum: digits ({c}, sum)")
+        second.nested = (self._nested(1),)
+        second.ops = (_on(device, round_into),)
+        self.program = Program([first.finish(), second.finish()], self, state)
+        self.program.epoch = self.epoch
+
+    def _nested(self, i: int) -> Callable[[Run], Run]:
+        def make(run: Run) -> Run:
+            return child_run(self.rounds[i])
+
+        return make
+
+    def release(self) -> None:
+        """Free the nested plans' prepared requests where nothing else keeps them (persistent ones)."""
+        for plan in self.rounds:
+            if plan.persistent is not None:
+                plan.release()
+        self.program.steps = []
 
 
-def _two_rounds(state: State, args: Args, algorithm: str | None) -> None:
-    xp = args.xp or np
-    c, rank = args.collective, state.rank
-    x = reproducible.real_view(args.send)
-    per = 2 if x.dtype != args.send.dtype else 1  # real elements per element (complex: two)
-    e, d = _work(state, x, xp)
-    xp.copyto(e, reproducible.exponents(x, xp))
-    dispatch.start(state, Args("allreduce", xp=xp, dtype=_E, send=e, recv=e, in_place=True, op=_MAX, count=int(e.size),
-                      device=args.device), None, True)
-    reproducible.digits(x, e, xp, out=d)
-    k = d.shape[1]
-    flat = d.reshape(-1)
-    if c == "allreduce":
-        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat, in_place=True, op=_SUM, count=int(flat.size),
-                          device=args.device), algorithm, True)
-        _write(args.recv, reproducible.finish(d, e, x.dtype, xp))
-    elif c == "reduce":
-        root = rank == args.root
-        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=flat if root else None, in_place=root, op=_SUM,
-                          root=args.root, count=int(flat.size), device=args.device), algorithm, True)
-        if root:
-            _write(args.recv, reproducible.finish(d, e, x.dtype, xp))
-    else:  # reduce_scatter_block, reduce_scatter: this rank's block of the elements
-        counts = tuple(args.recvcounts or ())
-        start = sum(counts[:rank]) * per
-        mine = counts[rank] * per
-        out = xp.empty(mine * k, _D)
-        dispatch.start(state, Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
-                          count=int(mine * k) if c == "reduce_scatter_block" else -1,
-                          recvcounts=tuple(n * per * k for n in counts), device=args.device), algorithm, True)
-        _write(args.recv, reproducible.finish(out.reshape(mine, k), e[start:start + mine], x.dtype, xp))
+def _on(device: Any, fn: Callable[[Run], None]) -> Callable[[Run], None]:
+    """*fn*, run in *device*'s binding and finished there before the run goes on (device arrays), or as is."""
+    if device is None:
+        return fn
 
+    def on_device(run: Run) -> None:
+        with device:
+            fn(run)
+        device.synchronize()
 
-#: shapes whose exponents and digits arrays a communicator keeps (the oldest are dropped)
-KEPT = 8
-
-
-def _work(state: State, x: Any, xp: Any) -> tuple[Any, Any]:
-    """The exponents and digits arrays for contributions of *x*'s size and element type, kept per communicator
-    so that a repeated call's two rounds run their kept plans (:mod:`mpicomm.front.dispatch`)."""
-    key = (x.size, x.dtype, xp.__name__, id(x.device) if xp is not np else None)
-    kept = state.sums.get(key)
-    if kept is None:
-        if len(state.sums) >= KEPT:
-            del state.sums[next(iter(state.sums))]
-        kept = state.sums[key] = (xp.empty(x.size, _E), xp.empty((x.size, reproducible.DIGITS[x.dtype]), _D))
-    return kept
-
-
-def _write(recv: Any, values: Any) -> None:
-    """The rounded sums into the receive buffer (flat; a complex one through its real view)."""
-    target = reproducible.real_view(recv)
-    target[...] = values
+    return on_device

@@ -50,7 +50,7 @@ from .args import Args, library_request, sending_order
 if TYPE_CHECKING:
     from ..state import State
 
-__all__ = ["Plan", "build", "agreement_only", "creation_probe", "library_plan", "library_program", "traced", "schedule_of",
+__all__ = ["Plan", "child_run", "build", "agreement_only", "creation_probe", "library_plan", "library_program", "traced", "schedule_of",
            "call_algorithm", "FUSE_BYTES", "describe_call"]
 
 #: Largest data message that carries the agreement's words in front of it (copied into a small buffer);
@@ -402,14 +402,15 @@ def _step(plan: Plan, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
             def make(run: Run, n: Any = n, made: list[Plan] = made) -> Run:
                 if not made:
                     made.append(_nested_plan(planner, n, arrays, args, blocking))
-                return _child(made[0])
+                return child_run(made[0])
 
             makers.append(make)
         step.nested = tuple(makers)
     return step
 
 
-def _child(plan: Plan) -> Run:
+def child_run(plan: Plan) -> Run:
+    """A started run of *plan* nested in another run (numbered as the communicator's next call)."""
     run = Run(plan.program, plan.state.next_seq())
     if _trace.ON:
         traced(run, plan, _trace.now())

@@ -36,11 +36,19 @@ CUDA tensors are shared with mpicomm through ``__cuda_array_interface__``
 (:func:`mpicomm.transport.buffers.adopt`), after torch's current stream is
 waited for (the stream contract of docs/gpus.md).
 
+**Reproducible sums.** With ``MPICOMM_REPRODUCIBLE=1``, or
+``pg_options={"reproducible": True}`` for one group, all_reduce (SUM, AVG,
+PREMUL_SUM), reduce, reduce_scatter and reduce_scatter_tensor on float32/64 and
+complex tensors - DDP's bucket all-reduces included - give the same bits for
+every algorithm and order (:mod:`mpicomm.reproducible`); other float dtypes
+(float16, bfloat16) are then refused on every rank.
+
 Nothing of torch is imported by the rest of mpicomm.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import torch
@@ -98,7 +106,29 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroup:
     if comm.Get_rank() != rank or comm.Get_size() != size:
         raise RuntimeError(f"mpicomm backend: PyTorch's rank {rank} of {size} is MPI rank {comm.Get_rank()} of "
                            f"{comm.Get_size()} in the new communicator")
+    comm.reproducible = _reproducible(backend_options, comm.reproducible)
     return ProcessGroup(comm, getattr(options, "timeout", None))
+
+
+#: What ``pg_options`` may say (``init_process_group("mpicomm", pg_options={...})``, ``new_group``).
+OPTIONS = ("reproducible",)
+
+
+def _reproducible(backend_options: Any, default: bool) -> bool:
+    """The group's reproducible-sum setting from ``pg_options`` (a mapping of :data:`OPTIONS`), else *default*
+    (``MPICOMM_REPRODUCIBLE``)."""
+    if backend_options is None:
+        return default
+    if not isinstance(backend_options, Mapping):
+        raise TypeError(f"mpicomm backend: pg_options takes a dict of {', '.join(OPTIONS)}, got "
+                        f"{type(backend_options).__qualname__}; pass pg_options={{'reproducible': True}}")
+    unknown = sorted(set(backend_options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"mpicomm backend: unknown pg_options {unknown}; known: {', '.join(OPTIONS)}")
+    on = backend_options.get("reproducible", default)
+    if not isinstance(on, bool):
+        raise TypeError(f"mpicomm backend: pg_options['reproducible'] takes True or False, got {on!r}")
+    return on
 
 
 def _register() -> None:

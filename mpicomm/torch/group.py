@@ -260,7 +260,8 @@ class ProcessGroup(torch.distributed.ProcessGroup):
         communicator by the tensor's address, size, dtype and op (a kept plan is bound to the address, so it
         serves any tensor there): a repeated call runs the plan at once, without reading its arguments again.
         """
-        if opts is not None and len(tensors) == 1 and (not opts.asyncOp or synchronous()):
+        if opts is not None and len(tensors) == 1 and (not opts.asyncOp or synchronous()) \
+                and not self._state.reproducible:  # (a reproducible sum takes Comm.Allreduce, below)
             t = tensors[0]
             if t.is_cpu and type(t) in _PLAIN and t.is_contiguous():
                 code = hash(opts.reduceOp)  # the op's code (SUM 0 … PREMUL_SUM 8)

@@ -1,7 +1,7 @@
 """mpicomm.front.reproducing: reproducible sums on a communicator, against the serial sum of the same contributions.
 
-Every registered algorithm of allreduce, reduce and reduce_scatter(_block), counts 0, 1, p − 1, p + 1 and
-large, float32/float64/complex128 data with wide exponent ranges and cancellations (rank- and
+Every registered algorithm of allreduce, reduce and reduce_scatter(_block), blocking, nonblocking and
+persistent, and scan/exscan; counts 0, 1, p − 1, p + 1 and large, float32/float64/complex128 data with wide exponent ranges and cancellations (rank- and
 index-dependent): the same bits from every algorithm, equal to :func:`mpicomm.reproducible.sum_of` of the
 same contributions in another order; a communicator split in two gives the bits of the serial sum of its own
 ranks' contributions (another rank count). Bad input raises the same error on every rank.
@@ -91,6 +91,101 @@ def test_reduce_and_reduce_scatter_give_the_same_bits(comm, dtype):
         for algorithm in runnable(comm, "reduce_scatter"):
             comm.Reduce_scatter(big, out, uneven, algorithm=algorithm, reproducible=True)
             assert out.tobytes() == expected(list(range(p)), n + rank, dtype).tobytes(), (n, algorithm)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_nonblocking_and_persistent_calls_give_the_same_bits(comm, dtype):
+    """Several nonblocking calls of one shape in flight at once (they share a plan and its arrays), mixed with
+    ordinary calls, and persistent requests started again and again: each gives the serial sum's bits."""
+    rank, p = comm.Get_rank(), comm.Get_size()
+    for n in counts(p):
+        xs = [contribution(rank + 7 * i, n, dtype) for i in range(3)]
+        wants = [expected([r + 7 * i for r in range(p)], n, dtype) for i in range(3)]
+        outs = [np.full_like(x, np.nan) for x in xs]
+        plain = np.arange(n, dtype=np.float64) + rank
+        plain_out = np.empty_like(plain)
+        requests = [comm.Iallreduce(xs[0], outs[0], reproducible=True),
+                    comm.Iallreduce(plain, plain_out),  # (an ordinary call between them)
+                    comm.Iallreduce(xs[1], outs[1], reproducible=True, algorithm=runnable(comm, "allreduce")[-1]),
+                    comm.Ireduce(xs[2], outs[2], root=0, reproducible=True)]
+        mpicomm.Request.Waitall(requests)
+        assert outs[0].tobytes() == wants[0].tobytes(), n
+        assert outs[1].tobytes() == wants[1].tobytes(), n
+        if rank == 0:
+            assert outs[2].tobytes() == wants[2].tobytes(), n
+        assert plain_out.tolist() == [p * i + p * (p - 1) / 2 for i in range(n)]
+        whole = np.concatenate([xs[0]] * p)
+        block = np.full_like(xs[0], np.nan)
+        comm.Ireduce_scatter_block(whole, block, reproducible=True).Wait()
+        assert block.tobytes() == wants[0].tobytes(), n
+        x, out = xs[1].copy(), np.empty_like(xs[1])
+        request = comm.Allreduce_init(x, out, reproducible=True)
+        try:
+            for i in range(3):
+                x[...] = xs[i]  # (each start sums what the buffer holds then)
+                out[...] = np.nan
+                request.Start()
+                request.Wait()
+                assert out.tobytes() == wants[i].tobytes(), (n, i)
+        finally:
+            request.Free()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_scan_and_exscan_sum_each_prefix_on_the_grid_of_every_contribution(comm, dtype):
+    rank, p = comm.Get_rank(), comm.Get_size()
+    for n in counts(p):
+        x = contribution(rank, n, dtype)
+        every = [contribution(r, n, dtype) for r in range(p)]
+        for algorithm in runnable(comm, "scan"):
+            out = np.full_like(x, np.nan)
+            comm.Scan(x, out, algorithm=algorithm, reproducible=True)
+            want = R.sum_of(reversed(every[:rank + 1]), grid=every) if n else x
+            assert out.tobytes() == want.tobytes(), (n, algorithm)
+        for algorithm in runnable(comm, "exscan"):
+            out = np.full_like(x, np.nan)
+            comm.Iexscan(x, out, algorithm=algorithm, reproducible=True).Wait()
+            if rank > 0:
+                want = R.sum_of(every[:rank], grid=every) if n else x
+                assert out.tobytes() == want.tobytes(), (n, algorithm)
+            else:
+                assert np.isnan(out).all()  # (rank 0's receive buffer is left as it was)
+        out = np.full_like(x, np.nan)
+        request = comm.Scan_init(x, out, reproducible=True)
+        request.Start()
+        request.Wait()
+        request.Free()
+        assert out.tobytes() == (R.sum_of(every[:rank + 1], grid=every) if n else x).tobytes(), n
+
+
+def test_persistent_requests_started_in_another_order_raise_on_every_rank(comm):
+    """Two reproducible persistent requests of one shape, started in a different order on rank 0: the nested
+    collectives carry the requests' numbers, so every rank raises instead of summing each other's data."""
+    rank, p = comm.Get_rank(), comm.Get_size()
+    if p == 1:
+        pytest.skip("needs two ranks")
+    a, b = np.full(8, 1.0 + rank), np.full(8, 2.0 + rank)
+    ra = comm.Allreduce_init(MPI.IN_PLACE, a, reproducible=True)
+    rb = comm.Allreduce_init(MPI.IN_PLACE, b, reproducible=True)
+    try:
+        first, second = (rb, ra) if rank == 0 else (ra, rb)
+        messages = []
+        for request in (first, second):
+            request.Start()
+            try:
+                request.Wait()
+            except mpicomm.ArgumentError as exc:
+                messages.append(str(exc).partition(": ")[2])
+            else:
+                messages.append("")
+        everyone = WORLD.allgather(messages[0])
+        assert all(everyone), everyone
+        c = np.full(8, 1.0 + rank)
+        comm.Allreduce(MPI.IN_PLACE, c, reproducible=True)  # (the communicator works afterwards)
+        assert c.tolist() == [p + p * (p - 1) / 2] * 8
+    finally:
+        ra.Free()
+        rb.Free()
 
 
 def test_another_rank_count_gives_its_own_serial_sum(comm):

@@ -532,3 +532,59 @@ def test_the_default_group_binds_the_ranks_gpu(groups):
         pytest.skip("torch sees no CUDA device")
     comm = world_comm()
     assert torch.cuda.current_device() == comm.device == cupy.cuda.Device().id
+
+
+# ---------------------------------------------------------------- reproducible sums
+
+
+def _wide(rank: int, n: int):
+    """Rank- and index-dependent float64 values over 2**±40, both signs: their sum depends on its order."""
+    import numpy as np
+
+    g = np.random.default_rng(rank + 5)
+    return g.standard_normal(n) * np.exp2(g.integers(-40, 40, n))
+
+
+def test_a_reproducible_group_sums_to_the_serial_sums_bits(groups):
+    """``pg_options={"reproducible": True}``: all_reduce (blocking and async, SUM and AVG) and
+    reduce_scatter_tensor give the bits of mpicomm.reproducible.sum_of of every rank's tensor; float16, which
+    has no reproducible sum, is refused on every rank."""
+    import numpy as np
+
+    import mpicomm
+    from mpicomm import reproducible
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend="mpicomm", pg_options={"reproducible": True})
+    for n in _counts(p):
+        want = reproducible.sum_of([_wide(k, n) for k in range(p)]) if n else np.zeros(0)
+        t = torch.tensor(_wide(r, n))
+        dist.all_reduce(t, group=group)
+        assert t.cpu().numpy().tobytes() == want.tobytes(), n
+        t = torch.tensor(_wide(r, n))
+        dist.all_reduce(t, group=group, async_op=True).wait()
+        assert t.cpu().numpy().tobytes() == want.tobytes(), n
+        t = torch.tensor(_wide(r, n))
+        dist.all_reduce(t, op=R.AVG, group=group)
+        assert t.cpu().numpy().tobytes() == (torch.tensor(want) * (1.0 / p)).cpu().numpy().tobytes(), n
+        out = torch.empty(n, dtype=torch.float64)
+        dist.reduce_scatter_tensor(out, torch.tensor(np.concatenate([_wide(r, n)] * p)), group=group)
+        assert out.cpu().numpy().tobytes() == want.tobytes(), n
+    with pytest.raises(mpicomm.ArgumentError, match="op SUM on float32, float64"):
+        dist.all_reduce(torch.ones(4, dtype=torch.float16), group=group)
+    t = torch.ones(3, dtype=torch.int64)
+    dist.all_reduce(t, group=group)  # (integers: exact already, the ordinary sum)
+    assert t.tolist() == [p] * 3
+
+
+def test_pg_options_name_what_they_take():
+    from mpicomm.torch import _reproducible
+
+    assert _reproducible(None, True) is True
+    assert _reproducible({"reproducible": True}, False) is True
+    with pytest.raises(ValueError, match=r"unknown pg_options \['fast'\]; known: reproducible"):
+        _reproducible({"fast": True}, False)
+    with pytest.raises(TypeError, match="True or False"):
+        _reproducible({"reproducible": "yes"}, False)
+    with pytest.raises(TypeError, match="pass pg_options="):
+        _reproducible(["reproducible"], False)

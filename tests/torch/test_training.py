@@ -151,3 +151,28 @@ def test_pipelining_schedules(groups, schedule):
     owned = [k for k, layer in enumerate(layers) for _ in layer.parameters() if cuts[r] <= k < cuts[r + 1]]
     first = sum(1 for k, layer in enumerate(layers) for _ in layer.parameters() if k < cuts[r])
     assert_params(part.parameters(), expected[first:first + len(owned)], f"pipelining {schedule}")
+
+
+def test_reproducible_ddp_gives_the_same_bits_whatever_the_algorithm(groups, monkeypatch):
+    """DDP over a reproducible group (``pg_options={"reproducible": True}``), its small buckets all-reduced by
+    each allreduce algorithm in turn: the same parameters to the bit, and the single process's to rounding."""
+    from mpicomm import registry
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend="mpicomm", pg_options={"reproducible": True})
+    x, y = mine(p, r)
+    ends = []
+    for algorithm in ("ring", "recursive_doubling", "tree"):
+        assert algorithm in registry.algorithms("allreduce")
+        monkeypatch.setenv("MPICOMM_ALLREDUCE_ALGORITHM", algorithm)
+        m = model()
+        ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=group, bucket_cap_mb=0.002)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for _ in range(STEPS):
+            opt.zero_grad()
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+        ends.append([q.detach().clone() for q in m.parameters()])
+    for other in ends[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(ends[0], other))
+    assert_params(ends[0], reference(p, lr=0.1), "reproducible DDP")
