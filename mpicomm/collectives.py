@@ -13,6 +13,10 @@ C-contiguous. The ``i``-forms return an :class:`mpicomm.Request` whose
 Shapes: ``gather``/``allgather`` stack the ranks' arrays on a new first axis;
 ``scatter``/``alltoall``/``reduce_scatter_block`` split the first axis among
 the ranks; the ``v``-forms work on flat element counts.
+
+On a communicator whose ``reproducible`` is set (``MPICOMM_REPRODUCIBLE=1``),
+the reductions with ``"sum"`` on float32/64 and complex arrays give a
+reproducible sum (:mod:`mpicomm.reproducible`), as ``Comm.Allreduce`` & co. do.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mpi4py import MPI
 from .coll.patterns import block_partition
 from .comm import Comm
 from .engine.requests import Request
+from .front import reproducing
 from .front.dispatch import start
 from .ops import resolve
 from .plan.args import Args
@@ -106,7 +111,10 @@ def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any: ..
 
 
 def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
-    return start(_comm(comm), args, algorithm, blocking)
+    c = _comm(comm)
+    if c._state.reproducible and args.collective in reproducing.COLLECTIVES:  # (Comm.reproducible)
+        return reproducing.start(c._state, args, algorithm, blocking)
+    return start(c, args, algorithm, blocking)
 
 
 def _guard(args: Args, fn: Any) -> Args:

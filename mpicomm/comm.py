@@ -188,9 +188,10 @@ class Comm(MPI.Intracomm):
 
     @property
     def reproducible(self) -> bool:
-        """Whether the blocking reducing collectives (Allreduce, Reduce, Reduce_scatter(_block)) with ``SUM`` on
-        float32/64 and complex64/128 give a reproducible sum when the call does not say (``reproducible=``): the
-        same bits for every algorithm, order and rank count (:mod:`mpicomm.reproducible`). Starts as
+        """Whether the reducing collectives (Allreduce, Reduce, Reduce_scatter(_block), Scan, Exscan; blocking,
+        nonblocking and persistent; the array functions too) with ``SUM`` on float32/64 and complex64/128 give a
+        reproducible sum when the call does not say (``reproducible=``): the same bits for every algorithm,
+        order and rank count (:mod:`mpicomm.reproducible`). Starts as
         ``MPICOMM_REPRODUCIBLE`` says (default off); set it alike on every rank."""
         return self._state.reproducible
 

@@ -34,5 +34,10 @@ comm.reproducible = True                                                  # ever
 out = np.empty_like(grad)
 comm.Allreduce(grad, out)
 assert out.tobytes() == results[0].tobytes()
+
+request = comm.Iallreduce(grad, out)                                      # nonblocking: the same bits
+request.Wait()
+assert out.tobytes() == results[0].tobytes()
+assert mpicomm.allreduce(grad, comm=comm).tobytes() == out.tobytes()      # the array functions too
 if rank == 0:
     print(f"reproducible: ok (3 algorithms and the serial sum agree bit for bit at {p} ranks)")

@@ -257,3 +257,21 @@ def test_bad_input_on_one_rank_raises_on_every_rank(comm):
     out = np.empty(3)
     comm.Allreduce(np.full(3, 1.5), out, reproducible=True)
     assert out.tolist() == [1.5 * p] * 3
+
+
+def test_the_array_functions_follow_the_communicators_setting(comm):
+    """mpicomm.allreduce, iallreduce, reduce_scatter and scan on a communicator with ``reproducible`` set."""
+    rank, p = comm.Get_rank(), comm.Get_size()
+    dup = comm.Dup()
+    try:
+        dup.reproducible = True
+        x = contribution(rank, 301, np.float64)
+        want = expected(list(range(p)), 301, np.float64)
+        assert mpicomm.allreduce(x, comm=dup).tobytes() == want.tobytes()
+        assert mpicomm.iallreduce(x, comm=dup).wait().tobytes() == want.tobytes()
+        whole = np.concatenate([x] * p)
+        assert mpicomm.reduce_scatter(whole, [301] * p, comm=dup).tobytes() == want.tobytes()
+        every = [contribution(r, 301, np.float64) for r in range(p)]
+        assert mpicomm.scan(x, comm=dup).tobytes() == R.sum_of(every[:rank + 1], grid=every).tobytes()
+    finally:
+        dup.Free()
