@@ -35,6 +35,7 @@ depends on every contribution).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext as _nowhere
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,7 +114,7 @@ def _plan(state: State, args: Args, algorithm: str | None, blocking: bool) -> Su
     """The kept plan of this call's shape (its nested plans of the communicator's current tags), or a new one."""
     x = args.send
     key = (args.collective, algorithm, blocking, x.size, x.dtype, args.root, args.in_place, args.recvcounts,
-           (args.xp or np).__name__, id(args.device) if args.device is not None else None, config.validate())
+           (args.xp or np).__name__, getattr(args.device, "id", None), config.validate())
     sums = state.sums
     plan = sums.get(key)
     if plan is None or plan.epoch != state.epoch:
@@ -136,7 +137,8 @@ class Sum(Plan):
         x = reproducible.real_view(args.send)
         per = 2 if x.dtype != args.send.dtype else 1  # real elements per element (complex: two)
         k = reproducible.DIGITS[x.dtype]
-        e, d = xp.empty(x.size, _E), xp.empty((x.size, k), _D)
+        with device if device is not None else _nowhere():  # (device arrays: on the call's device)
+            e, d = xp.empty(x.size, _E), xp.empty((x.size, k), _D)
         flat = d.reshape(-1)
         n = int(flat.size)
         own = Args("allreduce", xp=xp, dtype=_E, send=e, recv=e, in_place=True, op=_MAX, count=int(e.size),
@@ -151,13 +153,15 @@ class Sum(Plan):
                         root=args.root, count=n, device=device)
             result = d if root else None
         elif c in ("scan", "exscan"):
-            out = xp.empty(n, _D)
+            with device if device is not None else _nowhere():
+                out = xp.empty(n, _D)
             call = Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM, count=n, device=device)
             result = out.reshape(x.size, k) if c == "scan" or rank > 0 else None
         else:  # reduce_scatter_block, reduce_scatter: this rank's block of the elements
             counts = tuple(args.recvcounts or ())
             start, width = sum(counts[:rank]) * per, counts[rank] * per
-            out = xp.empty(width * k, _D)
+            with device if device is not None else _nowhere():
+                out = xp.empty(width * k, _D)
             call = Args(c, xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
                         count=width * k if c == "reduce_scatter_block" else -1,
                         recvcounts=tuple(m * per * k for m in counts), device=device)
