@@ -103,18 +103,32 @@ def _input(args: Args, x: Any, name: str = "x") -> Any:
 
 
 @overload
-def _go(comm: Any, args: Args, algorithm: str | None, blocking: Literal[False]) -> Request: ...
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: Literal[False],
+        reproducible: bool | None = None) -> Request: ...
 
 
 @overload
-def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any: ...
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool, reproducible: bool | None = None) -> Any: ...
 
 
-def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool) -> Any:
+def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool, reproducible: bool | None = None) -> Any:
     c = _comm(comm)
-    if c._state.reproducible and args.collective in reproducing.COLLECTIVES:  # (Comm.reproducible)
-        return reproducing.start(c._state, args, algorithm, blocking)
+    if args.collective in reproducing.COLLECTIVES and (reproducible or args.parts is not None
+                                                       or (reproducible is None and c._state.reproducible)):
+        return reproducing.start(c._state, args, algorithm, blocking)  # (the call, or Comm.reproducible)
     return start(c, args, algorithm, blocking)
+
+
+def _stacked(args: Args, x: Any, reproducible: bool | None) -> Any:
+    """``stacked=True``: *x*'s rows are this rank's contributions (kept in ``args.parts``); the first, or zeros
+    of a row's shape where there are none, stands for them in the call's arguments."""
+    if reproducible is False:
+        raise TypeError("stacked=True sums this rank's contributions reproducibly; drop reproducible=False")
+    if x.ndim < 1:
+        raise ValueError("stacked=True: x's first axis lists this rank's contributions, shape (m, ...); got a "
+                         "0-d array")
+    args.parts = x.reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64)))
+    return x[0] if x.shape[0] else args.xp.zeros(x.shape[1:], x.dtype)  # type: ignore[union-attr]
 
 
 def _guard(args: Args, fn: Any) -> Args:
@@ -166,13 +180,16 @@ def ibcast(x: Any, root: int = 0, *, algorithm: str | None = "auto", comm: Any =
     return _go(c, _bcast_args(x, root, c, out), algorithm, False)
 
 
-def _reduction_args(collective: str, x: Any, op: Any, comm: Comm, out: Any, root: int | None = None) -> Args:
+def _reduction_args(collective: str, x: Any, op: Any, comm: Comm, out: Any, root: int | None = None,
+                    stacked: bool = False, reproducible: bool | None = None) -> Args:
     args = Args(collective)
 
     def read() -> None:
         nonlocal x
         args.op = resolve(op)
         x = _input(args, x)
+        if stacked:
+            x = _stacked(args, x, reproducible)
         if root is not None:
             args.root = check_peer(root, "root", comm.Get_size())
         args.count = x.size
@@ -195,17 +212,25 @@ def reduce(x: Any, op: Any = "sum", root: int = 0, *, algorithm: str | None = "a
     return _go(c, _reduction_args("reduce", x, op, c, out, root), algorithm, True)
 
 
-def allreduce(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
-    """The elementwise reduction of every rank's *x* with *op*, on every rank (``out=x`` reduces in place)."""
+def allreduce(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None,
+              reproducible: bool | None = None, stacked: bool = False) -> Any:
+    """The elementwise reduction of every rank's *x* with *op*, on every rank (``out=x`` reduces in place).
+
+    *reproducible*: a reproducible sum (None: the communicator's setting; :mod:`mpicomm.reproducible`).
+    *stacked*: *x*'s first axis lists this rank's contributions, any number of them (none too): the result
+    is the reproducible sum of every rank's every contribution, shaped as one of them (data-parallel
+    training that sums fixed micro-batches, whichever rank computed each)."""
     c = _comm(comm)
-    return _go(c, _reduction_args("allreduce", x, op, c, out), algorithm, True)
+    return _go(c, _reduction_args("allreduce", x, op, c, out, None, stacked, reproducible), algorithm, True,
+               reproducible)
 
 
 def iallreduce(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None,
-               out: Any = None) -> Request:
+               out: Any = None, reproducible: bool | None = None, stacked: bool = False) -> Request:
     """Nonblocking :func:`allreduce`; ``request.wait()`` returns the result."""
     c = _comm(comm)
-    return _go(c, _reduction_args("allreduce", x, op, c, out), algorithm, False)
+    return _go(c, _reduction_args("allreduce", x, op, c, out, None, stacked, reproducible), algorithm, False,
+               reproducible)
 
 
 def scan(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
@@ -479,7 +504,8 @@ def alltoallv(x: Any, sendcounts: Sequence[int], recvcounts: Sequence[int] | Non
     return _go(c, _guard(args, read), algorithm, True)
 
 
-def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any) -> Args:
+def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any, stacked: bool = False,
+                         reproducible: bool | None = None) -> Args:
     p, rank = comm.Get_size(), comm.Get_rank()
     args = Args("reduce_scatter")
 
@@ -487,6 +513,8 @@ def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any) -> 
         nonlocal x
         args.op = resolve(op)
         x = _input(args, x)
+        if stacked:
+            x = _stacked(args, x, reproducible)
         cs = tuple(block_partition(x.size, p)[0]) if counts is None else tuple(int(n) for n in counts)
         if len(cs) != p or sum(cs) != x.size:
             raise ValueError(f"counts {list(cs)}: need {p} entries summing to x.size = {x.size}")
@@ -498,17 +526,21 @@ def _reduce_scatter_args(x: Any, counts: Any, op: Any, comm: Comm, out: Any) -> 
 
 
 def reduce_scatter(x: Any, counts: Sequence[int] | None = None, op: Any = "sum", *,
-                   algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Any:
-    """Reduce every rank's flat *x* with *op*; rank r gets its counts[r] elements (None: near-equal blocks)."""
+                   algorithm: str | None = "auto", comm: Any = None, out: Any = None,
+                   reproducible: bool | None = None, stacked: bool = False) -> Any:
+    """Reduce every rank's flat *x* with *op*; rank r gets its counts[r] elements (None: near-equal blocks).
+    *reproducible*, *stacked* (rows of *x*, each a whole flat input): as for :func:`allreduce`."""
     c = _comm(comm)
-    return _go(c, _reduce_scatter_args(x, counts, op, c, out), algorithm, True)
+    return _go(c, _reduce_scatter_args(x, counts, op, c, out, stacked, reproducible), algorithm, True, reproducible)
 
 
 def ireduce_scatter(x: Any, counts: Sequence[int] | None = None, op: Any = "sum", *,
-                    algorithm: str | None = "auto", comm: Any = None, out: Any = None) -> Request:
+                    algorithm: str | None = "auto", comm: Any = None, out: Any = None,
+                    reproducible: bool | None = None, stacked: bool = False) -> Request:
     """Nonblocking :func:`reduce_scatter`."""
     c = _comm(comm)
-    return _go(c, _reduce_scatter_args(x, counts, op, c, out), algorithm, False)
+    return _go(c, _reduce_scatter_args(x, counts, op, c, out, stacked, reproducible), algorithm, False,
+               reproducible)
 
 
 def reduce_scatter_block(x: Any, op: Any = "sum", *, algorithm: str | None = "auto", comm: Any = None,

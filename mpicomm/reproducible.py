@@ -42,7 +42,7 @@ is NaN; else one with an infinity is that infinity. A sum of zeros is +0.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,8 @@ try:  # the host kernels (mpicomm/engine/_lane.c): the same operations as the ar
 except ImportError:  # (not built: the array-module code runs host arrays too)
     _kernels = None
 
-__all__ = ["BITS", "MOST", "DIGITS", "supported", "real_view", "exponents", "digits", "finish", "sum_of", "bound"]
+__all__ = ["BITS", "MOST", "DIGITS", "supported", "real_view", "exponents", "digits", "grid", "digit_sums", "finish", "sum_of",
+           "bound"]
 
 BITS = 40  #: bits per digit (B)
 MOST = 1 << 21  #: fewer contributions than this meet in one sum (the digits' sums stay exact, specials countable)
@@ -180,6 +181,29 @@ def finish(sums: Any, e: Any, dtype: Any, xp: Any = np) -> Any:
     return out
 
 
+def grid(parts: Sequence[Any], out: Any, xp: Any = np) -> Any:
+    """Each element's largest :func:`exponents` over the contributions *parts* (flat, real, of *out*'s size; any
+    number of them, none too), into *out* (int16)."""
+    if not len(parts):
+        out.fill(_ZERO)
+        return out
+    xp.copyto(out, exponents(parts[0], xp))
+    for x in parts[1:]:
+        xp.maximum(out, exponents(x, xp), out=out)
+    return out
+
+
+def digit_sums(parts: Sequence[Any], e: Any, out: Any, xp: Any = np) -> Any:
+    """The sums of the contributions' *parts* :func:`digits` on the grid *e*, into *out* (int64, ``(n, K)``)."""
+    if not len(parts):
+        out.fill(0)
+        return out
+    digits(parts[0], e, xp, out=out)
+    for x in parts[1:]:
+        out += digits(x, e, xp)
+    return out
+
+
 def sum_of(contributions: Iterable[Any], grid: Iterable[Any] | None = None) -> np.ndarray:
     """The reproducible sum of NumPy arrays of one shape and element type (float32/64, complex64/128), in one
     process: the bits a reproducible collective gives for the same contributions, in any order. *grid*: the
@@ -196,13 +220,12 @@ def sum_of(contributions: Iterable[Any], grid: Iterable[Any] | None = None) -> n
         raise ValueError(f"sum_of: at most {MOST - 1} contributions meet in one reproducible sum, got {len(xs)}")
     supported(dt, "sum")
     flats = [real_view(x.reshape(-1)) for x in xs]
-    e = exponents(real_view(on[0].reshape(-1)))
-    for f in on[1:]:
-        np.maximum(e, exponents(real_view(f.reshape(-1))), out=e)
-    total = digits(flats[0], e)
-    for f in flats[1:]:
-        total += digits(f, e)
+    e = _grid([real_view(x.reshape(-1)) for x in on], np.empty(flats[0].size, np.int16))
+    total = digit_sums(flats, e, np.empty((e.size, DIGITS[flats[0].dtype]), np.int64))
     return finish(total, e, flats[0].dtype).view(dt).reshape(shape)
+
+
+_grid = grid  # (sum_of's parameter of that name hides it there)
 
 
 def bound(contributions: Iterable[float], result: float, dtype: Any) -> float:

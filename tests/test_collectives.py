@@ -508,3 +508,55 @@ def test_algorithms_for_every_collective():
     assert "unknown collective 'allreduse'; known: " in message
     for name in COLLECTIVES:
         assert name in message
+
+
+# ---------------------------------------------------------------- reproducible sums of stacked contributions
+
+
+def _wide(k: int, shape) -> np.ndarray:
+    """Contribution k: rank-free, index-dependent values over 2**±40, both signs (their sum depends on its order)."""
+    g = np.random.default_rng(100 + k)
+    return g.standard_normal(shape) * np.exp2(g.integers(-40, 40, shape))
+
+
+def _mine(rank: int, p: int) -> list[int]:
+    """The contributions rank holds: (rank + 1) % 3 of them, numbered in rank order (rank 2 holds none)."""
+    held = [(r + 1) % 3 for r in range(p)]
+    first = sum(held[:rank])
+    return list(range(first, first + held[rank]))
+
+
+def test_stacked_contributions_sum_to_the_serial_sums_bits(comm):
+    """``stacked=True``: every rank's rows (0, 1 or 2 of them) are contributions; allreduce, iallreduce and
+    reduce_scatter give the bits of mpicomm.reproducible.sum_of of all of them, as one process computes."""
+    from mpicomm import reproducible
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    every = [k for r in range(p) for k in _mine(rank=r, p=p)]
+    shape = (3, 5)
+    x = np.stack([_wide(k, shape) for k in _mine(rank, p)]) if _mine(rank, p) else np.empty((0, *shape))
+    want = reproducible.sum_of([_wide(k, shape) for k in reversed(every)])
+    got = mpicomm.allreduce(x, comm=comm, stacked=True)
+    assert got.shape == shape and got.tobytes() == want.tobytes()
+    assert mpicomm.iallreduce(x, comm=comm, stacked=True, algorithm="ring").wait().tobytes() == want.tobytes()
+    rows = np.stack([np.concatenate([_wide(k, 4 * p)]) for k in _mine(rank, p)]) if _mine(rank, p) \
+        else np.empty((0, 4 * p))
+    whole = reproducible.sum_of([_wide(k, 4 * p) for k in every])
+    part = mpicomm.reduce_scatter(rows, [4] * p, comm=comm, stacked=True)
+    assert part.tobytes() == whole[4 * rank:4 * rank + 4].tobytes()
+    single = _wide(rank, 7)  # (reproducible=True alone: one contribution per rank)
+    assert mpicomm.allreduce(single, comm=comm, reproducible=True).tobytes() == \
+        reproducible.sum_of([_wide(r, 7) for r in range(p)]).tobytes()
+
+
+def test_stacked_contributions_of_an_op_without_a_reproducible_sum_raise_on_every_rank(comm):
+    try:
+        mpicomm.allreduce(np.ones((2, 3)), "max", comm=comm, stacked=True)
+    except mpicomm.ArgumentError as exc:
+        message = str(exc).partition(": ")[2]
+    else:
+        message = ""
+    everyone = comm.allgather(message)
+    assert all("stacked contributions need a reproducible sum" in m for m in everyone), everyone
+    with pytest.raises(TypeError, match="drop reproducible=False"):
+        mpicomm.allreduce(np.ones((2, 3)), comm=comm, stacked=True, reproducible=False)

@@ -82,6 +82,10 @@ def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool)
     its result; else return its request (*state*: the communicator's :class:`~mpicomm.state.State`, or what a
     freed ``Comm`` holds instead, which raises)."""
     if not _applies(args):
+        if args.parts is not None and args.problem is None:  # (the ordinary call would sum the first row only)
+            args.fail(ValueError(f"stacked contributions need a reproducible sum: op SUM on float32, float64, "
+                                 f"complex64 or complex128; got op {args.op.name.upper() if args.op else '?'} "
+                                 f"on {args.dtype}"))
         return dispatch.start(state, args, algorithm, blocking)
     if type(state) is not State:
         state = as_state(state)
@@ -180,10 +184,10 @@ class Sum(Plan):
         dtype = x.dtype
 
         def cut_exponents(run: Run) -> None:
-            xp.copyto(e, reproducible.exponents(reproducible.real_view(run.keep.send), xp))
+            reproducible.grid(_contributions(run.keep), e, xp)
 
         def cut_digits(run: Run) -> None:
-            reproducible.digits(reproducible.real_view(run.keep.send), e, xp, out=d)
+            reproducible.digit_sums(_contributions(run.keep), e, d, xp)
 
         def round_into(run: Run) -> None:
             if result is not None:
@@ -212,6 +216,14 @@ class Sum(Plan):
             if plan.persistent is not None:
                 plan.release()
         self.program.steps = []
+
+
+def _contributions(args: Args) -> list[Any]:
+    """This rank's contributions to the call *args* (flat, real): its send buffer, or its rows of
+    :attr:`Args.parts <mpicomm.plan.args.Args.parts>` (several, or none)."""
+    if args.parts is None:
+        return [reproducible.real_view(args.send)]
+    return [reproducible.real_view(row) for row in args.parts]
 
 
 def _on(device: Any, fn: Callable[[Run], None]) -> Callable[[Run], None]:

@@ -125,6 +125,7 @@ class Args:
     result: Callable[[], Any] = staticmethod(_nothing)  # what the call returns
     device: Any = None
     library: bool = False  # set once the ranks agreed to hand the call to the MPI library
+    parts: Any = None  # a reproducible sum's contributions of this rank, as rows (send: the first); see front.reproducing
 
     def __init__(self, collective: str, **fields: Any):
         self.collective = collective
