@@ -113,7 +113,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     """The command line's parser, with its ``train``, ``bench`` and ``plot`` sub-commands."""
     from apps import options
-    from apps.sgd.train import MODES
+    from apps.sgd.train import MODES, Config
 
     parser = cli.Parser(
         prog=PROG,
@@ -132,6 +132,13 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--uneven", action="store_true",
                    help="test of uneven inputs: worker r runs r fewer steps and joins the others' all-reduces "
                         "with zeros (PyTorch's Join)")
+    g.add_argument("--reproducible", action="store_true",
+                   help="ddp and zero modes: cut each global batch into --micro-batches fixed micro-batches and sum "
+                        "their gradients reproducibly, so that runs at any number of ranks end with the same "
+                        "parameters, bit for bit")
+    g.add_argument("--micro-batches", type=int, default=Config.micro_batches, metavar="M",
+                   help=f"with --reproducible: micro-batches per global batch, at least the number of ranks "
+                        f"(default: {Config.micro_batches})")
     options.add_checkpoint_options(g, "sgd", "steps")
     g.add_argument("--eval-every", type=int, default=0, metavar="K",
                    help="evaluate, print progress and log every K steps (default: once per epoch)")
@@ -207,6 +214,8 @@ def _check_pairs(own: argparse.ArgumentParser, args: argparse.Namespace) -> None
     cli.refuse_unless(own, args, args.data == "file", "--data file", "--data-file")
     cli.refuse_unless(own, args, args.data == "teacher", "--data teacher", "--samples", "--features")
     cli.refuse_unless(own, args, args.optimizer == "sgd", "--optimizer sgd", "--momentum")
+    cli.refuse_unless(own, args, not ps, "--mode ddp, zero1, zero2 or zero3", "--reproducible")
+    cli.refuse_unless(own, args, getattr(args, "reproducible", False), "--reproducible", "--micro-batches")
     if args.steps is not None and args.epochs != own.get_default("epochs"):
         own.error(f"--epochs {args.epochs} and --steps {args.steps}: --steps sets the run's length alone; give one")
 
@@ -228,6 +237,8 @@ def config_from(args: argparse.Namespace) -> Any:
         bucket_mb=args.bucket / 2**20 if getattr(args, "bucket", None) else args.bucket_mb,
         compress=None if args.compress == "none" else args.compress, accumulate=args.accumulate,
         uneven=getattr(args, "uneven", False), servers=args.servers, staleness=staleness,
+        reproducible=getattr(args, "reproducible", False),
+        micro_batches=getattr(args, "micro_batches", Config.micro_batches),
         checkpoint_every=getattr(args, "checkpoint_every", 0), checkpoint_dir=getattr(args, "checkpoint_dir", "checkpoints/sgd"),
         keep=getattr(args, "keep", 2), restart=getattr(args, "restart", False), log=getattr(args, "log", None),
         eval_every=getattr(args, "eval_every", 0), progress=not getattr(args, "quiet", False),

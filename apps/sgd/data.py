@@ -256,6 +256,10 @@ class Sampler:
 
     :meth:`batches` can start at any step, so a restarted run resumes mid-epoch with
     exactly the batches it would have had.
+
+    *micro_batches* (``--reproducible``): the global batch is cut into that many
+    fixed micro-batches, and rank ``r`` gets the samples of micro-batches
+    ``block(M, world_size, r)`` (:func:`apps.sgd.ddp.micro_ranges`).
     """
 
     def __init__(
@@ -267,6 +271,7 @@ class Sampler:
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        micro_batches: int | None = None,
     ):
         if n < 1:
             raise ValueError(f"the data set has {n} samples; the sampler needs at least 1")
@@ -291,6 +296,10 @@ class Sampler:
         self.n, self.global_batch = int(n), int(global_batch)
         self.world_size, self.rank = int(world_size), int(rank)
         self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
+        if micro_batches is not None and not world_size <= micro_batches <= global_batch:
+            raise ValueError(f"{micro_batches} micro-batches: use {world_size} (the ranks) <= M <= {global_batch} "
+                             f"(the global batch)")
+        self.micro_batches = micro_batches
         full, rest = divmod(self.n, self.global_batch)
         self.steps_per_epoch = full if (self.drop_last or rest == 0) else full + 1
         self._cached: tuple[int, np.ndarray] | None = None
@@ -339,7 +348,11 @@ class Sampler:
         self._check_step(step)
         step = int(step)
         count = self.global_count(step)
-        start, stop = block(count, self.world_size, self.rank)
+        if self.micro_batches is None:
+            start, stop = block(count, self.world_size, self.rank)
+        else:  # the samples of this rank's micro-batches (apps.sgd.ddp.micro_ranges)
+            first, last = block(self.micro_batches, self.world_size, self.rank)
+            start, stop = block(count, self.micro_batches, first)[0], block(count, self.micro_batches, last - 1)[1]
         base = step * self.global_batch
         return self._order(epoch)[base + start : base + stop].copy(), count
 

@@ -23,6 +23,10 @@ and casts back (DDP's fp16 compression hook: half the bytes, less precision);
 ``accumulate K`` (in :class:`DDP`) runs K micro-batches and synchronizes only on
 the last (``no_sync``).
 
+Reproducible steps (``--reproducible``, :meth:`DDP.step`): fixed micro-batches, each one's gradient kept
+as a row of each bucket's stack, and every bucket's rows reduced once, after the last pass, as one
+reproducible sum (``stacked=True``): the same parameters, bit for bit, at any number of ranks.
+
 Uneven inputs (the training loop's ``--uneven``, PyTorch's ``Join``): every step starts with a
 one-integer all-reduce counting the ranks that still have data. A rank that has
 run out keeps taking part: it contributes zero gradients to every bucket, in the
@@ -137,19 +141,25 @@ class Reducer:
         self._since = 0.0
         self.stalled = 0.0  # seconds backward waited for a bucket's collective (reused buffers) this micro-batch
         self.timings: list[tuple[int, float, float]] = []  # (bucket, launched, completed) of the last step
+        #: ``(j, passes)`` during a reproducible step's pass j (:meth:`DDP.step`): each bucket's gradients are kept
+        #: as row j of its stack, and the last pass reduces the stacks (a reproducible sum of every row)
+        self.micro: tuple[int, int] | None = None
+        self._stacks: dict[int, Any] = {}
 
     @property
     def wire_bytes(self) -> int:
         """Bytes of one all-reduce input over all buckets (what each step reduces)."""
         return sum(b.size for b in self.buckets) * self.wire_dtype.itemsize
 
-    def begin(self, divisor: int, add: bool = False) -> None:
+    def begin(self, divisor: int, add: bool = False, micro: tuple[int, int] | None = None) -> None:
         """Start a synchronizing backward: gradients will be divided by *divisor* (ranks taking part).
 
         *add*: this backward's reduced gradients add to those reduced earlier in
-        the step (a later micro-batch, where :attr:`every_micro_batch`).
+        the step (a later micro-batch, where :attr:`every_micro_batch`). *micro*:
+        pass j of a reproducible step's *passes* (:attr:`micro`).
         """
         self._scale = 1.0 / divisor
+        self.micro = micro
         self._launched = 0
         self._pending.clear()
         self.timings = []
@@ -189,8 +199,28 @@ class Reducer:
             if self._scale != 1.0:
                 wire *= wire.dtype.type(self._scale)
         start = time.perf_counter()
-        self._pending.append((bucket, self._start(bucket, wire), start))
+        request = self._start(bucket, wire) if self.micro is None else self._keep(bucket, wire)
+        self._pending.append((bucket, request, start))
         self._launched += 1
+
+    def _keep(self, bucket: Bucket, wire: Any) -> Any:
+        """A reproducible step's pass: the bucket's gradients become row j of its stack; the last pass starts the
+        stacks' reduction (:meth:`_start_stacked`), earlier ones nothing (a request already complete)."""
+        j, passes = self.micro  # type: ignore[misc]  # (set: see _launch)
+        stack = self._stacks.get(bucket.index)
+        if stack is None or stack.shape[0] != passes:
+            stack = self._stacks[bucket.index] = array_module(wire).empty((passes, wire.size), wire.dtype)
+        stack[j] = wire
+        return self._start_stacked(bucket, stack, wire) if j == passes - 1 else _KEPT
+
+    def _start_stacked(self, bucket: Bucket, stack: Any, wire: Any) -> Any:
+        """Start the reproducible sum of the bucket's rows on every rank (here: an all-reduce into *wire*)."""
+        return mpicomm.iallreduce(stack, out=wire, algorithm=self.algorithm, comm=self.comm, stacked=True)
+
+    @property
+    def stack_bytes(self) -> int:
+        """Bytes of the reproducible step's stacks (every pass's gradients, kept until the last pass)."""
+        return sum(int(s.nbytes) for s in self._stacks.values())
 
     def bucket_grad(self, bucket: Bucket) -> Any:
         """The bucket's gradients (here: its slice of the model's flat gradient buffer)."""
@@ -234,6 +264,28 @@ class Reducer:
             self.model.grads[bucket.start:bucket.stop] = wire
 
 
+class _Kept:
+    """The request of a bucket a reproducible step's pass only kept (nothing to wait for)."""
+
+    def Test(self) -> bool:
+        return True
+
+    def Wait(self) -> None:
+        pass
+
+
+_KEPT = _Kept()
+
+
+def micro_ranges(count: int, micro_batches: int, world: int, rank: int) -> list[tuple[int, int]]:
+    """A reproducible step's micro-batches of this rank: the global batch of *count* samples cut into
+    *micro_batches* fixed blocks (:func:`apps.blocks.block`), rank r taking blocks ``block(M, p, r)``; each as
+    ``(start, stop)`` within the rank's share (the samples of its blocks, in order), with its global number."""
+    first, stop = block(micro_batches, world, rank)
+    base = block(count, micro_batches, first)[0]
+    return [(a - base, b - base) for a, b in (block(count, micro_batches, i) for i in range(first, stop))]
+
+
 class DDP:
     """The ``ddp`` mode: one training step = forward/backward on this rank's share, averaged gradients, a step.
 
@@ -246,9 +298,16 @@ class DDP:
 
     def __init__(self, comm: Any, model: Any, optimizer: Any, *, algorithm: str = "auto",
                  cap_mb: float = DEFAULT_CAP_MB, per_parameter: bool = False, overlap: bool = True,
-                 compress: str | None = None, accumulate: int = 1):
+                 compress: str | None = None, accumulate: int = 1, micro_batches: int | None = None):
         if accumulate < 1:
             raise ValueError(f"--accumulate {accumulate}: must be >= 1 (1 synchronizes every step)")
+        if micro_batches is not None and (accumulate != 1 or compress):
+            raise ValueError("--reproducible cuts the global batch into --micro-batches itself: drop --accumulate "
+                             "and --compress")
+        if micro_batches is not None and micro_batches < comm.Get_size():
+            raise ValueError(f"--micro-batches {micro_batches}: fewer than the {comm.Get_size()} ranks; use "
+                             f"--micro-batches >= {comm.Get_size()}")
+        self.micro_batches = micro_batches
         self.comm = comm
         self.model = model
         self.optimizer = optimizer
@@ -279,12 +338,30 @@ class DDP:
         return 0.0
 
     def memory(self) -> dict[str, int]:
+        """Bytes this rank holds between steps (:meth:`_memory`), and a reproducible step's stacks
+        (``grad_stacks``: each pass's gradients, kept until the last)."""
+        held = self._memory()
+        if self.micro_batches is not None:
+            held["grad_stacks"] = self.reducer.stack_bytes
+        return held
+
+    def memory_formula(self) -> tuple[str, str, int]:
+        """:meth:`_formula`, and a reproducible step's stacks: ``P·sΨ`` for P passes (⌈M / p⌉)."""
+        text, where, value = self._formula()
+        if self.micro_batches is not None:
+            s, passes = self.model.params.itemsize, -(-self.micro_batches // self.world)
+            psi = getattr(self, "num_params", self.model.num_params)
+            text, where = text + f" + {passes * s}Ψ", where + f"; {passes}·{s}Ψ: the --reproducible stacks"
+            value += passes * s * psi
+        return text, where, value
+
+    def _memory(self) -> dict[str, int]:
         """Bytes this rank holds between steps: parameters, gradients, optimizer state."""
         return {"params": int(self.model.params.nbytes),
                 "grads": int(self.model.grads.nbytes) + self.reducer.scratch_bytes,
                 "optimizer": _state_bytes(self.state)}
 
-    def memory_formula(self) -> tuple[str, str, int]:
+    def _formula(self) -> tuple[str, str, int]:
         """ZeRO's formula for this rank's :meth:`memory` total, the values of its symbols, and that total in bytes.
 
         Computed from Ψ, p, the dtype, the optimizer's number of state vectors
@@ -327,6 +404,8 @@ class DDP:
         single-rank gradient, whatever the split. *divisor* (Join) overrides the
         number of ranks the sum is divided by.
         """
+        if self.micro_batches is not None:
+            return self._reproducible_step(x, y, global_count)
         model, reducer = self.model, self.reducer
         result = StepResult()
         denominator = global_count / self.world
@@ -351,6 +430,50 @@ class DDP:
         result.exposed += self.update()
         result.samples = len(y)
         return result
+
+    def _reproducible_step(self, x: Any, y: Any, global_count: int) -> StepResult:
+        """``--reproducible``: the global batch cut into fixed micro-batches (:func:`micro_ranges`), each one's
+        loss gradient (scaled by 1 / global_count) computed on its own - the same bits whichever rank computes
+        it - and kept, bucket by bucket, as a row of the bucket's stack; after the last pass every bucket's
+        rows are reduced as one reproducible sum (``stacked=True``: :mod:`mpicomm.reproducible`), so the sum -
+        the single-process gradient - has the same bits at any rank count. Every rank makes the same number
+        of passes (the most micro-batches a rank has): a pass without a micro-batch keeps zeros (which change
+        no sum) and takes part in the collectives."""
+        model, reducer = self.model, self.reducer
+        result = StepResult()
+        mine = micro_ranges(global_count, self.micro_batches, self.world, self.rank)  # type: ignore[arg-type]
+        passes = -(-self.micro_batches // self.world)  # type: ignore[operator]
+        first = block(self.micro_batches, self.world, self.rank)[0]  # type: ignore[arg-type]
+        step = model.rng_key[0] if model.rng_key else 0
+        for j in range(passes):
+            a, b = mine[j] if j < len(mine) else (0, 0)
+            t0 = time.perf_counter()
+            reducer.begin(1, micro=(j, passes))
+            self.zero_pass()
+            if b > a:
+                model.rng_key = (step, first + j)  # (the micro-batch's own randomness, wherever it runs)
+                logits = model.forward(x[a:b], train=True, hook=self.forward_hook)
+                loss, dlogits = softmax_cross_entropy(logits, y[a:b], global_count)
+                result.loss_sum += loss * (b - a)
+                result.correct += correct(logits, y[a:b])
+                reducer.backward_starts()
+                model.backward(dlogits, hook=reducer.hook)
+            else:
+                self.idle_pass()
+            result.compute += time.perf_counter() - t0 - reducer.stalled
+            result.exposed += reducer.finish()
+            result.comm_total += sum(done - start for _, start, done in reducer.timings)
+        result.exposed += self.update()
+        result.samples = len(y)
+        return result
+
+    def zero_pass(self) -> None:
+        """Before a reproducible step's pass: zero the gradients it writes (here: the flat buffer)."""
+        self.model.zero_grad()
+
+    def idle_pass(self) -> None:
+        """A reproducible step's pass without a micro-batch on this rank: nothing to compute (its buckets keep
+        zeros when :meth:`Reducer.finish` launches them)."""
 
     def idle_step(self, divisor: int) -> None:
         """A joined rank's step: zero gradients through every bucket, then the same optimizer step."""

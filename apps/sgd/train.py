@@ -85,6 +85,8 @@ class Config:
     compress: str | None = None
     accumulate: int = 1
     uneven: bool = False
+    reproducible: bool = False  # fixed micro-batches, summed reproducibly: the same parameters at any rank count
+    micro_batches: int = 8  # with reproducible: micro-batches per global batch
     servers: int = 1  # ps: the last K ranks serve; 0: every rank serves one shard (apps.sgd.ps.layout)
     staleness: int | None = 0
     checkpoint_every: int = 0
@@ -300,6 +302,14 @@ def check_settings(cfg: Config) -> None:
     compression_dtype(cfg.compress)
     if cfg.compress and cfg.mode != "ddp":
         raise ValueError(f"--compress {cfg.compress}: applies to --mode ddp's all-reduce only")
+    if cfg.reproducible:
+        if cfg.mode.startswith("ps"):
+            raise ValueError(f"--reproducible applies to ddp and the zero modes, not to --mode {cfg.mode}")
+        if cfg.accumulate != 1 or cfg.compress or cfg.uneven:
+            raise ValueError("--reproducible cuts the global batch into --micro-batches itself and sums them "
+                             "exactly: drop --accumulate, --compress and --uneven")
+        if cfg.micro_batches < 1 or cfg.micro_batches > cfg.batch:
+            raise ValueError(f"--micro-batches {cfg.micro_batches}: use 1 <= M <= --batch {cfg.batch}")
 
 
 def validate(cfg: Config, size: int) -> None:
@@ -310,6 +320,9 @@ def validate(cfg: Config, size: int) -> None:
     if cfg.batch < workers:
         raise ValueError(f"--batch {cfg.batch}: the global batch is smaller than the {workers} workers; "
                          f"every worker needs at least one sample: use --batch >= {workers}")
+    if cfg.reproducible and cfg.micro_batches < workers:
+        raise ValueError(f"--micro-batches {cfg.micro_batches}: fewer than the {workers} workers; every worker "
+                         f"computes at least one micro-batch: use --micro-batches >= {workers}")
     if cfg.batch < workers * cfg.accumulate:
         raise ValueError(f"--batch {cfg.batch} with --accumulate {cfg.accumulate}: each of the {workers} workers "
                          f"needs at least one sample per micro-batch; use --batch >= {workers * cfg.accumulate}")
@@ -441,7 +454,8 @@ def build(comm: Any, cfg: Config, model: Any, optimizer: Any, total_steps: int, 
     """The mode's strategy object (*start_step*: where a restarted run resumes; the parameter servers' first
     version)."""
     options = dict(algorithm=cfg.algorithm, cap_mb=cfg.bucket_mb, per_parameter=cfg.per_parameter,
-                   overlap=cfg.overlap, accumulate=cfg.accumulate)
+                   overlap=cfg.overlap, accumulate=cfg.accumulate,
+                   micro_batches=cfg.micro_batches if cfg.reproducible else None)
     if cfg.mode == "ddp":
         return DDP(comm, model, optimizer, compress=cfg.compress, **options)
     if cfg.mode in ("zero1", "zero2"):
@@ -696,7 +710,8 @@ def train(comm: Any, cfg: Config, say: Callable[[str], None] = print, source: So
                 save_checkpoint(comm, cfg, strategy, done, signature)
         strategy.serve()
     else:
-        sampler = Sampler(source.n_train, cfg.batch, workers, index, cfg.seed, shuffle=source.shuffle)
+        sampler = Sampler(source.n_train, cfg.batch, workers, index, cfg.seed, shuffle=source.shuffle,
+                          micro_batches=cfg.micro_batches if cfg.reproducible else None)
         last_step = total - (index if cfg.uneven else 0)
         interval = [0.0, 0, 0]  # loss sum, correct, samples of rank 0's shares since the last log
         eval_every = cfg.eval_every or per_epoch

@@ -108,8 +108,8 @@ class ShardReducer(Reducer):
         """Bytes of the bucket buffers (and of the accumulation parts, once a step has used them)."""
         return sum(int(b.nbytes) for b in self._buffers) + sum(0 if a is None else int(a.nbytes) for a in self._parts)
 
-    def begin(self, divisor: int, add: bool = False) -> None:
-        super().begin(divisor, add)
+    def begin(self, divisor: int, add: bool = False, micro: tuple[int, int] | None = None) -> None:
+        super().begin(divisor, add, micro)
         self._add = add
         self._opened = 0
         self._open_through(self._opens[-1])
@@ -157,6 +157,12 @@ class ShardReducer(Reducer):
         return mpicomm.ireduce_scatter(wire, self._counts[bucket.index], out=out, algorithm=self.algorithm,
                                        comm=self.comm)
 
+    def _start_stacked(self, bucket: Bucket, stack: Any, wire: Any) -> Any:
+        """A reproducible step's last pass: the reproducible sum of the bucket's rows, scattered into the shard."""
+        a, b = self._views[bucket.index]
+        return mpicomm.ireduce_scatter(stack, self._counts[bucket.index], out=self.grad_shard[a:b],
+                                       algorithm=self.algorithm, comm=self.comm, stacked=True)
+
     def _done(self, bucket: Bucket) -> None:
         slot = bucket.index % self.slots
         if self._add:
@@ -198,7 +204,10 @@ class Zero(DDP):
     def update(self) -> float:
         model = self.model
         t0 = time.perf_counter()
-        if self.stage == 1:
+        if self.stage == 1 and self.micro_batches is not None:  # every pass's gradients, one reproducible sum
+            mpicomm.reduce_scatter(self.reducer.stack, self.counts, out=self.grad_shard,  # type: ignore[attr-defined]
+                                   algorithm=self.algorithm, comm=self.comm, stacked=True)
+        elif self.stage == 1:
             grads = model.grads
             if self.reducer.divisor != 1:
                 grads *= 1.0 / self.reducer.divisor
@@ -218,7 +227,7 @@ class Zero(DDP):
         self.comm.Allgatherv(MPI.IN_PLACE, [params, self.counts, self.displs, self._datatype],
                              algorithm=self.algorithm)
 
-    def memory(self) -> dict[str, int]:
+    def _memory(self) -> dict[str, int]:
         """Parameters, gradients (zero1: the full buffer and the shard; zero2: the shard), zero2's bucket
         buffers (``grad_buckets``), optimizer state."""
         kept = int(self.grad_shard.nbytes)
@@ -228,7 +237,7 @@ class Zero(DDP):
         return {"params": int(self.model.params.nbytes), "grads": kept,
                 "grad_buckets": self.reducer.buffer_bytes, "optimizer": _state_bytes(self.state)}
 
-    def memory_formula(self) -> tuple[str, str, int]:
+    def _formula(self) -> tuple[str, str, int]:
         """zero1 2sΨ + (k + 1)sΨ/p, zero2 sΨ + (k + 1)sΨ/p + sB [+ sA] (the terms: the module docstring)."""
         s, k = self.model.params.itemsize, len(self.optimizer.state_names)
         psi, shard = self.model.num_params, self.hi - self.lo
@@ -268,16 +277,28 @@ class Zero(DDP):
 
 
 class _NoReducer(Reducer):
-    """Stage 1: no collective per bucket; remembers the divisor for the reduce-scatter after backward."""
+    """Stage 1: no collective per bucket; remembers the divisor for the reduce-scatter after backward (and, in a
+    reproducible step, keeps each pass's whole gradient as a row of :attr:`stack`)."""
 
     divisor = 1
+    stack: Any = None
 
-    def begin(self, divisor: int, add: bool = False) -> None:
-        super().begin(divisor, add)
+    def begin(self, divisor: int, add: bool = False, micro: tuple[int, int] | None = None) -> None:
+        super().begin(divisor, add, micro)
         self.divisor = divisor
 
     def hook(self, layer: int) -> None:
         pass
 
+    @property
+    def stack_bytes(self) -> int:
+        return 0 if self.stack is None else int(self.stack.nbytes)
+
     def finish(self) -> float:
+        if self.micro is not None:
+            j, passes = self.micro
+            grads = self.model.grads
+            if self.stack is None or self.stack.shape[0] != passes:
+                self.stack = array_module(grads).empty((passes, grads.size), grads.dtype)
+            self.stack[j] = grads
         return 0.0

@@ -188,16 +188,21 @@ class Zero3(Zero):
 
     def idle_step(self, divisor: int) -> None:
         """A joined rank's step: every gather and reduce-scatter of the working ranks, in their order, on zeros."""
-        gather, reducer = self.layer_gather, self.reducer
         for k in range(self.accumulate):
-            reducer.begin(divisor, add=k > 0)
-            for j in range(len(gather.layers)):
-                gather.need(j, +1)
-            reducer.backward_starts()
-            for i in range(len(self.model.layers) - 1, -1, -1):
-                reducer.hook(i)
-            reducer.finish()
+            self.reducer.begin(divisor, add=k > 0)
+            self.idle_pass()
+            self.reducer.finish()
         self.update()
+
+    def idle_pass(self) -> None:
+        """A forward and backward without a micro-batch: every layer's gathers and every bucket's hooks, in the
+        working ranks' order (the buckets keep zeros)."""
+        gather, reducer = self.layer_gather, self.reducer
+        for j in range(len(gather.layers)):
+            gather.need(j, +1)
+        reducer.backward_starts()
+        for i in range(len(self.model.layers) - 1, -1, -1):
+            reducer.hook(i)
 
     # ------------------------------------------------------------ the whole vector, outside the steps
 
@@ -253,7 +258,7 @@ class Zero3(Zero):
 
     # ------------------------------------------------------------ memory
 
-    def memory(self) -> dict[str, int]:
+    def _memory(self) -> dict[str, int]:
         """Parameter shard, the two gather buffers (``param_layers``), gradient shard, zero2's bucket buffers,
         optimizer shard."""
         reducer: Any = self.reducer  # a GatherReducer
@@ -261,7 +266,7 @@ class Zero3(Zero):
                 "grads": int(self.grad_shard.nbytes), "grad_buckets": reducer.buffer_bytes,
                 "optimizer": _state_bytes(self.state)}
 
-    def memory_formula(self) -> tuple[str, str, int]:
+    def _formula(self) -> tuple[str, str, int]:
         """(k + 2)sΨ/p + sL + sB [+ sA] (the terms: the module docstring)."""
         s, k = self.param_shard.itemsize, len(self.optimizer.state_names)
         shard, gather = self.hi - self.lo, self.layer_gather

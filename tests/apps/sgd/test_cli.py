@@ -80,6 +80,16 @@ def test_ps_sync_equals_ps_async_with_staleness_zero():
     assert _digest(a.stdout) == _digest(b.stdout)
 
 
+def test_reproducible_runs_at_one_and_three_ranks_print_the_same_parameter_digest():
+    """``--reproducible``: the command line's own check that the rank count does not change the model (ddp at one
+    rank, zero2 at three: the same digest of the final parameters)."""
+    common = ["train", "--reproducible", "--micro-batches", "6", "--steps", "12", "--dtype", "float64"]
+    a = _run(1, common)
+    b = _run(3, [*common, "--mode", "zero2"])
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert _digest(a.stdout) == _digest(b.stdout)
+
+
 @pytest.mark.parametrize("n,args,text,usage", [
     (4, ["--batch", "3"], "--batch 3: the global batch is smaller than the 4 workers", False),
     (2, ["--mode", "nope"], "argument --mode: invalid choice: 'nope'", True),
@@ -90,6 +100,11 @@ def test_ps_sync_equals_ps_async_with_staleness_zero():
     (2, ["--mode", "ps-sync", "--plot-timeline", "t.png"], "--plot-timeline draws bucket collectives", True),
     (2, ["--mode", "ps-sync", "--servers", "2"], "--servers 2: need 1 <= K < N ranks (N = 2)", False),
     (2, ["--data", "file", "--data-file", "/nonexistent/x.npz"], "/nonexistent/x.npz", False),
+    (2, ["--micro-batches", "4"], "--micro-batches 4 applies to --reproducible only", True),
+    (2, ["--mode", "ps-sync", "--reproducible"], "--reproducible applies to --mode ddp, zero1, zero2 or zero3 only",
+     True),
+    (2, ["--reproducible", "--accumulate", "2"], "drop --accumulate, --compress and --uneven", True),
+    (4, ["--reproducible", "--micro-batches", "3"], "--micro-batches 3: fewer than the 4 workers", False),
 ])
 def test_bad_input_is_refused_on_every_rank_with_status_2(n, args, text, usage):
     """Settings wrong at any rank count are usage errors before the work starts; the rest once the ranks are known.

@@ -87,6 +87,41 @@ def test_n_ranks_equal_one_rank(setting):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("setting", [
+    dict(),
+    dict(mode="zero1"),
+    dict(mode="zero2"),
+    dict(mode="zero3"),
+    dict(mode="zero2", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, algorithm="ring"),
+    dict(mode="zero3", hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, overlap=False),
+    dict(hidden=MANY.hidden, bucket_mb=MANY.bucket_mb, dropout=0.2, optimizer="sgd", lr=0.1, momentum=0.9),
+    dict(batch=100, steps=16, micro_batches=9),  # (the 15th batch has 37 samples: blocks of 4 and 5)
+], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items() if k != "hidden") or "ddp")
+def test_reproducible_training_ends_with_the_same_bits_at_every_rank_count(setting):
+    """``--reproducible``: fixed micro-batches, their gradients summed reproducibly: the parameters after 7
+    steps equal one rank's (COMM_SELF, every micro-batch on it) and plain ddp's bit for bit - at 1, 2, 3 and 4
+    ranks (one pass each), so at every rank count alike; ZeRO's shards too."""
+    comm = mpicomm.Comm()
+    cfg = replace(BASE, reproducible=True, **{"micro_batches": 8, **setting})
+    mine, report = _params(comm, cfg)
+    np.testing.assert_array_equal(mine, _alone(cfg))
+    np.testing.assert_array_equal(mine, _alone(replace(cfg, mode="ddp", algorithm="auto", overlap=True)))
+    assert report.steps == cfg.steps
+
+
+@pytest.mark.mpi
+def test_reproducible_training_keeps_every_micro_batchs_gradients_until_the_last():
+    """The price, stated: the stacks hold (passes × Ψ) gradients between a step's passes (ddp)."""
+    comm = mpicomm.Comm()
+    cfg = replace(BASE, reproducible=True, micro_batches=8, steps=1)
+    _, report = _params(comm, cfg)
+    passes = -(-8 // comm.Get_size())
+    assert report.memory["grad_stacks"] == passes * 1210 * 8
+    text, _, value = report.memory_formula
+    assert text.endswith(f" + {8 * passes}Ψ") and value == sum(report.memory.values())
+
+
+@pytest.mark.mpi
 def test_the_last_uneven_batch_is_weighted_by_its_samples():
     """1437 samples in batches of 100: the 15th batch has 37, split unevenly (and 0 on some ranks at 4+)."""
     comm = mpicomm.Comm()
