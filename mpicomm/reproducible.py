@@ -91,22 +91,20 @@ def _host(*arrays: Any) -> bool:
     return _kernels is not None and all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays)
 
 
-def _at(a: Any) -> int:
-    return a.__array_interface__["data"][0] if a.size else 0
-
-
-def exponents(x: Any, xp: Any = np) -> Any:
-    """Each element's binary exponent as int16 (``|x| < 2**e``): -32768 for 0, 32767 for inf and NaN."""
-    if _host(x):
-        e = np.empty(x.size, np.int16)
-        _kernels.repro(0, int(x.dtype == np.float32), 1, x.size, _at(x), _at(e), 0)
-        return e
+def exponents(x: Any, xp: Any = np, out: Any = None) -> Any:
+    """Each element's binary exponent as int16 (``|x| < 2**e``): -32768 for 0, 32767 for inf and NaN (written
+    into *out* when given)."""
+    if out is None:
+        out = xp.empty(x.size, np.int16)
+    if _host(x, out):
+        _kernels.repro(0, int(x.dtype == np.float32), 1, x.size, x, out, out)
+        return out
     with np.errstate(invalid="ignore"):
         _, e = xp.frexp(x)
-    e = e.astype(np.int16)
-    e[x == 0] = _ZERO
-    e[~xp.isfinite(x)] = _SPECIAL
-    return e
+    out[...] = e
+    out[x == 0] = _ZERO
+    out[~xp.isfinite(x)] = _SPECIAL
+    return out
 
 
 def _power(k: Any, xp: Any) -> Any:
@@ -128,7 +126,7 @@ def digits(x: Any, e: Any, xp: Any = np, out: Any = None) -> Any:
     if out is None:
         out = xp.empty((x.size, k), np.int64)
     if _host(x, e, out):
-        _kernels.repro(1, int(x.dtype == np.float32), k, x.size, _at(x), _at(e), _at(out))
+        _kernels.repro(1, int(x.dtype == np.float32), k, x.size, x, e, out)
         return out
     ordinary = (e != _ZERO) & (e != _SPECIAL)
     shift = xp.where(ordinary, BITS - e.astype(np.int32), 0)
@@ -148,13 +146,17 @@ def digits(x: Any, e: Any, xp: Any = np, out: Any = None) -> Any:
     return out
 
 
-def finish(sums: Any, e: Any, dtype: Any, xp: Any = np) -> Any:
-    """The rounded result of digit sums *sums* (shape ``(n, K)``, int64) on the grid *e*, as *dtype* (real)."""
+def finish(sums: Any, e: Any, dtype: Any, xp: Any = np, out: Any = None) -> Any:
+    """The rounded result of digit sums *sums* (shape ``(n, K)``, int64) on the grid *e*, as *dtype* (real;
+    written into *out*, flat, when given)."""
     dt = np.dtype(dtype)
     k = DIGITS[dt]
+    if out is not None and not _host(sums, e, out):
+        out[...] = finish(sums, e, dt, xp)
+        return out
     if _host(sums, e):
-        result = np.empty(e.size, dt)
-        _kernels.repro(2, int(dt == np.float32), k, e.size, _at(sums), _at(e), _at(result))
+        result = np.empty(e.size, dt) if out is None else out
+        _kernels.repro(2, int(dt == np.float32), k, e.size, sums, e, result)
         return result
     ordinary = (e != _ZERO) & (e != _SPECIAL)
     scale = xp.where(ordinary, e.astype(np.int32) - k * BITS, 0)
@@ -187,7 +189,7 @@ def grid(parts: Sequence[Any], out: Any, xp: Any = np) -> Any:
     if not len(parts):
         out.fill(_ZERO)
         return out
-    xp.copyto(out, exponents(parts[0], xp))
+    exponents(parts[0], xp, out=out)
     for x in parts[1:]:
         xp.maximum(out, exponents(x, xp), out=out)
     return out

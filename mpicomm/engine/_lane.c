@@ -696,20 +696,46 @@ static void r_finish(const int64_t *s, const int16_t *e, char *out, int f32, Py_
 }
 
 /* repro(what, f32, k, n, a, b, c): what 0: exponents of x=a into e=b; 1: digits of x=a on e=b into c;
- * 2: the rounded sums a on e=b into c. By address; the GIL released. */
+ * 2: the rounded sums a on e=b into c. Arrays by the buffer protocol (C-contiguous; b and c written where they
+ * are outputs), their sizes checked against n; the GIL released while the kernel runs. */
 static PyObject *py_repro(PyObject *module, PyObject *args) {
     int what, f32, k;
     Py_ssize_t n;
-    unsigned long long a, b, c;
-    if (!PyArg_ParseTuple(args, "iiinKKK", &what, &f32, &k, &n, &a, &b, &c)) return NULL;
-    if (k < 1 || k > 2 || what < 0 || what > 2) return PyErr_Format(PyExc_ValueError, "repro: what %d, k %d", what, k);
-    Py_BEGIN_ALLOW_THREADS
-    if (what == 0) r_exponents((const char *)(uintptr_t)a, f32, (int16_t *)(uintptr_t)b, n);
-    else if (what == 1)
-        r_digits((const char *)(uintptr_t)a, f32, (const int16_t *)(uintptr_t)b, (int64_t *)(uintptr_t)c, n, k);
-    else r_finish((const int64_t *)(uintptr_t)a, (const int16_t *)(uintptr_t)b, (char *)(uintptr_t)c, f32, n, k);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    PyObject *oa, *ob, *oc;
+    if (!PyArg_ParseTuple(args, "iiinOOO", &what, &f32, &k, &n, &oa, &ob, &oc)) return NULL;
+    if (k < 1 || k > 2 || what < 0 || what > 2 || n < 0)
+        return PyErr_Format(PyExc_ValueError, "repro: what %d, k %d, n %zd", what, k, n);
+    Py_ssize_t real = f32 ? 4 : 8;
+    /* the bytes each array needs, and whether it is written */
+    Py_ssize_t need_a = what == 2 ? n * k * 8 : n * real, need_b = n * 2, need_c = what == 0 ? 0 : what == 1 ? n * k * 8 : n * real;
+    Py_buffer va, vb, vc;
+    if (PyObject_GetBuffer(oa, &va, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(ob, &vb, PyBUF_C_CONTIGUOUS | (what == 0 ? PyBUF_WRITABLE : 0)) < 0) {
+        PyBuffer_Release(&va);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(oc, &vc, PyBUF_C_CONTIGUOUS | (what == 0 ? 0 : PyBUF_WRITABLE)) < 0) {
+        PyBuffer_Release(&va);
+        PyBuffer_Release(&vb);
+        return NULL;
+    }
+    PyObject *result = Py_None;
+    if (va.len < need_a || vb.len < need_b || vc.len < need_c) {
+        PyErr_Format(PyExc_ValueError, "repro: arrays of %zd, %zd and %zd bytes for %zd elements (need %zd, %zd, %zd)",
+                     va.len, vb.len, vc.len, n, need_a, need_b, need_c);
+        result = NULL;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        if (what == 0) r_exponents((const char *)va.buf, f32, (int16_t *)vb.buf, n);
+        else if (what == 1) r_digits((const char *)va.buf, f32, (const int16_t *)vb.buf, (int64_t *)vc.buf, n, k);
+        else r_finish((const int64_t *)va.buf, (const int16_t *)vb.buf, (char *)vc.buf, f32, n, k);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&vc);
+    if (result != NULL) Py_INCREF(result);
+    return result;
 }
 
 static PyMethodDef module_methods[] = {
