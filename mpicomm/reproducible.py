@@ -97,7 +97,7 @@ def exponents(x: Any, xp: Any = np, out: Any = None) -> Any:
     if out is None:
         out = xp.empty(x.size, np.int16)
     if _host(x, out):
-        _kernels.repro(0, int(x.dtype == np.float32), 1, x.size, x, out, out)
+        _kernels.repro(0, int(x.dtype == np.float32), DIGITS[x.dtype], x.size, x, out, out)
         return out
     with np.errstate(invalid="ignore"):
         _, e = xp.frexp(x)

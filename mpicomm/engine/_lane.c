@@ -620,18 +620,29 @@ static inline double r_scale(double x, int k) { /* x 2^k by two exact factors, a
     return x * r_pow2(h) * r_pow2(k - h);
 }
 
-static inline double r_load(const char *x, int f32, Py_ssize_t i) {
+static inline double r_load(const void *restrict x, int f32, Py_ssize_t i) {
     return f32 ? (double)((const float *)x)[i] : ((const double *)x)[i];
 }
 
-static void r_exponents(const char *x, int f32, int16_t *e, Py_ssize_t n) {
+/* Each kernel is written once, for any (f32, k), and inlined into one function per combination (the
+ * dispatchers below), so that the element loops carry no branch on them and their pointers do not alias. */
+#define R_INLINE static inline __attribute__((always_inline))
+
+R_INLINE void r_exponents(const void *restrict x, int f32, int16_t *restrict e, Py_ssize_t n) {
+    int odd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* (branch-free: zeros, subnormals and specials are a second pass) */
+        union { double d; uint64_t u; } bits = {r_load(x, f32, i)};
+        int biased = (int)((bits.u >> 52) & 0x7ff);
+        odd |= (biased == 0) | (biased == 0x7ff);
+        e[i] = (int16_t)(biased - 1022); /* (frexp's exponent of a normal number) */
+    }
+    if (!odd) return;
     for (Py_ssize_t i = 0; i < n; i++) {
         double v = r_load(x, f32, i);
         union { double d; uint64_t u; } bits = {v};
-        int biased = (int)((bits.u >> 52) & 0x7ff);
-        int ex = 0;
+        int biased = (int)((bits.u >> 52) & 0x7ff), ex = 0;
         if (biased == 0x7ff) e[i] = R_SPECIAL;
-        else if (biased != 0) e[i] = (int16_t)(biased - 1022); /* (frexp's exponent of a normal number) */
+        else if (biased != 0) continue;
         else if (v == 0) e[i] = R_ZERO;
         else {
             frexp(v, &ex); /* (a subnormal float64) */
@@ -640,17 +651,17 @@ static void r_exponents(const char *x, int f32, int16_t *e, Py_ssize_t n) {
     }
 }
 
-static void r_digits(const char *x, int f32, const int16_t *e, int64_t *out, Py_ssize_t n, int k) {
+R_INLINE void r_digits(const void *restrict x, int f32, const int16_t *restrict e, int64_t *restrict out, Py_ssize_t n,
+                       int k) {
     int specials = 0;
     for (Py_ssize_t i = 0; i < n; i++) { /* (branch-free: the specials are a second pass) */
         int E = e[i];
         int ordinary = (E != R_ZERO) & (E != R_SPECIAL);
         specials |= E == R_SPECIAL;
         double t = r_scale(ordinary ? r_load(x, f32, i) : 0.0, ordinary ? R_BITS - E : 0);
-        int64_t *o = out + i * k;
         int64_t d = (int64_t)t; /* (truncates, as trunc: |t| < 2^40) */
-        o[0] = d;
-        if (k == 2) o[1] = (int64_t)((t - (double)d) * R_RADIX);
+        out[i * k] = d;
+        if (k == 2) out[i * 2 + 1] = (int64_t)((t - (double)d) * R_RADIX);
     }
     if (!specials) return;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -660,7 +671,8 @@ static void r_digits(const char *x, int f32, const int16_t *e, int64_t *out, Py_
     }
 }
 
-static void r_finish(const int64_t *s, const int16_t *e, char *out, int f32, Py_ssize_t n, int k) {
+R_INLINE void r_finish(const int64_t *restrict s, const int16_t *restrict e, void *restrict out, int f32, Py_ssize_t n,
+                       int k) {
     int odd = 0;
     for (Py_ssize_t i = 0; i < n; i++) { /* (branch-free: zeros and specials are a second pass) */
         int E = e[i];
@@ -695,6 +707,13 @@ static void r_finish(const int64_t *s, const int16_t *e, char *out, int f32, Py_
     }
 }
 
+static void r_exponents32(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 1, e, n); }
+static void r_exponents64(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 0, e, n); }
+static void r_digits32(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 1, e, o, n, 1); }
+static void r_digits64(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 0, e, o, n, 2); }
+static void r_finish32(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 1, n, 1); }
+static void r_finish64(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 0, n, 2); }
+
 /* repro(what, f32, k, n, a, b, c): what 0: exponents of x=a into e=b; 1: digits of x=a on e=b into c;
  * 2: the rounded sums a on e=b into c. Arrays by the buffer protocol (C-contiguous; b and c written where they
  * are outputs), their sizes checked against n; the GIL released while the kernel runs. */
@@ -703,7 +722,7 @@ static PyObject *py_repro(PyObject *module, PyObject *args) {
     Py_ssize_t n;
     PyObject *oa, *ob, *oc;
     if (!PyArg_ParseTuple(args, "iiinOOO", &what, &f32, &k, &n, &oa, &ob, &oc)) return NULL;
-    if (k < 1 || k > 2 || what < 0 || what > 2 || n < 0)
+    if (k != (f32 ? 1 : 2) || what < 0 || what > 2 || n < 0) /* (k: reproducible.DIGITS) */
         return PyErr_Format(PyExc_ValueError, "repro: what %d, k %d, n %zd", what, k, n);
     Py_ssize_t real = f32 ? 4 : 8;
     /* the bytes each array needs, and whether it is written */
@@ -726,9 +745,9 @@ static PyObject *py_repro(PyObject *module, PyObject *args) {
         result = NULL;
     } else {
         Py_BEGIN_ALLOW_THREADS
-        if (what == 0) r_exponents((const char *)va.buf, f32, (int16_t *)vb.buf, n);
-        else if (what == 1) r_digits((const char *)va.buf, f32, (const int16_t *)vb.buf, (int64_t *)vc.buf, n, k);
-        else r_finish((const int64_t *)va.buf, (const int16_t *)vb.buf, (char *)vc.buf, f32, n, k);
+        if (what == 0) (f32 ? r_exponents32 : r_exponents64)(va.buf, (int16_t *)vb.buf, n);
+        else if (what == 1) (f32 ? r_digits32 : r_digits64)(va.buf, (const int16_t *)vb.buf, (int64_t *)vc.buf, n);
+        else (f32 ? r_finish32 : r_finish64)((const int64_t *)va.buf, (const int16_t *)vb.buf, vc.buf, n);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&va);
