@@ -658,7 +658,10 @@ R_INLINE void r_digits(const void *restrict x, int f32, const int16_t *restrict 
         int E = e[i];
         int ordinary = (E != R_ZERO) & (E != R_SPECIAL);
         specials |= E == R_SPECIAL;
-        double t = r_scale(ordinary ? r_load(x, f32, i) : 0.0, ordinary ? R_BITS - E : 0);
+        /* x, or 0 where E is not ordinary, selected by masks (no control flow: the loop vectorises) */
+        union { double d; uint64_t u; } v = {r_load(x, f32, i)};
+        v.u &= -(uint64_t)ordinary;
+        double t = r_scale(v.d, (R_BITS - E) & -ordinary);
         int64_t d = (int64_t)t; /* (truncates, as trunc: |t| < 2^40) */
         out[i * k] = d;
         if (k == 2) out[i * 2 + 1] = (int64_t)((t - (double)d) * R_RADIX);
@@ -707,12 +710,20 @@ R_INLINE void r_finish(const int64_t *restrict s, const int16_t *restrict e, voi
     }
 }
 
-static void r_exponents32(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 1, e, n); }
-static void r_exponents64(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 0, e, n); }
-static void r_digits32(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 1, e, o, n, 1); }
-static void r_digits64(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 0, e, o, n, 2); }
-static void r_finish32(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 1, n, 1); }
-static void r_finish64(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 0, n, 2); }
+/* Each compiled for the baseline and for AVX2 and AVX-512 machines, chosen at load time (the same results: the
+ * operations are IEEE's and the conversions truncate alike; -ffp-contract=off keeps them apart). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__GLIBC__)
+#define R_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define R_CLONES
+#endif
+
+R_CLONES static void r_exponents32(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 1, e, n); }
+R_CLONES static void r_exponents64(const void *x, int16_t *e, Py_ssize_t n) { r_exponents(x, 0, e, n); }
+R_CLONES static void r_digits32(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 1, e, o, n, 1); }
+R_CLONES static void r_digits64(const void *x, const int16_t *e, int64_t *o, Py_ssize_t n) { r_digits(x, 0, e, o, n, 2); }
+R_CLONES static void r_finish32(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 1, n, 1); }
+R_CLONES static void r_finish64(const int64_t *s, const int16_t *e, void *o, Py_ssize_t n) { r_finish(s, e, o, 0, n, 2); }
 
 /* repro(what, f32, k, n, a, b, c): what 0: exponents of x=a into e=b; 1: digits of x=a on e=b into c;
  * 2: the rounded sums a on e=b into c. Arrays by the buffer protocol (C-contiguous; b and c written where they

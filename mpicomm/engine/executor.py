@@ -592,6 +592,24 @@ class Run:
             else:
                 self._fail(exc)
 
+    def sleep_in_child(self) -> bool:
+        """Where the step in flight waits on one nested run only (no shared counters: a reproducible sum's
+        steps, a composite's), block in that run's own wait instead of backing off: in its compiled lane, or in
+        MPI on its requests (the GIL released either way). False, without waiting, where the step waits on
+        anything else."""
+        children = self.children
+        steps = self.program.steps
+        if children is None or len(children) != 1 or not 0 <= self.k < len(steps) or steps[self.k].syncs:
+            return False
+        child = children[0]
+        if child.done or child.waits_on_memory():
+            return False
+        if child.lane is not None and child.k >= 0 and not child.broken:
+            child.poll(True)
+        else:
+            child.sleep()
+        return True
+
     def waits_on_memory(self) -> bool:
         """Whether the step in flight waits on shared counters or nested runs (not only on MPI requests)."""
         steps = self.program.steps
@@ -659,6 +677,8 @@ def complete(run: Run, watchdog: Any = None) -> None:
             watchdog.pause([run])
             continue
         if run.waits_on_memory():
+            if run.sleep_in_child():
+                continue
             waited = time.perf_counter() - started
             if waited < 2e-4:
                 continue

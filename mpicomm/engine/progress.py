@@ -204,6 +204,8 @@ def wait(run: Run, q: Queue, watchdog: Any = None, others: Callable[[], bool] | 
             if front is not None and not busy and not front.waits_on_memory() and front.live():
                 front.sleep()
                 continue
+            if front is not None and not busy and front.sleep_in_child():
+                continue
         waited = time.perf_counter() - started
         if waited < 2e-3:
             os.sched_yield()
