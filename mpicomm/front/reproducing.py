@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import config, reproducible
+from .. import trace as _trace
 from ..engine.executor import Program, Run, Step
 from ..ops import resolve
 from ..plan.args import Args
@@ -92,8 +93,9 @@ def start(state: State | Any, args: Args, algorithm: str | None, blocking: bool)
     state.check_live()
     locked = dispatch.enter(state)
     try:
+        began = _trace.now() if _trace.ON else 0.0
         plan = _plan(state, args, algorithm, blocking)
-        return dispatch.execute(state, plan, args.result, blocking, keep=args)
+        return dispatch.execute(state, plan, args.result, blocking, began, keep=args)
     finally:
         if locked:
             state.lock.release()
@@ -149,7 +151,21 @@ class Sum(Plan):
                    device=device)
         result: Any = d  # the digit sums this rank rounds (None: it holds no result)
         start, width = 0, x.size  # which of the exponents they are on
-        if c == "allreduce":
+        gathered: Any = None  # split: the rounded results, each rank's block all-gathered in place
+        split = c == "allreduce" and algorithm in (None, "auto") and x.size * x.itemsize >= SPLIT_BYTES \
+            and state.size > 1
+        if split:  # reduce-scatter the digits, round this rank's block, all-gather the results
+            counts = _blocks(x.size // per, state.size)
+            start, width = sum(counts[:rank]) * per, counts[rank] * per
+            with device if device is not None else _nowhere():
+                out = xp.empty(width * k, _D)
+                gathered = xp.empty(x.size, x.dtype)
+            call = Args("reduce_scatter", xp=xp, dtype=_D, send=flat, recv=out, op=_SUM,
+                        recvcounts=tuple(m * per * k for m in counts), device=device)
+            result = out.reshape(width, k)
+            share = dispatch.nested_args(state, "allgatherv", gathered[start:start + width], gathered, None, 0,
+                                         None, None, tuple(m * per for m in counts), None, -1)
+        elif c == "allreduce":
             call = Args(c, xp=xp, dtype=_D, send=flat, recv=flat, in_place=True, op=_SUM, count=n, device=device)
         elif c == "reduce":
             root = rank == args.root
@@ -170,18 +186,19 @@ class Sum(Plan):
                         count=width * k if c == "reduce_scatter_block" else -1,
                         recvcounts=tuple(m * per * k for m in counts), device=device)
             result = out.reshape(width, k)
+        calls = [(own, None), (call, algorithm)] + ([(share, None)] if split else [])
         if number is None:
-            rounds = (dispatch.plan_for(state, own, None, blocking, again=True),
-                      dispatch.plan_for(state, call, algorithm, blocking, again=True))
+            rounds = tuple(dispatch.plan_for(state, a, how, blocking, again=True) for a, how in calls)
         else:
-            rounds = (dispatch.plan_for(state, own, None, False, persistent=number),
-                      dispatch.plan_for(state, call, algorithm, False, persistent=number))
-        super().__init__(state, args, f"reproducible {rounds[1].name_}", "reproducible")
+            rounds = tuple(dispatch.plan_for(state, a, how, False, persistent=number) for a, how in calls)
+        name = ", ".join(f"{r.collective} {r.name_}" for r in rounds[1:]) if split else rounds[1].name_
+        super().__init__(state, args, f"reproducible: {name}", "reproducible")
         self.persistent = number
         self.rounds = rounds
-        self.keep = [e, d, call.recv]
+        self.keep = [e, d, call.recv, gathered]
         grid = e[start:start + width]
         dtype = x.dtype
+        mine = None if gathered is None else gathered[start:start + width]
 
         def cut_exponents(run: Run) -> None:
             reproducible.grid(_contributions(run.keep), e, xp)
@@ -193,14 +210,26 @@ class Sum(Plan):
             if result is not None:
                 reproducible.finish(result, grid, dtype, xp, out=reproducible.real_view(run.keep.recv))
 
+        def round_mine(run: Run) -> None:
+            reproducible.finish(result, grid, dtype, xp, out=mine)
+
+        def copy_out(run: Run) -> None:
+            xp.copyto(reproducible.real_view(run.keep.recv), gathered)
+
         first = Step("reproducible sum: exponents (allreduce, max)")
         first.pre = (_on(device, cut_exponents),)
         first.nested = (self._nested(0),)
         first.ops = (_on(device, cut_digits),)
-        second = Step(f"reproducible sum: digits ({c}, sum)")
+        second = Step(f"reproducible sum: digits ({call.collective}, sum)")
         second.nested = (self._nested(1),)
-        second.ops = (_on(device, round_into),)
-        self.program = Program([first.finish(), second.finish()], self, state)
+        second.ops = (_on(device, round_mine if split else round_into),)
+        steps = [first.finish(), second.finish()]
+        if split:
+            third = Step("reproducible sum: the rounded blocks (allgatherv)")
+            third.nested = (self._nested(2),)
+            third.ops = (_on(device, copy_out),)
+            steps.append(third.finish())
+        self.program = Program(steps, self, state)
         self.program.epoch = self.epoch
 
     def _nested(self, i: int) -> Callable[[Run], Run]:
@@ -215,6 +244,18 @@ class Sum(Plan):
             if plan.persistent is not None:
                 plan.release()
         self.program.steps = []
+
+
+#: An allreduce of at least this many bytes whose algorithm the selection chooses reduce-scatters the digits,
+#: rounds each rank's block and all-gathers the results (1.5 times the bytes of the digits' allreduce less, and
+#: a p-th of the rounding); a smaller one all-reduces the digits (two rounds, not three).
+SPLIT_BYTES = 32 * 1024
+
+
+def _blocks(n: int, p: int) -> tuple[int, ...]:
+    """*n* elements in *p* near-equal blocks, the larger first."""
+    q, r = divmod(n, p)
+    return tuple(q + (i < r) for i in range(p))
 
 
 def _contributions(args: Args) -> list[Any]:
