@@ -594,12 +594,17 @@ class Run:
 
     def sleep_in_child(self) -> bool:
         """Where the step in flight waits on one nested run only (no shared counters: a reproducible sum's
-        steps, a composite's), block in that run's own wait instead of backing off: in its compiled lane, or in
-        MPI on its requests (the GIL released either way). False, without waiting, where the step waits on
-        anything else."""
+        steps, a composite's) and this run's own agreement is not in flight, block in that run's own wait
+        instead of backing off: in its compiled lane, or in MPI on its requests (the GIL released either way).
+        False, without waiting, where the step waits on anything else.
+
+        Not while the agreement is in flight: its next round is started here, in Python, and a peer may sleep
+        on it (a Bruck alltoallv's rounds built at run time, 5 ranks on nodes of 2 + 2 + 1, hung so: one rank
+        asleep in the nested run's receive, its peers asleep on the agreement round it had not started)."""
         children = self.children
         steps = self.program.steps
-        if children is None or len(children) != 1 or not 0 <= self.k < len(steps) or steps[self.k].syncs:
+        if (children is None or len(children) != 1 or self.a >= 0 or not 0 <= self.k < len(steps)
+                or steps[self.k].syncs):
             return False
         child = children[0]
         if child.done or child.waits_on_memory():
