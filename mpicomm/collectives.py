@@ -113,8 +113,7 @@ def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool, reproducib
 
 def _go(comm: Any, args: Args, algorithm: str | None, blocking: bool, reproducible: bool | None = None) -> Any:
     c = _comm(comm)
-    if args.collective in reproducing.COLLECTIVES and (reproducible or args.parts is not None
-                                                       or (reproducible is None and c._state.reproducible)):
+    if args.collective in reproducing.COLLECTIVES and (args.parts is not None or c._summing(reproducible)):
         return reproducing.start(c._state, args, algorithm, blocking)  # (the call, or Comm.reproducible)
     return start(c, args, algorithm, blocking)
 

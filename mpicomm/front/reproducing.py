@@ -42,6 +42,7 @@ import numpy as np
 
 from .. import config, reproducible
 from .. import trace as _trace
+from ..coll.patterns import block_partition
 from ..engine.executor import Program, Run, Step
 from ..ops import resolve
 from ..plan.args import Args
@@ -155,7 +156,7 @@ class Sum(Plan):
         split = c == "allreduce" and algorithm in (None, "auto") and x.size * x.itemsize >= SPLIT_BYTES \
             and state.size > 1
         if split:  # reduce-scatter the digits, round this rank's block, all-gather the results
-            counts = _blocks(x.size // per, state.size)
+            counts = tuple(block_partition(x.size // per, state.size)[0])
             start, width = sum(counts[:rank]) * per, counts[rank] * per
             with device if device is not None else _nowhere():
                 out = xp.empty(width * k, _D)
@@ -250,12 +251,6 @@ class Sum(Plan):
 #: rounds each rank's block and all-gathers the results (1.5 times the bytes of the digits' allreduce less, and
 #: a p-th of the rounding); a smaller one all-reduces the digits (two rounds, not three).
 SPLIT_BYTES = 32 * 1024
-
-
-def _blocks(n: int, p: int) -> tuple[int, ...]:
-    """*n* elements in *p* near-equal blocks, the larger first."""
-    q, r = divmod(n, p)
-    return tuple(q + (i < r) for i in range(p))
 
 
 def _contributions(args: Args) -> list[Any]:
