@@ -53,7 +53,8 @@ from . import lane as _lane
 if TYPE_CHECKING:
     from ..state import State
 
-__all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "nap", "graveyard", "SPINS", "in_callback"]
+__all__ = ["Step", "AgreeStep", "Program", "Run", "complete", "nap", "graveyard", "bury", "prune", "Ledger", "SPINS",
+           "in_callback"]
 
 _Testall = MPI.Request.Testall
 _Startall = MPI.Prequest.Startall
@@ -77,8 +78,80 @@ def ranks_on_node(ranks: int) -> None:
     if ranks > cores:
         SPINS = 0
 
-#: Requests abandoned by runs that failed (sends no peer will ever receive): kept, never waited on.
+#: Requests abandoned by runs that failed (sends no peer received yet): kept until they complete (:func:`prune`),
+#: never waited on.
 graveyard: list[Any] = []
+_graves = threading.Lock()
+
+#: What a run's messages did, per ``(peer, tag)``: ``[sent, received]`` (see :meth:`Run.abandon`).
+Ledger = dict[tuple[int, int], list[int]]
+
+
+def bury(request: Any) -> None:
+    """Keep an abandoned send in the :data:`graveyard` (with its buffer: mpi4py's request holds it)."""
+    with _graves:
+        graveyard.append(request)
+
+
+def prune() -> int:
+    """Drop the graveyard's requests that completed (their messages were received after all, as a
+    disagreement's drain receives them); returns how many are left."""
+    with _graves:
+        graveyard[:] = [r for r in graveyard if r and not r.Test()]
+        return len(graveyard)
+
+
+def _tally(ledger: Ledger, tag: int, peers: Sequence[tuple[str, int]], done: Sequence[bool] | None = None) -> None:
+    """Count messages into *ledger*: each ``(kind, peer)`` of a step on *tag* (*done*: per message, whether a
+    receive matched; every send counts)."""
+    if tag < 0:
+        return
+    for i, (kind, peer) in enumerate(peers):
+        if peer < 0 or kind not in ("send", "recv"):
+            continue
+        entry = ledger.get((peer, tag))
+        if entry is None:
+            entry = ledger[(peer, tag)] = [0, 0]
+        if kind == "send":
+            entry[0] += 1
+        elif done is None or done[i]:
+            entry[1] += 1
+
+
+def _settled(r: Any, receive: bool) -> bool:
+    """Give up request *r* of an abandoned run; True when its message counts (:func:`_tally`). A send (or the
+    library's collective) still in flight is buried, never cancelled (see :meth:`Run.abandon`); a receive
+    still posted is cancelled, and counts only if it matched a message before the cancel took (a truncated one
+    counts too)."""
+    try:
+        if not r or r.Test():
+            return True
+    except MPI.Exception:
+        return True  # (completed, with an error: a truncated receive)
+    if not receive:
+        bury(r)
+        return True
+    status = MPI.Status()
+    try:
+        r.Cancel()
+        for _ in range(1000):
+            if r.Test(status):
+                return not status.Is_cancelled()
+            os.sched_yield()
+    except MPI.Exception:
+        return True
+    bury(r)  # (matched, its data still arriving)
+    return True
+
+
+def _merge(into: Ledger, other: Ledger) -> None:
+    for key, (sent, got) in other.items():
+        entry = into.get(key)
+        if entry is None:
+            into[key] = [sent, got]
+        else:
+            entry[0] += sent
+            entry[1] += got
 
 _here = threading.local()
 
@@ -103,7 +176,7 @@ def _call_back(run: Run) -> None:
 class Step:
     """One compiled round (see the module docstring)."""
 
-    __slots__ = ("reqs", "post", "pre", "ops", "words", "syncs", "nested", "early", "text", "peers", "waits")
+    __slots__ = ("reqs", "post", "pre", "ops", "words", "syncs", "nested", "early", "text", "peers", "waits", "tag")
 
     def __init__(self, text: str = ""):
         self.reqs: list[MPI.Prequest] | None = None
@@ -116,6 +189,7 @@ class Step:
         self.early = False
         self.text = text
         self.peers: tuple[tuple[str, int], ...] = ()  # ("recv"|"send", rank) per request, for the watchdog
+        self.tag = -1  # the tag of its messages on the communicator's private duplicate (-1: not a collective's)
         self.waits = False  # syncs or nested (set by finish())
 
     def finish(self) -> Step:
@@ -131,13 +205,16 @@ class AgreeStep:
     """One round of the independent agreement: its persistent requests (the receive first, when it has one),
     then combine the words."""
 
-    __slots__ = ("reqs", "combine", "peer", "receives")
+    __slots__ = ("reqs", "combine", "peer", "receives", "tag", "peers")
 
-    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[[Run], None], peer: int, receives: bool = True):
+    def __init__(self, reqs: list[MPI.Prequest], combine: Callable[[Run], None], peer: int, receives: bool = True,
+                 tag: int = -1):
         self.reqs = reqs
         self.combine = combine
         self.peer = peer
         self.receives = receives  # its first request is a receive
+        self.tag = tag
+        self.peers = (("recv", peer),) * receives + (("send", peer),) * (len(reqs) - receives)  # (as Step's)
 
 
 class Program:
@@ -172,13 +249,17 @@ class Run:
     """One execution of a :class:`Program` (see the module docstring)."""
 
     __slots__ = ("program", "k", "reqs", "afters", "children", "a", "agreed", "broken", "done", "error", "started",
-                 "base", "seq", "callbacks", "status", "result", "keep", "lane", "on_end", "__weakref__")
+                 "base", "seq", "callbacks", "status", "result", "keep", "lane", "on_end", "at", "past", "ledger",
+                 "__weakref__")
 
     def __init__(self, program: Program, seq: int = -1):
         self.program = program
         program.runs += 1
         self.k = -1  # the data step in flight (-1: not started, or gated until the ranks agree)
         self.reqs: Sequence[Any] = ()  # the MPI requests of step k
+        self.at = -1  # the step whose requests reqs are (-1: none posted, or every step's finished)
+        self.past: list[Run] | None = None  # nested runs of steps that finished (their messages count: abandon)
+        self.ledger: Ledger | None = None  # what its messages did, once abandoned (:meth:`abandon`)
         self.afters: list[Callable[[], None]] | None = None  # what step k's fresh requests need once complete
         self.children: list[Run] | None = None
         self.a = -1  # the agreement round in flight (-1: none, or finished)
@@ -245,7 +326,7 @@ class Run:
                 program.on_start(self)
             if program.check is not None and program.verdict_at < 0 and not program.agree and self._judge():
                 return self.done or self._poll(block)  # (one rank, judged now: handed another program, started)
-            self.k = 0
+            self.k = self.at = 0
             done = self._advance(lane, SPINS if block else 1, block, start=True)
             return done if done is not None else self._poll(block)
         except Exception as exc:  # noqa: BLE001 - as in poll
@@ -285,7 +366,7 @@ class Run:
 
     def _post(self, k: int) -> None:
         step = self.program.steps[k]
-        self.k = k
+        self.k = self.at = k
         lane = self.lane
         if lane is not None:
             rc = lane.post(k)
@@ -335,9 +416,11 @@ class Run:
         """Stop the data steps after *exc* and wait for the agreement's verdict; if every rank agreed after
         all, *exc* is this run's error (see the end of :meth:`_poll`)."""
         self.broken = exc  # (truthy: the run's data is lost)
-        for child in self.children or ():
+        children = self.children or []
+        for child in children:
             if not child.done:
                 child.abandon()
+        self.past = children if self.past is None else self.past + children
         self.children, self.afters = None, None
         self.k = len(self.program.steps)  # (its requests stay, so that the verdict's abandon cancels them)
 
@@ -383,7 +466,7 @@ class Run:
             if k == n:
                 self.k = n
                 if not self.broken:
-                    self.reqs = ()
+                    self.reqs, self.at = (), -1
                 break
             if not early:
                 self._post(k)
@@ -435,6 +518,7 @@ class Run:
         if r >= 0:
             self.k = r
             self.reqs = steps[r].reqs or () if r < len(steps) else ()
+            self.at = r if r < len(steps) else -1
             return False
         if r == -1:
             self.ended_in_lane()
@@ -443,6 +527,7 @@ class Run:
         self.lane = None
         self.k = k
         self.reqs = steps[k].reqs or () if k < len(steps) else ()
+        self.at = k if k < len(steps) else -1
         if e == _lane.TRUNCATED:
             self.broken = True
             program = self.program
@@ -457,7 +542,7 @@ class Run:
         agree, the run is done (its completion callbacks run now)."""
         self.a = -1
         self.k = len(self.program.steps)
-        self.reqs = ()
+        self.reqs, self.at = (), -1
         self.agreed = True
         self._finish()
 
@@ -473,6 +558,7 @@ class Run:
                     return False
             failed = next((c.error for c in children if c.error is not None), None)
             self.children = None
+            self.past = children if self.past is None else self.past + children
             if failed is not None:
                 raise failed
         return True
@@ -502,7 +588,7 @@ class Run:
         self.program = replacement
         self.lane = replacement.lane
         self.reqs, self.afters, self.children, self.a, self.broken = (), None, None, -1, False
-        self.k = -1
+        self.k = self.at = -1
         self.agreed = replacement.check is None
         if replacement.steps:
             self._post(0)
@@ -534,38 +620,68 @@ class Run:
         if self.callbacks:
             _call_back(self)
 
-    def abandon(self) -> None:
+    def abandon(self) -> Ledger:
         """Give up this run's requests in flight: cancel the receives; keep unfinished sends (and the library's
         collectives) in the graveyard. Never cancel a send: MPICH 5.0.2 crashes cancelling a large (rendezvous)
         send whose receiver already completed with a truncation error - a peer that ran another call - and MPI-4
-        deprecates it."""
-        live: list[tuple[Any, bool]] = []
-        steps = self.program.steps
-        if self.reqs:
-            kinds = steps[self.k].peers if 0 <= self.k < len(steps) else ()
-            live += [(r, i < len(kinds) and kinds[i][0] == "recv") for i, r in enumerate(self.reqs)]
-        if self.a >= 0 and self.program.agree:
-            round_ = self.program.agree[self.a]
-            live += [(r, i == 0 and round_.receives) for i, r in enumerate(round_.reqs)]
-            self.a = -1
-        if self.children:
-            for child in self.children:
-                if not child.done:
-                    child.abandon()
-        self.children = None
-        self.reqs = ()
+        deprecates it.
+
+        Returns what its messages and its nested runs' did up to here (kept as :attr:`ledger`): per ``(peer,
+        tag)``, how many it sent and how many of its receives matched. A disagreement's exchange
+        (:func:`mpicomm.plan.agreement.settle`) gives every rank every ledger, so each receives exactly the
+        messages sent to it that nothing matched, and no abandoned message stays in MPI's queue. Once is enough:
+        a run abandoned again (a failed agreement's check abandons it, then the run fails) returns that ledger."""
+        if self.ledger is not None:
+            return self.ledger
+        ledger: Ledger = {}
+        program = self.program
+        steps = program.steps
+        at = self.at
+        whole = at if at >= 0 else len(steps) if self.k >= len(steps) else 0  # the steps that finished
+        for step in steps[:whole]:
+            _tally(ledger, step.tag, step.peers)
+        live: list[tuple[int, Sequence[tuple[str, int]], Sequence[Any]]] = []
+        if self.reqs and 0 <= at < len(steps):
+            live.append((steps[at].tag, steps[at].peers, self.reqs))
+        agree = program.agree
+        if agree and self.started:
+            a = self.a if self.a >= 0 else len(agree)  # (a started run's agreement: -1 once finished)
+            for round_ in agree[:a]:
+                _tally(ledger, round_.tag, round_.peers)
+            if self.a >= 0:
+                live.append((agree[a].tag, agree[a].peers, agree[a].reqs))
+        self.a = -1
+        for child in self.children or ():
+            mine = child.traffic() if child.done else child.abandon()
+            if child.program.state is program.state:  # (a level's communicator has tags of its own)
+                _merge(ledger, mine)
+        for child in self.past or ():
+            if child.program.state is program.state:
+                _merge(ledger, child.traffic())
+        self.children, self.past = None, None
+        self.reqs, self.at = (), -1
         if self.afters is not None:
             self.afters = None
-        for r, receive in live:
-            try:
-                if r and not r.Test():
-                    if receive:
-                        r.Cancel()
-                        if r.Test():
-                            continue
-                    graveyard.append(r)
-            except MPI.Exception:
-                pass
+        for tag, peers, reqs in live:
+            matched = [_settled(r, i < len(peers) and peers[i][0] == "recv") for i, r in enumerate(reqs)]
+            _tally(ledger, tag, peers, matched)
+        self.ledger = ledger
+        return ledger
+
+    def traffic(self) -> Ledger:
+        """What this run's messages did (:meth:`abandon`): its ledger once abandoned; else, for a run that
+        finished, every message of its program and of its nested runs."""
+        if self.ledger is not None:
+            return self.ledger
+        ledger: Ledger = {}
+        for step in self.program.steps:
+            _tally(ledger, step.tag, step.peers)
+        for round_ in self.program.agree or ():
+            _tally(ledger, round_.tag, round_.peers)
+        for child in self.past or ():
+            if child.program.state is self.program.state:
+                _merge(ledger, child.traffic())
+        return ledger
 
     def live(self) -> list[Any]:
         """The MPI requests this run waits on now (for a sleeping wait)."""

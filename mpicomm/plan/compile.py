@@ -363,6 +363,7 @@ def _step(plan: Plan, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
           args: Args, planner: Callable[..., Plan] | None, blocking: bool) -> Step:
     step = Step()
     step.peers = tuple([("recv", peer) for peer, _ in r.recvs] + [("send", peer) for peer, _ in r.sends])
+    step.tag = tag
     if r.recvs or r.sends:
         if plan.direct:
             reqs = []
@@ -655,9 +656,10 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
     def check(run: Run) -> Program | None:
         if (quiet and not flag[0]) or agreement.agrees(words):
             return None
-        run.abandon()
+        traffic = run.abandon()
         state.new_epoch()  # what was in flight can never match a later call
         row = agreement.describe(said[0], plan.name_, p, rank, plan.persistent)
+        row["traffic"] = traffic  # (settle receives what nothing matched)
         if agreement.settle(lib, f"{plan.collective} #{run.seq}", row) == "library":
             return library_program(state, said[0], plan)  # some rank's spec only the library takes: all hand it over
         return None
@@ -692,7 +694,7 @@ def _agreement(plan: Plan, args: Args, sched: Schedule, arrays: list[Any], lib: 
             reqs.append(lib.Send_init([words, _WORD_BYTES, MPI.BYTE], peer, agree_tag))
         verify = () if kind == "send" else lane.check(got, words, kind) if quiet else None
         rounds.append(AgreeStep(reqs, lane.with_record(agreement.combiner(words, got, kind, flag), verify), peer,
-                                receives=kind in ("recv", "fold", "both")))
+                                receives=kind in ("recv", "fold", "both"), tag=agree_tag))
     program.agree = rounds
     return said
 
@@ -838,6 +840,7 @@ def _fuse(step: Step, r: Round, arrays: list[Any], lib: MPI.Intracomm, tag: int,
         reqs.append(lib.Send_init([staging, staging.nbytes, MPI.BYTE], peer, tag))
     step.reqs = reqs
     step.post = None
+    step.tag = tag  # (the agreement's: its words ride in front)
     step.pre = tuple(pre)
     if got_words is not None:
         check = lane.check(got_words, words, kind) if quiet else None

@@ -1,17 +1,23 @@
-"""mpicomm.plan.agreement: the words every rank combines, and the message that names a disagreement."""
+"""mpicomm.plan.agreement: the words every rank combines, the message that names a disagreement, and the drain
+that leaves none of a failed call's messages in MPI's queue."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpicomm
+from mpicomm.engine import executor
 from mpicomm.plan import agreement
 from mpicomm.plan.args import Args
 
-pytestmark = pytest.mark.serial
+from ..conftest import rank_data
+
+serial = pytest.mark.serial  # (no MPI: every rank would only repeat them)
 
 
 def _args(**changes: Any) -> Args:
@@ -24,6 +30,7 @@ def _d(args: Args, algorithm: str = "ring", p: int = 4, rank: int = 0, persisten
     return int(agreement.digest(args, algorithm, p, rank, persistent)[0])
 
 
+@serial
 def test_the_digest_changes_with_everything_the_ranks_must_agree_on():
     reference = _d(_args())
     assert _d(_args()) == reference, "the same call, the same digest"
@@ -48,6 +55,7 @@ def test_the_digest_changes_with_everything_the_ranks_must_agree_on():
     assert counts != other, "the digest ignores the v-counts"
 
 
+@serial
 def test_words_agree_only_when_nothing_differs():
     words = agreement.digest(_args(), "ring", 4, 0)
     assert agreement.agrees(words)
@@ -65,6 +73,7 @@ def test_words_agree_only_when_nothing_differs():
 
 
 @pytest.mark.parametrize("p", range(1, 9))
+@serial
 def test_cross_sums_vanish_exactly_when_v_counts_fit(p):
     send = [[(3 * r + s) % 5 for s in range(p)] for r in range(p)]  # rank r sends send[r][s] to s
     def share(rank: int, recvcounts: list[int]) -> int:
@@ -79,6 +88,7 @@ def test_cross_sums_vanish_exactly_when_v_counts_fit(p):
         assert sum(wrong) % (1 << 64) != 0
 
 
+@serial
 def test_gatherv_cross_sum():
     p, root = 3, 1
     counts = (2, 0, 5)
@@ -102,11 +112,13 @@ def test_gatherv_cross_sum():
     (5, 1, [("fold", 0), ("both", 2), ("both", 3), ("send", 0)]),
     (5, 4, [("both", 3), ("both", 2)]),
 ])
+@serial
 def test_butterfly_literal_table(p, rank, expected):
     assert agreement.butterfly(rank, p) == expected
 
 
 @pytest.mark.parametrize("p", range(1, 10))
+@serial
 def test_butterfly_pairs_up(p):
     sent = {(r, peer) for r in range(p) for kind, peer in agreement.butterfly(r, p) if kind in ("send", "both")}
     got = {(peer, r) for r in range(p) for kind, peer in agreement.butterfly(r, p) if kind in ("recv", "fold", "both")}
@@ -119,6 +131,7 @@ def _row(**changes: Any) -> dict:
     return row
 
 
+@serial
 def test_disagreements_name_the_values_and_the_ranks():
     assert agreement.disagreements([_row(), _row()]) == []
     assert agreement.disagreements([_row(), _row(count=9)]) == [
@@ -129,3 +142,78 @@ def test_disagreements_name_the_values_and_the_ranks():
     assert agreement.disagreements([_row(persistent=0), _row(persistent=1)]) == [
         "ranks disagree on which persistent request this is: request #0 on rank(s) 0, request #1 on rank(s) 1 "
         "(start persistent requests in the same order on every rank)"]
+
+
+@serial
+def test_owed_is_what_the_peers_sent_less_what_this_rank_received():
+    rows = [{"traffic": {(1, 5): [2, 0], (2, 5): [1, 1]}},
+            {"traffic": {(0, 5): [0, 1], (0, 6): [1, 0], (2, 6): [4, 0]}},
+            {"traffic": {(0, 5): [3, 1], (1, 5): [0, 0]}},
+            {}]
+    assert agreement.owed(rows, 0) == {(1, 6): 1, (2, 5): 2}
+    assert agreement.owed(rows, 1) == {(0, 5): 1}  # (rank 0 sent it 2 on tag 5; it received 1 of them)
+    assert agreement.owed(rows, 2) == {(1, 6): 4}
+    assert agreement.owed(rows, 3) == {}
+
+
+def _fail(comm: mpicomm.Comm, kind: str, call: int) -> None:
+    """One call that every rank gives differently (by *kind*), with rank- and index-dependent data."""
+    rank, p = comm.rank, comm.size
+    x = rank_data(rank, 5000, np.float64) + call
+    last = rank == p - 1
+    if kind == "gather":  # the root expects one element more than the others send
+        out = np.zeros(3 * p + 1) if rank == 0 else None
+        comm.Gather(x[:3], out, root=0)
+    elif kind == "allreduce":  # one rank's count differs
+        n = 1000 + last
+        comm.Allreduce(x[:n], np.zeros(n))
+    elif kind == "large allreduce":  # messages past the eager limit, in flight when the ranks give up
+        n = (1 << 18) + last
+        big = np.resize(x, n)
+        comm.Allreduce(big, np.zeros(n))
+    elif kind == "alltoall":
+        n = 300 + (rank == 0)
+        comm.Alltoall(np.resize(x, n * p), np.zeros(n * p))
+    elif kind == "algorithms":  # the same call, another algorithm on rank 0
+        comm.Allreduce(x, np.zeros_like(x), algorithm="recursive_doubling" if rank == 0 else "ring")
+    elif kind == "iallreduce":
+        n = 4000 + last
+        comm.Iallreduce(x[:n], np.zeros(n)).Wait()
+    elif kind == "reproducible":  # nested runs
+        n = 5000 - last
+        comm.Allreduce(x[:n], np.zeros(n), reproducible=True)
+    else:
+        raise AssertionError(kind)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["gather", "allreduce", "large allreduce", "alltoall", "algorithms", "iallreduce",
+                                  "reproducible"])
+def test_a_call_that_fails_on_a_disagreement_leaves_none_of_its_messages_behind(comm, kind):
+    """Each rank receives exactly the messages of the failed call that nothing matched (its peers' counts of
+    what they sent it, exchanged with the descriptions): afterwards nothing of it waits in MPI's queue, on any
+    rank, and the sends the ranks gave up on have all completed. Without the drain, a failed gather leaves
+    p − 1 messages at the root, every time."""
+    if comm.size == 1:
+        pytest.skip("one rank always agrees with itself")
+    lib = comm.library_comm
+    for call in range(3):
+        tags = comm._state.tags(comm._state.epoch)  # (data, agreement): the failed call's
+        with pytest.raises(mpicomm.ArgumentError):
+            _fail(comm, kind, call)
+        MPI.COMM_WORLD.Barrier()
+        status = MPI.Status()
+        left = []
+        for _ in range(20):  # (a message still on its way would show within these 20 ms)
+            for tag in tags:
+                while lib.Iprobe(MPI.ANY_SOURCE, tag, status):
+                    left.append((status.Get_source(), tag, status.Get_count(MPI.BYTE)))
+                    lib.Mprobe(status.Get_source(), tag).Recv(bytearray(status.Get_count(MPI.BYTE)))
+            time.sleep(1e-3)
+        assert left == [], f"{kind}, call {call}: messages (source, tag, bytes) left behind: {left}"
+        assert executor.prune() == 0, f"{kind}, call {call}: abandoned sends still in flight"
+        y = np.zeros(7)  # and the communicator works on
+        comm.Allreduce(rank_data(comm.rank, 7), y)
+        expected = np.zeros(7)
+        MPI.COMM_WORLD.Allreduce(rank_data(comm.rank, 7), expected)
+        np.testing.assert_array_equal(y, expected)
