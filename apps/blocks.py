@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["block", "blocks"]
+__all__ = ["block", "blocks", "grouped"]
 
 
 def block(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -38,3 +38,15 @@ def blocks(n: int, parts: int) -> tuple[list[int], list[int]]:
     """``(counts, displacements)`` of the *parts* blocks of :func:`block`."""
     bounds = [block(n, parts, i) for i in range(parts)]
     return [stop - start for start, stop in bounds], [start for start, _ in bounds]
+
+
+def grouped(n: int, parts: int, groups: int, index: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """Group *index* when the *parts* blocks of *n* items are dealt, in order, into *groups* near-equal groups
+    of whole blocks (group g holds blocks ``block(parts, groups, g)``): ``(start, stop)`` of the group's items
+    within ``0 .. n``, and each of its blocks' ``(start, stop)`` relative to that start. A rank's fixed
+    micro-batches of a global batch: the sampler takes the span, the training step the blocks."""
+    first, last = block(parts, groups, index)
+    bounds = [block(n, parts, i) for i in range(first, last)]
+    start = bounds[0][0] if bounds else n if first >= parts else block(n, parts, first)[0]
+    stop = bounds[-1][1] if bounds else start
+    return (start, stop), [(a - start, b - start) for a, b in bounds]

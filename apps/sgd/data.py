@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apps.blocks import block
+from apps.blocks import block, grouped
 
 __all__ = [
     "DataError",
@@ -350,9 +350,8 @@ class Sampler:
         count = self.global_count(step)
         if self.micro_batches is None:
             start, stop = block(count, self.world_size, self.rank)
-        else:  # the samples of this rank's micro-batches (apps.sgd.ddp.micro_ranges)
-            first, last = block(self.micro_batches, self.world_size, self.rank)
-            start, stop = block(count, self.micro_batches, first)[0], block(count, self.micro_batches, last - 1)[1]
+        else:  # the samples of this rank's micro-batches (their blocks: apps.sgd.ddp.micro_ranges)
+            start, stop = grouped(count, self.micro_batches, self.world_size, self.rank)[0]
         base = step * self.global_batch
         return self._order(epoch)[base + start : base + stop].copy(), count
 

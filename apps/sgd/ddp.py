@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 import mpicomm
-from apps.blocks import block
+from apps.blocks import block, grouped
 from apps.nn import correct, softmax_cross_entropy
 from apps.nn.xp import array_module
 from apps.sgd.buckets import DEFAULT_CAP_MB, Bucket, Parameter, plan, ready_at
@@ -279,11 +279,9 @@ _KEPT = _Kept()
 
 def micro_ranges(count: int, micro_batches: int, world: int, rank: int) -> list[tuple[int, int]]:
     """A reproducible step's micro-batches of this rank: the global batch of *count* samples cut into
-    *micro_batches* fixed blocks (:func:`apps.blocks.block`), rank r taking blocks ``block(M, p, r)``; each as
+    *micro_batches* fixed blocks (:func:`apps.blocks.grouped`), rank r taking blocks ``block(M, p, r)``; each as
     ``(start, stop)`` within the rank's share (the samples of its blocks, in order), with its global number."""
-    first, stop = block(micro_batches, world, rank)
-    base = block(count, micro_batches, first)[0]
-    return [(a - base, b - base) for a, b in (block(count, micro_batches, i) for i in range(first, stop))]
+    return grouped(count, micro_batches, world, rank)[1]
 
 
 class DDP:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apps.blocks import block, blocks
+from apps.blocks import block, blocks, grouped
 
 pytestmark = pytest.mark.serial
 
@@ -47,3 +47,24 @@ def test_numpy_integers_are_accepted_and_floats_refused():
     assert block(np.int64(10), np.int32(4), np.int64(1)) == (3, 6)
     with pytest.raises(TypeError):
         block(10.0, 4, 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n,parts,groups", [(0, 3, 3), (7, 3, 2), (10, 4, 3), (100, 8, 3), (5, 5, 5), (9, 9, 4),
+                                            (3, 8, 3)])
+def test_grouped_blocks_are_a_groups_blocks_and_the_groups_tile_in_order(n, parts, groups):
+    spans = []
+    for g in range(groups):
+        (start, stop), inner = grouped(n, parts, groups, g)
+        first, last = block(parts, groups, g)
+        assert [(start + a, start + b) for a, b in inner] == [block(n, parts, i) for i in range(first, last)]
+        assert sum(b - a for a, b in inner) == stop - start
+        spans.append((start, stop))
+    assert spans[0][0] == 0 and spans[-1][1] == n
+    assert all(spans[g][1] == spans[g + 1][0] for g in range(groups - 1)), spans
+
+
+def test_grouped_literal():
+    assert grouped(10, 4, 3, 0) == ((0, 6), [(0, 3), (3, 6)])  # blocks 0-1 of 3, 3, 2, 2
+    assert grouped(10, 4, 3, 1) == ((6, 8), [(0, 2)])
+    assert grouped(10, 4, 3, 2) == ((8, 10), [(0, 2)])
+    assert grouped(3, 8, 3, 2) == ((3, 3), [(0, 0), (0, 0)])  # more blocks than items: empty ones at the end
