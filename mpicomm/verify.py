@@ -468,6 +468,12 @@ def _setup(collective: str, case: Case, rank: int, p: int) -> _Call:
         filler(mine, laid_out) if in_place else reset(mine)
         reset(theirs)
         spec = (lambda buf: [buf, (tuple(counts), tuple(displs))]) if v else (lambda buf: buf)
+        if collective == "alltoallw":  # per block: a count, a displacement in bytes and a datatype
+            from mpi4py.util.dtlib import from_numpy_dtype
+
+            kinds = [from_numpy_dtype(dt)] * p
+            in_bytes = tuple(d * dt.itemsize for d in displs)
+            spec = lambda buf: [buf, (tuple(counts), in_bytes), kinds]  # noqa: E731 - as the two above
         call.mine = (IN if in_place else spec(send), spec(mine))
         call.theirs = (spec(send), spec(theirs))
         call.results.append(("recvbuf", mine, theirs))
