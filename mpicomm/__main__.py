@@ -852,10 +852,12 @@ def _parse(argv: list[str] | None) -> Callable[[], int]:
                          f"{PROG} verify allreduce ring -p 2..4")
         collective, algorithm = args.operands
         _algorithm(parser, "verify", collective, algorithm)
+        from mpicomm.verify import parse_ranks, unchecked
+
+        if unchecked(collective):
+            parser.error(f"verify {collective} {algorithm}: {unchecked(collective)}")
         if args.p is None:
             parser.error(f"verify needs -p, the numbers of ranks: {PROG} verify {collective} {algorithm} -p 2..4")
-        from mpicomm.verify import parse_ranks
-
         try:
             ps = parse_ranks(args.p)
         except ValueError as exc:

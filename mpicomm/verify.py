@@ -635,6 +635,17 @@ def _skip_label(case: Case, reason: str) -> str:
     return reason
 
 
+def unchecked(collective: str) -> str | None:
+    """Why verify cannot check *collective* (None: it can): it runs on a communicator without a topology."""
+    from .catalogue import NEIGHBORHOOD
+
+    if collective in NEIGHBORHOOD:
+        return (f"verify runs on a communicator without a topology, and {collective} needs one (a graph or a "
+                f"Cartesian grid); the suite checks it against the library on several topologies: "
+                f"python -m tests -- tests/coll/test_neighbor.py")
+    return None
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """The checked command line: an unknown collective or algorithm (or a module that does not import) is a usage
     error, printed once per job."""
@@ -659,6 +670,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         registry.lookup(args.collective, args.algorithm)  # an unknown name fails on every rank alike
     except (ImportError, ValueError) as exc:
         parser.error(str(exc))
+    why = unchecked(args.collective)
+    if why:
+        parser.error(why)
     return args
 
 

@@ -72,6 +72,7 @@ def test_pair_check_covers_every_count_and_root():
     (["verify", "allreduce", "-p", "2"], "verify takes COLLECTIVE ALGORITHM, got allreduce"),
     (["verify", "allreduce", "rong", "-p", "2"], "unknown allreduce algorithm 'rong' (did you mean 'ring'?); registered: "),
     (["verify", "allreduse", "ring", "-p", "2"], "unknown collective 'allreduse'"),
+    (["verify", "neighbor_alltoall", "direct", "-p", "2"], "neighbor_alltoall needs one (a graph or a Cartesian grid)"),
     (["verify", "allreduce", "ring", "-p", "0..2"], "p = 0 is not a number of ranks"),
     (["verify", "allreduce", "ring", "-p", "2", "--timeout", "0"], "--timeout 0: must be > 0"),
     (["verify", "allreduce", "ring", "-p", "2", "--count", "3"], "--count goes with algorithms --schedule"),
