@@ -47,6 +47,5 @@ def grouped(n: int, parts: int, groups: int, index: int) -> tuple[tuple[int, int
     micro-batches of a global batch: the sampler takes the span, the training step the blocks."""
     first, last = block(parts, groups, index)
     bounds = [block(n, parts, i) for i in range(first, last)]
-    start = bounds[0][0] if bounds else n if first >= parts else block(n, parts, first)[0]
-    stop = bounds[-1][1] if bounds else start
+    start, stop = (bounds[0][0], bounds[-1][1]) if bounds else (n, n)  # (an empty group: more groups than blocks)
     return (start, stop), [(a - start, b - start) for a, b in bounds]

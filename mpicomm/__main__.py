@@ -854,8 +854,9 @@ def _parse(argv: list[str] | None) -> Callable[[], int]:
         _algorithm(parser, "verify", collective, algorithm)
         from mpicomm.verify import parse_ranks, unchecked
 
-        if unchecked(collective):
-            parser.error(f"verify {collective} {algorithm}: {unchecked(collective)}")
+        why = unchecked(collective)
+        if why:
+            parser.error(f"verify {collective} {algorithm}: {why}")
         if args.p is None:
             parser.error(f"verify needs -p, the numbers of ranks: {PROG} verify {collective} {algorithm} -p 2..4")
         try:

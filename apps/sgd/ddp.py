@@ -280,7 +280,7 @@ _KEPT = _Kept()
 def micro_ranges(count: int, micro_batches: int, world: int, rank: int) -> list[tuple[int, int]]:
     """A reproducible step's micro-batches of this rank: the global batch of *count* samples cut into
     *micro_batches* fixed blocks (:func:`apps.blocks.grouped`), rank r taking blocks ``block(M, p, r)``; each as
-    ``(start, stop)`` within the rank's share (the samples of its blocks, in order), with its global number."""
+    ``(start, stop)`` within the rank's share (the samples of its blocks, in order)."""
     return grouped(count, micro_batches, world, rank)[1]
 
 

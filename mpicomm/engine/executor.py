@@ -633,31 +633,22 @@ class Run:
         a run abandoned again (a failed agreement's check abandons it, then the run fails) returns that ledger."""
         if self.ledger is not None:
             return self.ledger
-        ledger: Ledger = {}
         program = self.program
-        steps = program.steps
+        steps, agree = program.steps, program.agree
         at = self.at
         whole = at if at >= 0 else len(steps) if self.k >= len(steps) else 0  # the steps that finished
-        for step in steps[:whole]:
-            _tally(ledger, step.tag, step.peers)
+        rounds = (self.a if self.a >= 0 else len(agree)) if agree and self.started else 0  # (-1 once finished)
+        ledger = self._counted(whole, rounds)
         live: list[tuple[int, Sequence[tuple[str, int]], Sequence[Any]]] = []
         if self.reqs and 0 <= at < len(steps):
             live.append((steps[at].tag, steps[at].peers, self.reqs))
-        agree = program.agree
-        if agree and self.started:
-            a = self.a if self.a >= 0 else len(agree)  # (a started run's agreement: -1 once finished)
-            for round_ in agree[:a]:
-                _tally(ledger, round_.tag, round_.peers)
-            if self.a >= 0:
-                live.append((agree[a].tag, agree[a].peers, agree[a].reqs))
+        if agree and self.a >= 0:
+            live.append((agree[rounds].tag, agree[rounds].peers, agree[rounds].reqs))
         self.a = -1
         for child in self.children or ():
             mine = child.traffic() if child.done else child.abandon()
             if child.program.state is program.state:  # (a level's communicator has tags of its own)
                 _merge(ledger, mine)
-        for child in self.past or ():
-            if child.program.state is program.state:
-                _merge(ledger, child.traffic())
         self.children, self.past = None, None
         self.reqs, self.at = (), -1
         if self.afters is not None:
@@ -673,13 +664,19 @@ class Run:
         finished, every message of its program and of its nested runs."""
         if self.ledger is not None:
             return self.ledger
+        return self._counted(len(self.program.steps), len(self.program.agree or ()))
+
+    def _counted(self, steps: int, rounds: int) -> Ledger:
+        """The messages of its first *steps* data steps and *rounds* agreement rounds (all finished), and of its
+        nested runs of finished steps on the same communicator (a level's communicator has tags of its own)."""
         ledger: Ledger = {}
-        for step in self.program.steps:
+        program = self.program
+        for step in program.steps[:steps]:
             _tally(ledger, step.tag, step.peers)
-        for round_ in self.program.agree or ():
+        for round_ in (program.agree or ())[:rounds]:
             _tally(ledger, round_.tag, round_.peers)
         for child in self.past or ():
-            if child.program.state is self.program.state:
+            if child.program.state is program.state:
                 _merge(ledger, child.traffic())
         return ledger
 

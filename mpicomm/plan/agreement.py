@@ -460,11 +460,12 @@ def drain(comm: Any, debts: dict[tuple[int, int], int], seconds: float = DRAIN_S
         if not found:
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
-    while receiving and not MPI.Request.Testall(receiving) and time.monotonic() < deadline:
+    while receiving and not MPI.Request.Testall(receiving):
+        if time.monotonic() >= deadline:
+            for r in receiving:
+                executor.bury(r)
+            break
         time.sleep(1e-4)
-    if receiving and not MPI.Request.Testall(receiving):
-        for r in receiving:
-            executor.bury(r)
     comm.Barrier()
     executor.prune()
     missing = sum(left.values())
