@@ -97,8 +97,15 @@ def prune() -> int:
     """Drop the graveyard's requests that completed (their messages were received after all, as a
     disagreement's drain receives them); returns how many are left."""
     with _graves:
-        graveyard[:] = [r for r in graveyard if r and not r.Test()]
+        graveyard[:] = [r for r in graveyard if _in_flight(r)]
         return len(graveyard)
+
+
+def _in_flight(r: Any) -> bool:
+    try:
+        return bool(r) and not r.Test()
+    except MPI.Exception:
+        return False  # completed, with an error: a buried receive that matched a longer message (truncated)
 
 
 def _tally(ledger: Ledger, tag: int, peers: Sequence[tuple[str, int]], done: Sequence[bool] | None = None) -> None:
